@@ -1,0 +1,1 @@
+"""The engine: models, the worker thread and generation. Knows nothing of HTTP."""

@@ -1,0 +1,58 @@
+"""What the engine yields while generating: one TokenEvent per token, then one Finished."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # may be "" while the detokenizer or a stop sequence holds text back
+    from_draft: bool
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+
+
+@dataclass
+class DraftCounters:
+    """Filled in by the token generator as it drafts: one round = one target verification."""
+
+    proposed: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    k_histogram: Counter = field(default_factory=Counter)
+
+    def record_round(self, num_drafted: int) -> None:
+        self.rounds += 1
+        self.proposed += num_drafted
+        self.k_histogram[num_drafted] += 1
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int
+    generation_tokens: int
+    ttft_s: float
+    prompt_tps: float
+    generation_tps: float
+    total_s: float
+    peak_memory_gb: float
+    draft_model: str | None
+    num_draft_tokens: int
+    draft_tokens_proposed: int
+    draft_tokens_accepted: int
+    acceptance_rate: float | None
+    from_draft_fraction: float
+    mean_accepted_length: float | None = None
+    k_histogram: dict[int, int] | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" | "length"
+    stats: GenerationStats

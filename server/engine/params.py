@@ -1,0 +1,45 @@
+"""What a caller asks the engine to generate: plain dataclasses, no MLX, no HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Acceptance = Literal["exact", "rejection"]
+DraftSource = Literal["model", "prompt_lookup"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculationParams:
+    """How to draft. `num_draft_tokens == 0` means no speculation at all."""
+
+    num_draft_tokens: int = 0
+    source: DraftSource = "model"
+    acceptance: Acceptance = "rejection"
+    adaptive: bool = True
+    draft_p_min: float = 0.0
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    speculation: SpeculationParams = field(default_factory=SpeculationParams)
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0

@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny random models built once per test session, loaded through mlx_lm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server.synthetic_models import build_foreign_vocab_model, build_pair
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(model_dir) -> tuple[Path, Path]:
+    """(target, draft): a 4-layer target and a draft made of its first 2 layers."""
+    return build_pair(model_dir / "pair", "tiny")
+
+
+@pytest.fixture(scope="session")
+def padded_draft(model_dir) -> Path:
+    """Same tokenizer as `tiny_pair`, a larger embedding (like Qwen2.5-0.5B vs 7B)."""
+    _, draft = build_pair(model_dir / "padded", "tiny", draft_vocab_pad=64)
+    return draft
+
+
+@pytest.fixture(scope="session")
+def foreign_model(model_dir) -> Path:
+    """A model with a different vocabulary: an incompatible draft."""
+    return build_foreign_vocab_model(model_dir / "foreign")
+
+
+@pytest.fixture(scope="session")
+def loaded_pair(tiny_pair):
+    """(target_model, tokenizer, draft_model) loaded with mlx_lm.load."""
+    from mlx_lm import load
+
+    target, tokenizer = load(str(tiny_pair[0]))
+    draft, _ = load(str(tiny_pair[1]))
+    return target, tokenizer, draft
