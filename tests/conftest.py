@@ -41,3 +41,61 @@ def loaded_pair(tiny_pair):
     target, tokenizer = load(str(tiny_pair[0]))
     draft, _ = load(str(tiny_pair[1]))
     return target, tokenizer, draft
+
+
+def make_settings(target, draft, **server):
+    from server.config import Settings
+
+    return Settings.load(
+        None,
+        models={"model": str(target), "draft_model": str(draft) if draft else None},
+        server=server,
+    )
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_pair):
+    """One started engine with the tiny pair, shared by read-only API tests."""
+    from server.app import build_engine
+
+    eng = build_engine(make_settings(*tiny_pair))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture()
+def app(engine, tiny_pair):
+    from server.app import create_app
+
+    return create_app(make_settings(*tiny_pair), engine)
+
+
+@pytest.fixture()
+async def client(app):
+    import httpx
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def anyio_backend():
+    return "asyncio"
+
+
+def chat_body(content="Write a function", **extra):
+    return {"messages": [{"role": "user", "content": content}], **extra}
+
+
+async def read_sse(response) -> list[dict | str]:
+    """The `data:` payloads of an SSE response, JSON-decoded except `[DONE]`."""
+    import json
+
+    out = []
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out

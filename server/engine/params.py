@@ -16,6 +16,9 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
 
     @property

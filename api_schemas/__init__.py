@@ -1,0 +1,1 @@
+"""Pydantic models of the OpenAI wire format plus our extensions. No MLX imports here."""

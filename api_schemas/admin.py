@@ -1,0 +1,57 @@
+"""Bodies of the model admin endpoints and /health (our extensions to /v1/models)."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import Field
+
+from api_schemas.openai import OpenAIBaseModel
+
+
+class ModelEntry(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "local"
+    role: Literal["target", "draft"]
+    path: str
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelEntry]
+
+
+class LoadDraftRequest(OpenAIBaseModel):
+    model: str = Field(..., min_length=1, description="Local mlx_lm folder or hub id.")
+    num_draft_tokens: int | None = Field(None, ge=1, le=64)
+
+
+class CompatibilityRequest(OpenAIBaseModel):
+    model: str = Field(..., min_length=1)
+
+
+class CompatibilityResponse(OpenAIBaseModel):
+    compatible: bool
+    reason: str | None = None
+
+
+class DraftCard(ModelEntry):
+    parameters: int
+    memory_gb: float
+    num_draft_tokens: int
+
+
+class UnloadResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    deleted: bool = True
+
+
+class Health(OpenAIBaseModel):
+    status: Literal["ok"] = "ok"
+    target: str
+    draft: str | None
+    queue_depth: int

@@ -1,0 +1,50 @@
+"""`python -m server`: serve the configured models over the OpenAI API.
+
+Flags override `config.yaml`; `--draft-model none` starts without a draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from server.app import create_app
+from server.config import Settings
+from server.demo_models import ensure_default_models
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=None, help="YAML settings file.")
+    p.add_argument("--model", help="Target model: local mlx_lm folder or hub id.")
+    p.add_argument("--draft-model", help="Draft model path or hub id; 'none' for no draft.")
+    p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
+    p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
+    p.add_argument("--port", type=int, help="TCP port (default 8000).")
+    return p.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    models = {k: v for k, v in {
+        "model": args.model, "draft_model": args.draft_model,
+        "num_draft_tokens": args.num_draft_tokens,
+    }.items() if v is not None}
+    server = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    return Settings.load(args.config, models=models, server=server)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = settings_from_args(parse_args(argv))
+    logging.basicConfig(level=settings.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = ensure_default_models(settings)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.server.host, port=settings.server.port,
+                log_level=settings.server.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The app factory. Nothing is built at import time."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from server.config import Settings
+from server.engine.service import InferenceEngine
+from server.errors import install_error_handlers
+from server.model_access import ModelAccessPolicy
+from server.routes import completions, models
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(settings: Settings) -> InferenceEngine:
+    m = settings.models
+    draft = None if (m.draft_model or "none").lower() == "none" else m.draft_model
+    return InferenceEngine(
+        model=m.model, draft_model=draft, model_name=m.model_name,
+        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
+        max_queue_size=settings.server.max_queue_size,
+    )
+
+
+def access_policy(settings: Settings) -> ModelAccessPolicy:
+    m = settings.models
+    roots = m.model_roots if m.model_roots is not None else (
+        ModelAccessPolicy.default_roots([m.model, m.draft_model])
+    )
+    return ModelAccessPolicy([Path(r) for r in roots], allow_hub=m.allow_hub)
+
+
+def create_app(settings: Settings, engine: InferenceEngine | None = None) -> FastAPI:
+    """`engine`, if given, must already be started (tests share one across apps)."""
+    owns_engine = engine is None
+    engine = engine or build_engine(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if owns_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if owns_engine:
+                engine.stop()
+
+    app = FastAPI(title="MLX speculative decoding server", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.access = access_policy(settings)
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(models.router)
+    app.include_router(models.health_router)
+    return app

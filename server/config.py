@@ -1,0 +1,92 @@
+"""Settings: `config.yaml`, then `MLX_SPEC_*` environment variables, then CLI flags.
+
+Split as llama-cpp-python does: what the HTTP server needs, what the models need, and the
+defaults a request gets when it leaves a field out. Each default lives here and only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server.engine.params import Acceptance, DraftSource
+
+
+class ServerSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Interface to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port.")
+    api_key: str | None = Field(None, description="Bearer key required on every /v1 endpoint.")
+    admin_api_key: str | None = Field(
+        None, description="Bearer key required to load or unload models (admin endpoints)."
+    )
+    max_queue_size: int = Field(
+        16, ge=1, description="Requests that may wait for the worker; beyond it: 503."
+    )
+    log_level: str = Field("info", description="uvicorn log level.")
+
+
+class ModelSettings(BaseModel):
+    model: str = Field(
+        "models/demo/target", description="Target model: local mlx_lm folder or hub id."
+    )
+    model_name: str | None = Field(
+        None, description="Name clients use in `model`; defaults to the `model` path or id."
+    )
+    draft_model: str | None = Field(
+        "models/demo/draft", description="Draft model path or hub id; null or 'none' for none."
+    )
+    num_draft_tokens: int = Field(
+        4, ge=1, le=64, description="Draft tokens per round (the maximum when adaptive)."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Weights dtype; auto = float32 on CPU (16-bit matmuls are slow there)."
+    )
+    model_roots: list[str] | None = Field(
+        None,
+        description="Folders the admin endpoints may load from; default: the start-up models'"
+        " folders, models/ and the Hugging Face cache.",
+    )
+    allow_hub: bool = Field(True, description="Let the admin endpoints load hub ids.")
+    synthetic_fallback: bool = Field(
+        True,
+        description="If the configured demo models are missing, build a random pair into"
+        " models/generated and serve it (offline first run).",
+    )
+
+
+class GenerationDefaults(BaseModel):
+    """What a request gets for a field it leaves out."""
+
+    max_tokens: int = Field(512, ge=1, description="Default max_tokens.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Default temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default top_p.")
+    draft: DraftSource = Field("model", description="Default drafter: model or prompt_lookup.")
+    acceptance: Acceptance = Field(
+        "rejection", description="Default acceptance rule at temperature > 0."
+    )
+    adaptive: bool = Field(True, description="Adapt the draft length per round by default.")
+    draft_p_min: float = Field(
+        0.0, ge=0.0, le=1.0, description="Stop drafting a round below this draft probability."
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MLX_SPEC_", env_nested_delimiter="__")
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    models: ModelSettings = Field(default_factory=ModelSettings)
+    defaults: GenerationDefaults = Field(default_factory=GenerationDefaults)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides) -> Settings:
+        """Read YAML (if any), then apply `overrides` as {"section": {"field": value}}."""
+        data: dict = {}
+        if path is not None:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        for section, values in overrides.items():
+            data.setdefault(section, {}).update(values)
+        return cls(**data)

@@ -1,0 +1,153 @@
+"""The resident models: one target and an optional draft (a facade like mlx-engine's ModelKit).
+
+Every method here touches MLX and so runs on the worker thread only.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm import load as mlx_load
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded (missing, corrupt, unsupported)."""
+
+
+class ModelNotFound(ModelLoadError):
+    pass
+
+
+class IncompatibleDraft(Exception):
+    """The draft's tokenizer does not map the same strings to the same ids."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: str
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    config: dict
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer.get_vocab())
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for _, v in _flatten(self.model.parameters()))
+
+
+def _flatten(params):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(params)
+
+
+def resolve_dtype(name: str) -> mx.Dtype | None:
+    """`auto` is float32 on the CPU, where 16-bit matmuls are ~50x slower; else keep the file's."""
+    if name == "auto":
+        return mx.float32 if mx.default_device() == mx.cpu else None
+    return DTYPES[name]
+
+
+def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> LoadedModel:
+    local = Path(path).expanduser()
+    if _looks_local(path) and not local.exists():
+        raise ModelNotFound(f"model path not found: {path}")
+    try:
+        model, tokenizer, config = mlx_load(str(local if local.exists() else path),
+                                            return_config=True)
+    except FileNotFoundError as e:
+        raise ModelNotFound(f"cannot load {path}: {e}") from e
+    except Exception as e:  # corrupt weights, unknown architecture, hub errors ...
+        raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    target_dtype = resolve_dtype(dtype)
+    if target_dtype is not None:
+        model.set_dtype(target_dtype)
+        mx.eval(model.parameters())
+    return LoadedModel(name or path, path, model, tokenizer, config)
+
+
+def load_tokenizer_only(path: str) -> TokenizerWrapper:
+    local = Path(path).expanduser()
+    if _looks_local(path) and not local.exists():
+        raise ModelNotFound(f"model path not found: {path}")
+    try:
+        return load_tokenizer(local if local.exists() else path)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer of {path}: {e}") from e
+
+
+def _looks_local(path: str) -> bool:
+    p = Path(path).expanduser()
+    return p.exists() or path.startswith((".", "/", "~")) or path.count("/") != 1
+
+
+def tokenizer_mismatch(target: TokenizerWrapper, draft: TokenizerWrapper) -> str | None:
+    """None when both map the same strings to the same ids, else a message saying what differs.
+
+    Embedding sizes may differ (checkpoints pad their vocab); only the tokenizers matter.
+    """
+    tv, dv = target.get_vocab(), draft.get_vocab()
+    if tv == dv:
+        return None
+    differ = sorted(k for k in tv.keys() & dv.keys() if tv[k] != dv[k])
+    only_t, only_d = len(tv.keys() - dv.keys()), len(dv.keys() - tv.keys())
+    parts = [f"tokenizers differ: target has {len(tv)} tokens, draft has {len(dv)}"]
+    if differ:
+        ex = ", ".join(f"{k!r}: {tv[k]} vs {dv[k]}" for k in differ[:3])
+        parts.append(f"{len(differ)} shared tokens map to different ids (e.g. {ex})")
+    if only_t or only_d:
+        parts.append(f"{only_t} tokens only in the target, {only_d} only in the draft")
+    return "; ".join(parts)
+
+
+class ModelKit:
+    """Holds the target and the optional draft; swaps the draft at runtime."""
+
+    def __init__(self, target: LoadedModel, *, dtype: str = "auto"):
+        self.target = target
+        self.draft: LoadedModel | None = None
+        self.dtype = dtype
+
+    def check_draft(self, path: str) -> str | None:
+        """The reason `path` cannot draft for the target, or None if it can."""
+        return tokenizer_mismatch(self.target.tokenizer, load_tokenizer_only(path))
+
+    def load_draft(self, path: str) -> LoadedModel:
+        """Load and install a draft; on any failure the previous draft stays installed."""
+        reason = self.check_draft(path)
+        if reason is not None:
+            raise IncompatibleDraft(reason)
+        candidate = load_model(path, dtype=self.dtype)
+        previous, self.draft = self.draft, candidate
+        if previous is not None:
+            del previous
+            self._free()
+        log.info("draft model loaded: %s", path)
+        return candidate
+
+    def unload_draft(self) -> bool:
+        if self.draft is None:
+            return False
+        self.draft = None
+        self._free()
+        log.info("draft model unloaded")
+        return True
+
+    @staticmethod
+    def _free() -> None:
+        gc.collect()
+        mx.clear_cache()

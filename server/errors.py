@@ -1,0 +1,96 @@
+"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api_schemas.openai import ErrorBody, ErrorResponse
+from server.engine.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
+from server.engine.service import InvalidRequest
+from server.engine.worker import QueueFull
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        err = ErrorBody(message=self.message, type=ERROR_TYPES.get(self.status, "error"),
+                        param=self.param, code=self.code)
+        return ErrorResponse(error=err).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """Map engine exceptions to HTTP; anything unknown is a 500 (and logged)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, QueueFull):
+        return APIError(503, f"server busy: {exc}; retry shortly", code="queue_full",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, IncompatibleDraft):
+        return APIError(409, f"incompatible draft model: {exc}", param="model",
+                        code="incompatible_draft")
+    if isinstance(exc, ModelNotFound):
+        return APIError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, ModelLoadError):
+        return APIError(400, str(exc), param="model", code="model_load_failed")
+    log.error("internal error", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _loc_param(loc) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or None
+
+
+async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, "request body is not valid JSON", code="invalid_json").response()
+    param = _loc_param(first.get("loc", ()))
+    msg = first.get("msg", "invalid request")
+    message = f"{param}: {msg}" if param else msg
+    return APIError(400, message, param=param, code="invalid_value").response()
+
+
+async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+
+
+async def _api(_: Request, exc: Exception) -> JSONResponse:
+    return as_api_error(exc).response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    for exc_type in (APIError, InvalidRequest, QueueFull, IncompatibleDraft, ModelLoadError):
+        app.add_exception_handler(exc_type, _api)
+    app.add_exception_handler(Exception, _api)

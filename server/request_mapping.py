@@ -1,0 +1,95 @@
+"""From an OpenAI request body to the engine's GenerationParams (HTTP side, no MLX)."""
+
+from __future__ import annotations
+
+from api_schemas.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from server.config import GenerationDefaults
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.service import InferenceEngine
+from server.errors import APIError
+
+
+def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
+    if requested in (None, "", engine.model_name, engine.target.path):
+        return
+    raise APIError(404, f"model {requested!r} does not exist; this server serves "
+                   f"{engine.model_name!r}", param="model", code="model_not_found")
+
+
+def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[int]:
+    tokenizer = engine.tokenizer
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    if tokenizer.has_chat_template:
+        try:
+            tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as e:  # a template that rejects this conversation (roles, order)
+            raise APIError(400, f"chat template failed: {e}", param="messages") from e
+    else:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        tokens = tokenizer.encode(text)
+    return list(tokens)
+
+
+def completion_prompt(engine: InferenceEngine, body: CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, str):
+        tokenizer = engine.tokenizer
+        bos = tokenizer.bos_token
+        tokens = tokenizer.encode(body.prompt,
+                                  add_special_tokens=bos is None or not body.prompt.startswith(bos))
+        if not tokens:
+            raise APIError(400, "prompt encodes to no tokens", param="prompt")
+        return list(tokens)
+    vocab = engine.target.vocab_size
+    bad = [t for t in body.prompt if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"prompt token ids out of range [0, {vocab}): {bad[:5]}",
+                       param="prompt")
+    return list(body.prompt)
+
+
+def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, vocab: int):
+    bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    if any(not 0 <= k < vocab for k, _ in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    return SamplingParams(
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=bias,
+        seed=body.seed,
+    )
+
+
+def generation_params(
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: list[int],
+    engine: InferenceEngine,
+    defaults: GenerationDefaults,
+) -> GenerationParams:
+    speculation_defaults = SpeculationParams(
+        source=body.draft or defaults.draft,
+        acceptance=body.acceptance or defaults.acceptance,
+        adaptive=defaults.adaptive if body.adaptive is None else body.adaptive,
+        draft_p_min=defaults.draft_p_min if body.draft_p_min is None else body.draft_p_min,
+    )
+    speculation = engine.resolve_speculation(
+        use_draft=body.use_draft, num_draft_tokens=body.num_draft_tokens,
+        defaults=speculation_defaults,
+    )
+    if isinstance(body, ChatCompletionRequest):
+        logprobs, top = body.logprobs, body.top_logprobs or 0
+    else:
+        logprobs, top = body.logprobs is not None, body.logprobs or 0
+    return GenerationParams(
+        prompt_tokens=tuple(prompt),
+        max_tokens=body.token_limit() or defaults.max_tokens,
+        sampling=sampling_params(body, defaults, engine.target.vocab_size),
+        speculation=speculation,
+        stop=tuple(body.stop_list()),
+        logprobs=logprobs,
+        top_logprobs=top,
+    )

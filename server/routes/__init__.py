@@ -1,0 +1,1 @@
+"""HTTP routes: translate requests to engine calls and engine results to responses."""

@@ -1,0 +1,65 @@
+"""GET /v1/models and the draft admin endpoints; GET /health."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from api_schemas.admin import (
+    CompatibilityRequest,
+    CompatibilityResponse,
+    DraftCard,
+    Health,
+    LoadDraftRequest,
+    ModelEntry,
+    ModelList,
+    UnloadResponse,
+)
+from server.auth import require_admin_key, require_api_key
+from server.engine.model_kit import IncompatibleDraft
+from server.errors import APIError
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
+health_router = APIRouter(tags=["health"])
+admin = [Depends(require_admin_key)]
+
+
+@router.get("/models")
+async def list_models(request: Request) -> ModelList:
+    engine = request.app.state.engine
+    data = [ModelEntry(id=engine.model_name, role="target", path=engine.target.path)]
+    if engine.draft is not None:
+        data.append(ModelEntry(id=engine.draft.name, role="draft", path=engine.draft.path))
+    return ModelList(data=data)
+
+
+@router.post("/models/draft", dependencies=admin)
+async def load_draft(body: LoadDraftRequest, request: Request) -> DraftCard:
+    request.app.state.access.check(body.model)
+    card = await request.app.state.engine.load_draft(body.model, body.num_draft_tokens)
+    return DraftCard(**vars(card))
+
+
+@router.delete("/models/draft", dependencies=admin)
+async def unload_draft(request: Request) -> UnloadResponse:
+    engine = request.app.state.engine
+    name = engine.draft.name if engine.draft is not None else None
+    if not await engine.unload_draft():
+        raise APIError(404, "no draft model is loaded", code="no_draft")
+    return UnloadResponse(id=name)
+
+
+@router.post("/models/draft/compatibility")
+async def draft_compatibility(body: CompatibilityRequest, request: Request):
+    request.app.state.access.check(body.model)
+    try:
+        reason = await request.app.state.engine.check_draft(body.model)
+    except IncompatibleDraft as e:
+        reason = str(e)
+    return CompatibilityResponse(compatible=reason is None, reason=reason)
+
+
+@health_router.get("/health")
+async def health(request: Request) -> Health:
+    engine = request.app.state.engine
+    draft = engine.draft.name if engine.draft is not None else None
+    return Health(target=engine.model_name, draft=draft, queue_depth=engine.worker.depth)
