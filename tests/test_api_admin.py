@@ -1,0 +1,137 @@
+"""Admin endpoints: load, check and unload drafts at runtime; keys; model roots."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import mlx.core as mx
+import pytest
+from conftest import chat_body, make_settings
+
+from server.app import build_engine, create_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture()
+async def admin_env(tiny_pair, model_dir):
+    """A fresh engine per test: these tests change which draft is loaded."""
+    settings = make_settings(tiny_pair[0], tiny_pair[1])
+    settings.models.model_roots = [str(model_dir)]
+    engine = build_engine(settings)
+    engine.start()
+    app = create_app(settings, engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as client:
+        yield client, engine
+    engine.stop()
+
+
+async def test_list_models_and_health(admin_env, tiny_pair):
+    client, _ = admin_env
+    data = (await client.get("/v1/models")).json()["data"]
+    assert [(m["role"], m["path"]) for m in data] == [
+        ("target", str(tiny_pair[0])), ("draft", str(tiny_pair[1]))]
+    health = (await client.get("/health")).json()
+    assert health == {"status": "ok", "target": str(tiny_pair[0]), "draft": str(tiny_pair[1]),
+                      "queue_depth": 0}
+
+
+async def test_unload_frees_memory_then_load_again(admin_env, tiny_pair):
+    client, engine = admin_env
+    before = (await engine.memory())["active_gb"]
+    r = await client.delete("/v1/models/draft")
+    assert r.status_code == 200 and r.json()["deleted"] is True
+    after = (await engine.memory())["active_gb"]
+    draft_bytes = sum(v.nbytes for v in _params(tiny_pair[1]))
+    assert before - after >= 0.9 * draft_bytes / 1e9
+    assert (await client.delete("/v1/models/draft")).status_code == 404
+    r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=3,
+                                                                   num_draft_tokens=2))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "num_draft_tokens"
+    r = await client.post("/v1/models/draft", json={"model": str(tiny_pair[1]),
+                                                     "num_draft_tokens": 3})
+    assert r.status_code == 200, r.text
+    card = r.json()
+    assert card["role"] == "draft" and card["num_draft_tokens"] == 3 and card["parameters"] > 0
+    stats = (await client.post("/v1/chat/completions", json=chat_body(max_tokens=8))).json()
+    assert stats["stats"]["num_draft_tokens"] == 3
+    assert stats["stats"]["draft_model"] == str(tiny_pair[1])
+
+
+def _params(path):
+    return mx.load(str(path / "model.safetensors")).values()
+
+
+async def test_compatibility(admin_env, tiny_pair, padded_draft, foreign_model):
+    client, _ = admin_env
+    url = "/v1/models/draft/compatibility"
+    assert (await client.post(url, json={"model": str(padded_draft)})).json() == \
+        {"compatible": True, "reason": None}
+    r = (await client.post(url, json={"model": str(foreign_model)})).json()
+    assert r["compatible"] is False and "tokenizers differ" in r["reason"]
+
+
+async def test_padded_embedding_draft_loads_and_stays_greedy_exact(admin_env, padded_draft):
+    client, _ = admin_env
+    body = chat_body(max_tokens=20, use_draft=False)
+    expected = (await client.post("/v1/chat/completions", json=body)).json()
+    r = await client.post("/v1/models/draft", json={"model": str(padded_draft)})
+    assert r.status_code == 200, r.text
+    body = chat_body(max_tokens=20, num_draft_tokens=4)
+    got = (await client.post("/v1/chat/completions", json=body)).json()
+    assert got["choices"][0]["message"] == expected["choices"][0]["message"]
+
+
+async def test_incompatible_draft_is_409_and_previous_keeps_serving(
+    admin_env, tiny_pair, foreign_model
+):
+    client, _ = admin_env
+    r = await client.post("/v1/models/draft", json={"model": str(foreign_model)})
+    assert r.status_code == 409
+    assert "tokenizers differ" in r.json()["error"]["message"]
+    await _assert_draft_serving(client, tiny_pair[1])
+
+
+async def _assert_draft_serving(client, draft):
+    health = (await client.get("/health")).json()
+    assert health["draft"] == str(draft)
+    r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=6))
+    assert r.status_code == 200 and r.json()["stats"]["draft_tokens_proposed"] > 0
+
+
+async def test_failed_loads_keep_previous_draft(admin_env, tiny_pair, model_dir):
+    client, _ = admin_env
+    r = await client.post("/v1/models/draft", json={"model": str(model_dir / "missing")})
+    assert r.status_code == 404
+    corrupt = model_dir / "corrupt"
+    if not corrupt.exists():
+        shutil.copytree(tiny_pair[1], corrupt)
+        (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    r = await client.post("/v1/models/draft", json={"model": str(corrupt)})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_load_failed"
+    await _assert_draft_serving(client, tiny_pair[1])
+
+
+async def test_paths_outside_roots_are_forbidden(admin_env, tmp_path):
+    client, _ = admin_env
+    for url in ("/v1/models/draft", "/v1/models/draft/compatibility"):
+        r = await client.post(url, json={"model": str(tmp_path)})
+        assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+
+
+async def test_api_keys(tiny_pair, engine):
+    settings = make_settings(*tiny_pair, api_key="user-key", admin_api_key="admin-key")
+    app = create_app(settings, engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as client:
+        assert (await client.get("/v1/models")).status_code == 401
+        user = {"Authorization": "Bearer user-key"}
+        assert (await client.get("/v1/models", headers=user)).status_code == 200
+        r = await client.delete("/v1/models/draft", headers=user)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        r = await client.post("/v1/models/draft/compatibility", headers=user,
+                              json={"model": str(tiny_pair[1])})
+        assert r.status_code == 200
+        assert (await client.get("/health")).status_code == 200

@@ -1,0 +1,127 @@
+"""Client mistakes get OpenAI-shaped 4xx errors and the server keeps serving; load limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from conftest import chat_body, make_settings
+
+from server.app import build_engine, create_app
+
+pytestmark = pytest.mark.anyio
+
+MSG = [{"role": "user", "content": "hi"}]
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+
+BAD_REQUESTS = [
+    # (name, url, raw body or dict, status, param)
+    ("malformed json", CHAT, b"{not json", 400, None),
+    ("body not an object", CHAT, b"[1, 2]", 400, None),
+    ("messages missing", CHAT, {"model": "x"}, 400, "messages"),
+    ("messages empty", CHAT, {"messages": []}, 400, "messages"),
+    ("messages wrong type", CHAT, {"messages": "hello"}, 400, "messages"),
+    ("unknown role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400,
+     "messages.0.role"),
+    ("max_tokens negative", CHAT, {"messages": MSG, "max_tokens": -5}, 400, "max_tokens"),
+    ("max_tokens zero", CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens wrong type", CHAT, {"messages": MSG, "max_tokens": "ten"}, 400, "max_tokens"),
+    ("n = 2", CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+    ("temperature too high", CHAT, {"messages": MSG, "temperature": 3}, 400, "temperature"),
+    ("top_p zero", CHAT, {"messages": MSG, "top_p": 0}, 400, "top_p"),
+    ("negative num_draft_tokens", CHAT, {"messages": MSG, "num_draft_tokens": -1}, 400,
+     "num_draft_tokens"),
+    ("stream not bool", CHAT, {"messages": MSG, "stream": "yes please"}, 400, "stream"),
+    ("too many stops", CHAT, {"messages": MSG, "stop": list("abcde")}, 400, "stop"),
+    ("unknown model", CHAT, {"messages": MSG, "model": "gpt-9"}, 404, "model"),
+    ("top_logprobs without logprobs", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, None),
+    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, None),
+    ("bad logit_bias key", CHAT, {"messages": MSG, "logit_bias": {"abc": 1}}, 400,
+     "logit_bias"),
+    ("logit_bias id out of vocab", CHAT, {"messages": MSG, "logit_bias": {"999999": 1}}, 400,
+     "logit_bias"),
+    ("bad acceptance", CHAT, {"messages": MSG, "acceptance": "maybe"}, 400, "acceptance"),
+    ("prompt missing", TEXT, {"max_tokens": 3}, 400, "prompt"),
+    ("prompt empty", TEXT, {"prompt": ""}, 400, "prompt"),
+    ("several prompts", TEXT, {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("token id out of range", TEXT, {"prompt": [1, 10_000_000]}, 400, "prompt"),
+    ("echo", TEXT, {"prompt": "a", "echo": True}, 400, None),
+]
+
+
+@pytest.mark.parametrize("name, url, body, status, param", BAD_REQUESTS,
+                         ids=[b[0] for b in BAD_REQUESTS])
+async def test_bad_request(client, name, url, body, status, param):
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}} \
+        if isinstance(body, bytes) else {"json": body}
+    r = await client.post(url, **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    ok = await client.post(CHAT, json=chat_body(max_tokens=2))
+    assert ok.status_code == 200
+
+
+async def test_streamed_bad_request_is_an_http_error(client):
+    async with client.stream("POST", CHAT, json={"messages": MSG, "n": 3, "stream": True}) as r:
+        assert r.status_code == 400
+        assert json.loads(await r.aread())["error"]["param"] == "n"
+
+
+async def test_unknown_route_and_method(client):
+    r = await client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = await client.get(CHAT)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+@pytest.fixture()
+async def small_queue(tiny_pair):
+    settings = make_settings(*tiny_pair, max_queue_size=1)
+    engine = build_engine(settings)
+    engine.start()
+    app = create_app(settings, engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t", timeout=60) as client:
+        yield client, engine
+    engine.stop()
+
+
+async def test_full_queue_is_503_with_retry_after(small_queue):
+    client, engine = small_queue
+    long = chat_body(max_tokens=3000, use_draft=False)
+    running = asyncio.create_task(client.post(CHAT, json=long))
+    while engine.worker.depth < 1:
+        await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(client.post(CHAT, json=chat_body(max_tokens=2)))
+    while engine.worker.depth < 2:
+        await asyncio.sleep(0.01)
+    r = await client.post(CHAT, json=chat_body(max_tokens=2))
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "queue_full"
+    running.cancel()
+    assert (await waiting).status_code == 200
+
+
+async def test_cancelled_job_stops_within_two_tokens_and_frees_worker(small_queue):
+    """What a client disconnect does (the SSE generator's `finally` calls job.cancel())."""
+    from server.engine.params import GenerationParams
+
+    _, engine = small_queue
+    job = engine.stream(GenerationParams(prompt_tokens=(1, 2, 3), max_tokens=100_000))
+    seen = 0
+    async for _ in job:
+        seen += 1
+        if seen == 3:
+            job.cancel()
+            break
+    for _ in range(500):
+        if engine.worker.depth == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.worker.depth == 0
+    assert job.produced - job.produced_at_cancel <= 2

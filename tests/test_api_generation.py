@@ -1,0 +1,142 @@
+"""Generation through HTTP (httpx against the app) compared with mlx_lm itself."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import chat_body, read_sse
+from mlx_lm import generate, stream_generate
+
+pytestmark = pytest.mark.anyio
+
+MAX = 24
+
+
+def reference_text(loaded_pair, prompt_tokens, max_tokens=MAX):
+    target, tokenizer, _ = loaded_pair
+    return generate(target, tokenizer, prompt_tokens, max_tokens=max_tokens)
+
+
+def chat_tokens(tokenizer, content="Write a function"):
+    return tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                         add_generation_prompt=True)
+
+
+async def stream_chat(client, body):
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        return await read_sse(r)
+
+
+def token_chunks(chunks):
+    return [c for c in chunks if isinstance(c, dict) and c["choices"]
+            and c["choices"][0].get("from_draft") is not None]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+async def test_greedy_with_draft_equals_mlx_without(client, loaded_pair, k):
+    expected = reference_text(loaded_pair, chat_tokens(loaded_pair[1]))
+    body = chat_body(max_tokens=MAX, temperature=0, num_draft_tokens=k)
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == expected
+    chunks = await stream_chat(client, {**body, "stream": True})
+    assert "".join(c["choices"][0]["delta"]["content"] for c in token_chunks(chunks)) == expected
+    assert r.json()["stats"]["draft_tokens_proposed"] > 0
+
+
+async def test_completions_endpoint_greedy_equals_mlx(client, loaded_pair):
+    tokenizer = loaded_pair[1]
+    expected = reference_text(loaded_pair, tokenizer.encode("def binary_search("))
+    body = {"prompt": "def binary_search(", "max_tokens": MAX, "num_draft_tokens": 3}
+    r = await client.post("/v1/completions", json=body)
+    assert r.json()["choices"][0]["text"] == expected
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+        chunks = await read_sse(s)
+    assert all(c["object"] == "text_completion" for c in chunks[:-1])
+    assert "".join(c["choices"][0]["text"] for c in token_chunks(chunks)) == expected
+
+
+async def test_target_as_own_draft_accepts_everything(tiny_pair):
+    """Same model on both sides at temperature 0: every drafted token must be accepted."""
+    import httpx
+    from conftest import make_settings
+
+    from server.app import build_engine, create_app
+
+    settings = make_settings(tiny_pair[0], tiny_pair[0])
+    engine = build_engine(settings)
+    engine.start()
+    try:
+        app = create_app(settings, engine)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as client:
+            body = chat_body(max_tokens=MAX, num_draft_tokens=4, stream=True, adaptive=False)
+            chunks = await stream_chat(client, body)
+        target, tokenizer = engine.target.model, engine.tokenizer
+        ref = list(stream_generate(target, tokenizer, chat_tokens(tokenizer), max_tokens=MAX,
+                                   draft_model=target, num_draft_tokens=4))
+    finally:
+        engine.stop()
+    flags = [c["choices"][0]["from_draft"] for c in token_chunks(chunks)]
+    assert flags == [r.from_draft for r in ref]
+    stats = chunks[-2]["stats"]
+    assert stats["draft_tokens_accepted"] == stats["draft_tokens_proposed"] > 0
+    assert stats["acceptance_rate"] == 1.0
+
+
+async def test_stream_and_non_stream_agree(client):
+    body = chat_body("Tell me a story", max_tokens=40, num_draft_tokens=4,
+                     stream_options={"include_usage": True})
+    full = (await client.post("/v1/chat/completions", json=body)).json()
+    chunks = await stream_chat(client, {**body, "stream": True})
+    assert chunks[-1] == "[DONE]"
+    tokens = token_chunks(chunks)
+    finishes = [c for c in chunks[:-1] if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finishes) == 1
+    stats = finishes[0]["stats"]
+    assert "".join(c["choices"][0]["delta"]["content"] for c in tokens) == \
+        full["choices"][0]["message"]["content"]
+    assert sum(c["choices"][0]["from_draft"] for c in tokens) == stats["draft_tokens_accepted"]
+    assert stats["generation_tokens"] == len(tokens) == full["usage"]["completion_tokens"]
+    assert stats["draft_tokens_accepted"] <= stats["draft_tokens_proposed"]
+    assert stats["from_draft_fraction"] == pytest.approx(
+        stats["draft_tokens_accepted"] / stats["generation_tokens"])
+    usage = chunks[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(tokens)
+    assert tokens[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+async def test_no_draft_stats_shape(client):
+    r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=5, use_draft=False))
+    stats = r.json()["stats"]
+    assert stats["draft_model"] is None and stats["num_draft_tokens"] == 0
+    assert stats["draft_tokens_proposed"] == stats["draft_tokens_accepted"] == 0
+    assert stats["acceptance_rate"] is None and stats["from_draft_fraction"] == 0
+
+
+async def test_max_tokens_and_stop(client):
+    r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=7))
+    assert r.json()["usage"]["completion_tokens"] == 7
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    text = r.json()["choices"][0]["message"]["content"]
+    stop = text[3:6]
+    r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=7, stop=[stop]))
+    assert r.json()["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_seeded_sampling_is_reproducible(client):
+    body = chat_body(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, min_p=0.01,
+                     repetition_penalty=1.1, seed=7, num_draft_tokens=4)
+    a = (await client.post("/v1/chat/completions", json=body)).json()
+    b = (await client.post("/v1/chat/completions", json=body)).json()
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+async def test_logprobs(client, loaded_pair):
+    body = chat_body(max_tokens=4, logprobs=True, top_logprobs=3, use_draft=False)
+    lp = (await client.post("/v1/chat/completions", json=body)).json()["choices"][0]["logprobs"]
+    assert len(lp["content"]) == 4
+    for entry in lp["content"]:
+        assert len(entry["top_logprobs"]) == 3
+        assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"])

@@ -1,0 +1,105 @@
+"""Prompt lookup: the n-gram search against a brute-force reference, and its drafter."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import mlx.core as mx
+import pytest
+
+from server.engine.params import SamplingParams, SpeculationParams
+from server.engine.prompt_lookup import find_continuation
+from server.engine.sampling import LogitsPipeline
+from server.engine.speculative import PromptLookupDrafter
+
+
+def brute_force(tokens, num_tokens, max_ngram, min_ngram):
+    """The definition, spelled out: longest n first, then the latest earlier start."""
+    length = len(tokens)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = tokens[length - n :]
+        for start in range(length - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + num_tokens]
+    return []
+
+
+def test_finds_the_continuation_of_the_last_trigram():
+    tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    assert find_continuation(tokens, 3) == [4, 5, 9]
+    assert find_continuation(tokens, 10) == [4, 5, 9, 1, 2, 3]
+
+
+def test_prefers_the_longest_ngram_over_a_more_recent_shorter_one():
+    tokens = [7, 8, 9, 1, 5, 9, 2, 7, 8, 9]
+    # "9" alone last occurred at index 5 (followed by 2); "7 8 9" at index 0 (followed by 1).
+    assert find_continuation(tokens, 3) == [1, 5, 9]
+    assert find_continuation(tokens, 3, max_ngram=1) == [2, 7, 8]
+
+
+def test_takes_the_most_recent_earlier_occurrence():
+    assert find_continuation([1, 2, 5, 1, 2, 6, 1, 2], 2, max_ngram=2) == [6, 1]
+
+
+def test_continuation_may_run_into_the_suffix():
+    assert find_continuation([4, 1, 2, 1, 2], 5, max_ngram=2) == [1, 2]
+
+
+def test_no_match_proposes_nothing():
+    assert find_continuation([1, 2, 3, 4, 5], 4) == []
+    assert find_continuation([1, 2, 3, 1], 4, min_ngram=2) == []
+    assert find_continuation([7], 4) == []
+    assert find_continuation([1, 2, 1], 0) == []
+
+
+def test_matches_that_straddle_two_tokens_are_not_matches():
+    # Little-endian words: 0x100, 0 -> bytes 00 01 00 00 00 00 00 00, which contain the bytes of
+    # token 1 (01 00 00 00) at offset 1.
+    assert find_continuation([0x100, 0, 5, 1], 3) == []
+    assert find_continuation([1, 9, 0x100, 0, 5, 1], 3) == [9, 0x100, 0]
+
+
+def test_agrees_with_brute_force_on_random_sequences():
+    rng = random.Random(0)
+    for _ in range(600):
+        alphabet = rng.choice([2, 3, 5, 40, 152_000])
+        tokens = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 40))]
+        min_ngram = rng.randint(1, 3)
+        max_ngram = rng.randint(min_ngram, 5)
+        k = rng.randint(0, 6)
+        expected = brute_force(tokens, k, max_ngram, min_ngram)
+        assert find_continuation(tokens, k, max_ngram=max_ngram, min_ngram=min_ngram) == expected
+
+
+def test_long_context_lookup_is_fast():
+    rng = random.Random(1)
+    tokens = [rng.randrange(150_000) for _ in range(200_000)] + [11, 12, 13]
+    tokens[1000:1006] = [11, 12, 13, 21, 22, 23]
+    tic = time.perf_counter()
+    assert find_continuation(tokens, 3) == [21, 22, 23]
+    assert time.perf_counter() - tic < 0.1  # brute force in Python takes seconds
+
+
+def test_rejects_bad_ngram_bounds():
+    with pytest.raises(ValueError):
+        find_continuation([1, 2, 3], 2, max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(max_ngram=3, min_ngram=0)
+
+
+def test_drafter_looks_up_prompt_plus_output():
+    session = PromptLookupDrafter(max_ngram=2).start(
+        mx.array([5, 6, 7, 8, 9, 3, 5, 6]),
+        cache=None,
+        pipeline=LogitsPipeline(SamplingParams(), 16),
+        speculation=SpeculationParams(num_draft_tokens=3, source="prompt_lookup"),
+        prefill_step_size=512,
+    )
+    proposal = session.propose(3, None)
+    assert proposal.count == 3 and proposal.tokens.tolist() == [7, 8, 9]
+    assert proposal.probs is None  # deterministic: q is one-hot
+    session.commit([7], 12)  # the output so far now ends "... 5 6 7 12"
+    assert session.propose(3, None).count == 0
+    session.commit([], 3)  # "... 7 12 3": "12 3" is new, "3" followed by 5 6 7 earlier
+    assert session.propose(3, None).tokens.tolist() == [5, 6, 7]

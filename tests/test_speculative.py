@@ -1,0 +1,528 @@
+"""Our speculative generator against mlx_lm, and speculative sampling against the target's law."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+from mlx_lm.generate import speculative_generate_step as mlx_speculative_generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from scipy.stats import chisquare
+
+from server.engine import speculative
+from server.engine.events import DraftCounters
+from server.engine.params import SamplingParams, SpeculationParams
+from server.engine.sampling import LogitsPipeline
+from server.engine.speculative import (
+    DraftSchedule,
+    ModelDrafter,
+    PromptLookupDrafter,
+    speculative_generate_step,
+    verify_exact,
+    verify_rejection,
+)
+from server.synthetic_models import Preset, model_config, random_target
+
+PROMPTS = ("def hello(world):\n    return", "import os\nclass Foo:")
+MAX_TOKENS = 32
+NUM_SAMPLES = 20_000
+
+MODES = {
+    "exact": dict(acceptance="exact", adaptive=False),
+    "rejection": dict(acceptance="rejection", adaptive=False),
+    "exact-adaptive": dict(acceptance="exact", adaptive=True),
+    "rejection-adaptive-p-min": dict(acceptance="rejection", adaptive=True, draft_p_min=0.6),
+    "prompt-lookup": dict(source="prompt_lookup", acceptance="rejection", adaptive=False),
+    "prompt-lookup-adaptive": dict(source="prompt_lookup", acceptance="exact", adaptive=True),
+}
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(loaded_pair):
+    target, tokenizer, draft = loaded_pair
+    prompts = [mx.array(tokenizer.encode(text)) for text in PROMPTS]
+    return target, draft, tokenizer.vocab_size, prompts
+
+
+@pytest.fixture(scope="module")
+def references(pair):
+    """mlx_lm's greedy output without a draft, per prompt."""
+    target, _, _, prompts = pair
+    return [greedy_reference(target, prompt, MAX_TOKENS) for prompt in prompts]
+
+
+def greedy_reference(model, prompt, max_tokens, **kwargs) -> list[int]:
+    return [int(t) for t, _ in generate_step(prompt, model, max_tokens=max_tokens, **kwargs)]
+
+
+def run(model, drafter, prompt, *, vocab_size, max_tokens=MAX_TOKENS, sampling=None, **spec):
+    counters = DraftCounters()
+    generator = speculative_generate_step(
+        prompt,
+        model,
+        drafter,
+        sampling=sampling or SamplingParams(),
+        speculation=SpeculationParams(**spec),
+        max_tokens=max_tokens,
+        counters=counters,
+        vocab_size=vocab_size,
+    )
+    out = list(generator)
+    assert_consistent(out, counters)
+    return [t for t, _, _ in out], [f for _, _, f in out], counters
+
+
+def assert_consistent(out, counters: DraftCounters):
+    assert 0 <= counters.accepted <= counters.proposed
+    assert sum(f for _, _, f in out) == counters.accepted
+    assert counters.rounds == sum(counters.k_histogram.values())
+    assert counters.proposed == sum(k * c for k, c in counters.k_histogram.items())
+    assert all(isinstance(t, int) and isinstance(f, bool) for t, _, f in out)
+
+
+def drafter_for(spec: dict, draft_model):
+    if spec.get("source") == "prompt_lookup":
+        return PromptLookupDrafter()
+    return ModelDrafter(draft_model)
+
+
+# --- greedy: token for token what mlx_lm produces without a draft ---------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_greedy_output_equals_mlx_lm_without_draft(pair, references, mode, k):
+    target, draft, vocab, prompts = pair
+    spec = MODES[mode]
+    for prompt, expected in zip(prompts, references):
+        tokens, flags, counters = run(
+            target, drafter_for(spec, draft), prompt, vocab_size=vocab, num_draft_tokens=k, **spec
+        )
+        assert tokens == expected
+        assert max(counters.k_histogram) <= k
+
+
+def test_greedy_with_a_padded_draft_vocabulary(pair, references, padded_draft):
+    target, _, vocab, prompts = pair
+    draft, _ = load(str(padded_draft))
+    assert draft.args.vocab_size > vocab
+    for prompt, expected in zip(prompts, references):
+        tokens, _, counters = run(
+            target, ModelDrafter(draft), prompt, vocab_size=vocab, num_draft_tokens=4
+        )
+        assert tokens == expected
+        assert counters.accepted > 0
+
+
+def test_greedy_with_logits_processors_equals_mlx_lm(pair):
+    target, draft, vocab, prompts = pair
+    processors = make_logits_processors(repetition_penalty=1.3, logit_bias={7: 2.0})
+    for prompt in prompts:
+        expected = greedy_reference(target, prompt, 24, logits_processors=processors)
+        out = list(
+            speculative_generate_step(
+                prompt,
+                target,
+                ModelDrafter(draft),
+                sampling=SamplingParams(),
+                speculation=SpeculationParams(num_draft_tokens=4),
+                max_tokens=24,
+                counters=DraftCounters(),
+                vocab_size=vocab,
+                logits_processors=processors,
+            )
+        )
+        assert [t for t, _, _ in out] == expected
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_target_as_its_own_draft_accepts_every_draft_like_mlx_lm(pair, k):
+    target, _, vocab, prompts = pair
+    for acceptance in ("exact", "rejection"):
+        tokens, flags, counters = run(
+            target,
+            ModelDrafter(target),
+            prompts[0],
+            vocab_size=vocab,
+            num_draft_tokens=k,
+            acceptance=acceptance,
+            adaptive=False,
+        )
+        theirs = list(
+            mlx_speculative_generate_step(
+                prompts[0], target, target, num_draft_tokens=k, max_tokens=MAX_TOKENS
+            )
+        )
+        assert tokens == [int(t) for t, _, _ in theirs]
+        assert flags == [f for _, _, f in theirs]
+        assert counters.accepted == counters.proposed > 0
+
+
+def test_logprobs_are_the_targets_as_mlx_lm_yields_them(pair):
+    target, draft, vocab, prompts = pair
+    expected = [lp for _, lp in generate_step(prompts[0], target, max_tokens=12)]
+    out = list(
+        speculative_generate_step(
+            prompts[0],
+            target,
+            ModelDrafter(draft),
+            sampling=SamplingParams(),
+            speculation=SpeculationParams(num_draft_tokens=4),
+            max_tokens=12,
+            counters=DraftCounters(),
+            vocab_size=vocab,
+        )
+    )
+    for (_, logprobs, _), reference in zip(out, expected):
+        assert logprobs.shape == (vocab,)
+        assert mx.allclose(logprobs, reference, atol=1e-4).item()
+
+
+# --- max_tokens, early close, caches -------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1, 2, 5, 7])
+def test_never_yields_more_than_max_tokens(pair, references, max_tokens):
+    target, draft, vocab, prompts = pair
+    for spec in (MODES["exact"], MODES["prompt-lookup"]):
+        tokens, _, _ = run(
+            target,
+            drafter_for(spec, draft),
+            prompts[1],
+            vocab_size=vocab,
+            max_tokens=max_tokens,
+            num_draft_tokens=4,
+            **spec,
+        )
+        assert tokens == references[1][:max_tokens]
+
+
+def test_closing_early_rewinds_caches_so_generation_can_resume(pair, references):
+    target, draft, vocab, prompts = pair
+    drafter = ModelDrafter(draft)
+    cache = make_prompt_cache(target) + drafter.make_cache()
+    counters = DraftCounters()
+    kwargs = dict(
+        sampling=SamplingParams(),
+        speculation=SpeculationParams(num_draft_tokens=4, adaptive=False),
+        counters=counters,
+        vocab_size=vocab,
+        prompt_cache=cache,
+    )
+    generator = speculative_generate_step(prompts[0], target, drafter, max_tokens=30, **kwargs)
+    first = [next(generator) for _ in range(3)]
+    generator.close()
+    assert counters.accepted == sum(f for _, _, f in first)
+    target_cache, draft_cache = cache[: len(target.layers)], cache[len(target.layers) :]
+    context = prompts[0].size + len(first)
+    assert target_cache[0].offset == context - 1
+    assert draft_cache[0].offset <= context - 1
+
+    # Resume from the caches: the last yielded token is the only new input.
+    rest = speculative_generate_step(
+        mx.array([first[-1][0]]), target, drafter, max_tokens=20, **kwargs
+    )
+    assert [t for t, _, _ in first] + [t for t, _, _ in rest] == references[0][:23]
+
+
+# --- drafting policy ------------------------------------------------------------------------
+
+
+def test_adaptive_schedule_grows_after_full_acceptance_and_shrinks_after_rejection():
+    schedule = DraftSchedule(SpeculationParams(num_draft_tokens=8, adaptive=True))
+    assert schedule.next(100) == 8 and schedule.next(3) == 3
+    schedule.update(requested=8, proposed=8, accepted=8)
+    assert schedule.k == 8  # bounded by num_draft_tokens
+    schedule.update(requested=8, proposed=8, accepted=1)  # early rejection: halve
+    assert schedule.k == 4
+    schedule.update(requested=4, proposed=4, accepted=3)  # late rejection: one fewer
+    assert schedule.k == 3
+    schedule.update(requested=3, proposed=3, accepted=3)
+    assert schedule.k == 4
+    schedule.update(requested=4, proposed=2, accepted=2)  # draft stopped itself: keep
+    assert schedule.k == 4
+    for _ in range(5):
+        schedule.update(requested=schedule.k, proposed=schedule.k, accepted=0)
+    assert schedule.k == 1  # never below one
+
+    fixed = DraftSchedule(SpeculationParams(num_draft_tokens=5, adaptive=False))
+    fixed.update(requested=5, proposed=5, accepted=0)
+    assert fixed.next(100) == 5
+
+
+def test_adaptive_length_runs_within_bounds(pair, references):
+    target, draft, vocab, prompts = pair
+    tokens, _, counters = run(
+        target, ModelDrafter(draft), prompts[0], vocab_size=vocab, num_draft_tokens=6
+    )
+    assert tokens == references[0]
+    assert set(counters.k_histogram) <= set(range(1, 7))
+
+
+def test_draft_stops_below_draft_p_min(pair, references):
+    target, draft, vocab, prompts = pair
+    tokens, _, counters = run(
+        target,
+        ModelDrafter(draft),
+        prompts[0],
+        vocab_size=vocab,
+        num_draft_tokens=4,
+        max_tokens=16,
+        draft_p_min=1.01,  # no probability reaches it: never draft
+    )
+    assert tokens == references[0][:16]
+    assert counters.proposed == 0 and set(counters.k_histogram) == {0}
+
+
+def test_prompt_lookup_drafts_the_continuation_the_prompt_contains(pair):
+    target, _, vocab, prompts = pair
+    # The tiny model's greedy output for this prompt settles into a cycle; a prompt that
+    # already holds a few periods of it makes every lookup a correct guess.
+    cycle = greedy_reference(target, prompts[1], 80)
+    prompt = mx.concatenate([prompts[1], mx.array(cycle, mx.uint32)])
+    expected = greedy_reference(target, prompt, 20)
+    tokens, flags, counters = run(
+        target,
+        PromptLookupDrafter(),
+        prompt,
+        vocab_size=vocab,
+        max_tokens=20,
+        num_draft_tokens=4,
+        source="prompt_lookup",
+        adaptive=False,
+    )
+    assert tokens == expected
+    assert counters.proposed > 0 and counters.accepted == counters.proposed
+    assert flags[:4] == [True] * 4
+
+
+def test_prompt_lookup_without_a_match_drafts_nothing(pair):
+    target, _, vocab, _ = pair
+    prompt = mx.array([10, 11, 12, 13, 14])
+    _, flags, counters = run(
+        target,
+        PromptLookupDrafter(),
+        prompt,
+        vocab_size=vocab,
+        max_tokens=1,
+        num_draft_tokens=4,
+        source="prompt_lookup",
+    )
+    assert flags == [False]
+    assert counters.rounds == 1 and counters.proposed == 0 and dict(counters.k_histogram) == {0: 1}
+
+
+# --- temperature > 0 ------------------------------------------------------------------------
+
+
+def test_rejection_sampling_accepts_more_than_exact_matching(pair):
+    target, draft, vocab, prompts = pair
+    sampling = SamplingParams(temperature=0.8)
+    rates = {}
+    for acceptance in ("exact", "rejection"):
+        proposed = accepted = 0
+        for prompt in prompts:
+            for seed in (0, 1):
+                mx.random.seed(seed)
+                _, _, counters = run(
+                    target,
+                    ModelDrafter(draft),
+                    prompt,
+                    vocab_size=vocab,
+                    max_tokens=16,
+                    sampling=sampling,
+                    num_draft_tokens=4,
+                    acceptance=acceptance,
+                    adaptive=False,
+                )
+                proposed += counters.proposed
+                accepted += counters.accepted
+        rates[acceptance] = accepted / proposed
+    assert rates["rejection"] > rates["exact"] + 0.05, rates
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["same-vocab", "padded-draft"])
+def test_verification_gets_the_target_and_draft_distributions_of_each_position(
+    pair, padded_draft, monkeypatch, padded
+):
+    """Every round's p and q rows equal a fresh, cache-free forward pass of both models."""
+    target, draft, vocab, prompts = pair
+    if padded:
+        draft, _ = load(str(padded_draft))
+    sampling = SamplingParams(temperature=1.0, top_k=40, top_p=0.95)
+    pipeline = LogitsPipeline(sampling, vocab)
+    rounds = []
+
+    def spy(p, q, d):
+        result = verify_rejection(p, q, d)
+        rounds.append((p, q, d, result[0]))
+        return result
+
+    monkeypatch.setattr(speculative, "verify_rejection", spy)
+    mx.random.seed(3)
+    tokens, _, _ = run(
+        target,
+        ModelDrafter(draft),
+        prompts[0],
+        vocab_size=vocab,
+        max_tokens=16,
+        sampling=sampling,
+        num_draft_tokens=3,
+    )
+
+    def probs(model, sequence, rows):
+        logits = model(sequence[None])[0, -rows:]
+        return pipeline.probs(pipeline.scaled(pipeline.process(logits)))
+
+    context = prompts[0].tolist()
+    for p, q, d, n in rounds:
+        k = d.size
+        sequence = mx.array(context + d.tolist())
+        assert mx.allclose(p, probs(target, sequence, k + 1), atol=1e-4).item()
+        if k:
+            assert mx.allclose(q, probs(draft, sequence[:-1], k), atol=1e-4).item()
+        context += tokens[len(context) - prompts[0].size :][: n.item() + 1]
+    assert len(context) - prompts[0].size == len(tokens)
+
+
+# --- distributions: the production verification, batched over many samples --------------------
+
+SMALL = Preset(16, 32, 2, 2, 1, 64, 1, 0)
+SMALL_PROMPT = [1, 5, 7, 3]
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    """A 16-token target and an unrelated 1-layer draft: their distributions differ a lot."""
+    target = random_target(model_config(SMALL, num_layers=2, vocab_size=16, eos_id=0), 0, 1)
+    draft = random_target(model_config(SMALL, num_layers=1, vocab_size=16, eos_id=0), 1, 1)
+    return target, draft
+
+
+def scaled_tables(model, pipeline: LogitsPipeline):
+    """The sampler's scaled logits after the prompt, after prompt+x, after prompt+x+y."""
+    v, length = pipeline.vocab_size, len(SMALL_PROMPT)
+    pairs = mx.array([[x, y] for x in range(v) for y in range(v)])
+    sequences = mx.concatenate([mx.broadcast_to(mx.array(SMALL_PROMPT), (v * v, length)), pairs], 1)
+    logits = model(sequences)
+
+    def scaled(rows):
+        return pipeline.scaled(pipeline.process(rows))
+
+    return (
+        scaled(logits[:1, length - 1])[0],
+        scaled(logits[::v, length]),
+        scaled(logits[:, length + 1]).reshape(v, v, v),
+    )
+
+
+def chi_square_p(samples: mx.array, probs: mx.array) -> float:
+    """Goodness of fit of `samples` to `probs`; categories expected < 5 times are pooled."""
+    probs = np.asarray(probs, dtype=np.float64)
+    probs /= probs.sum()
+    counts = np.bincount(np.asarray(samples), minlength=probs.size)
+    assert counts[probs == 0].sum() == 0, "sampled a token outside the target's support"
+    expected = probs * counts.sum()
+    big = expected >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    keep = expected > 0
+    return chisquare(observed[keep], expected[keep]).pvalue
+
+
+def simulate_two_tokens(target, draft, sampling: SamplingParams, k: int = 2):
+    """NUM_SAMPLES independent generations of two tokens with a k-token draft (k <= 2).
+
+    Round one drafts from the draft model's tables and verifies with `verify_rejection`; where
+    it yields only one token, round two drafts one token after it and verifies again.
+    """
+    pipeline = LogitsPipeline(sampling, SMALL.vocab_size)
+    p0, p1, p2 = (pipeline.probs(t) for t in scaled_tables(target, pipeline))
+    s0, s1, _ = scaled_tables(draft, pipeline)
+    q0, q1 = pipeline.probs(s0), pipeline.probs(s1)
+    b = NUM_SAMPLES
+    d1 = pipeline.sample(mx.broadcast_to(s0, (b, s0.size)))
+    d2 = pipeline.sample(s1[d1])
+    drafts = mx.stack([d1, d2], axis=1)[:, :k]
+    p = mx.stack([mx.broadcast_to(p0, (b, p0.size)), p1[d1], p2[d1, d2]], axis=1)[:, : k + 1]
+    q = mx.stack([mx.broadcast_to(q0, (b, q0.size)), q1[d1]], axis=1)[:, :k]
+    n, out = verify_rejection(p, q, drafts)
+    first = out[:, 0]
+
+    e1 = pipeline.sample(s1[first])  # round two, after the first token
+    n2, out2 = verify_rejection(
+        mx.stack([p1[first], p2[first, e1]], axis=1), q1[first][:, None], e1[:, None]
+    )
+    second = mx.where(n >= 1, out[:, 1], out2[:, 0]) if k >= 1 else out2[:, 0]
+    return first, second, p0, p0 @ p1
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=10, top_p=0.9)],
+    ids=["plain", "top-k-top-p"],
+)
+def test_rejection_sampling_follows_the_target_distribution(small_pair, sampling):
+    mx.random.seed(0)
+    first, second, p_first, p_second = simulate_two_tokens(*small_pair, sampling)
+    assert chi_square_p(first, p_first) > 1e-3
+    assert chi_square_p(second, p_second) > 1e-3
+
+
+def test_a_broken_acceptance_rule_is_detected(small_pair, monkeypatch):
+    monkeypatch.setattr(speculative, "accept_draft_tokens", lambda p_x, q_x, u: p_x >= 0)
+    mx.random.seed(0)
+    first, second, p_first, p_second = simulate_two_tokens(*small_pair, SamplingParams(1.0))
+    assert chi_square_p(first, p_first) < 1e-9
+    assert chi_square_p(second, p_second) < 1e-9
+
+
+def test_deterministic_drafts_follow_the_target_distribution(small_pair):
+    """Prompt lookup's case: q is one-hot, the draft tokens are fixed."""
+    target, _ = small_pair
+    pipeline = LogitsPipeline(SamplingParams(temperature=1.0), SMALL.vocab_size)
+    p0, p1, p2 = (pipeline.probs(t) for t in scaled_tables(target, pipeline))
+    a, b = int(mx.argmax(p0)), 3
+    p = mx.broadcast_to(mx.stack([p0, p1[a], p2[a, b]]), (NUM_SAMPLES, 3, SMALL.vocab_size))
+    mx.random.seed(1)
+    n, out = verify_rejection(p, None, mx.broadcast_to(mx.array([a, b]), (NUM_SAMPLES, 2)))
+    assert chi_square_p(out[:, 0], p0) > 1e-3
+    after_a = np.asarray(out[:, 1])[np.asarray(n) >= 1]  # the second token, given first == a
+    assert len(after_a) > 2000
+    assert chi_square_p(mx.array(after_a), p1[a]) > 1e-3
+
+
+def test_target_distribution_is_what_mlx_lm_samples_from(small_pair):
+    target, _ = small_pair
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=10, min_p=0.02)
+    pipeline = LogitsPipeline(sampling, SMALL.vocab_size)
+    logits = target(mx.array([SMALL_PROMPT]))[0, -1:]
+    probs = pipeline.probs(pipeline.scaled(pipeline.process(logits)))[0]
+    sampler = make_sampler(temp=0.7, top_p=0.9, top_k=10, min_p=0.02)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.random.seed(2)
+    samples = sampler(mx.broadcast_to(logprobs, (NUM_SAMPLES, SMALL.vocab_size)))
+    assert (probs == 0).sum().item() > 0  # the filters did cut something
+    assert chi_square_p(samples, probs) > 1e-3
+
+
+def test_verify_exact_and_rejection_on_known_values():
+    drafts = mx.array([[4, 5, 6]], mx.uint32)
+    n, out = verify_exact(mx.array([[4, 5, 9, 1]], mx.uint32), drafts)
+    assert n.tolist() == [2] and out.tolist()[0][:3] == [4, 5, 9]
+
+    one_hot = mx.zeros((1, 4, 8))
+    one_hot[:, 0, 4] = 1.0
+    one_hot[:, 1, 5] = 1.0
+    one_hot[:, 2, 7] = 1.0  # the target is sure of 7 where the draft said 6
+    one_hot[:, 3, 2] = 1.0
+    n, out = verify_rejection(one_hot, None, drafts)
+    assert n.tolist() == [2] and out.tolist()[0][:3] == [4, 5, 7]
+    n, out = verify_rejection(one_hot[:, :1], None, drafts[:, :0])
+    assert n.tolist() == [0] and out.tolist() == [[4]]
