@@ -7,6 +7,7 @@ Read-only attributes (names, the target's tokenizer) are safe to read from the e
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from dataclasses import dataclass, replace
 
@@ -73,6 +74,8 @@ class InferenceEngine:
 
     def stop(self) -> None:
         self.worker.stop()
+        self.kit = None  # the parked worker thread keeps no models alive
+        gc.collect()
 
     # -- read-only views (event loop) ---------------------------------------------------
     @property

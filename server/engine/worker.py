@@ -104,15 +104,17 @@ class GenerationWorker:
     def __init__(self, max_queue_size: int):
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue_size)
         self._thread = threading.Thread(target=self._loop, name="mlx-worker", daemon=True)
+        self._stopped = threading.Event()
         self.busy = False
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        if self._thread.is_alive():
+        """Finish the running job, then park the thread (see `_loop`)."""
+        if self._thread.is_alive() and not self._stopped.is_set():
             self._queue.put(_STOP)
-            self._thread.join(timeout)
+            self._stopped.wait(timeout)
 
     @property
     def depth(self) -> int:
@@ -152,7 +154,12 @@ class GenerationWorker:
         while True:
             job = self._queue.get()
             if job is _STOP:
-                return
+                self._stopped.set()
+                # Never let this OS thread exit: MLX's thread-local compile cache calls into
+                # Python from its TLS destructor, which aborts the process ("terminate called
+                # without an active exception") if the interpreter is finalizing meanwhile.
+                # A parked daemon thread is simply dropped at exit.
+                threading.Event().wait()
             self.busy = True
             try:
                 job.run()
