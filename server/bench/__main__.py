@@ -1,0 +1,5 @@
+import sys
+
+from server.bench.cli import main
+
+sys.exit(main())

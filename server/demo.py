@@ -1,0 +1,174 @@
+"""`python -m server.demo`: generate once from the command line, streaming, then print stats.
+
+    python -m server.demo --model PATH [--draft-model PATH] [--num-draft-tokens N]
+        [--prompt TEXT] [--chat] [--temp T] [--max-tokens N] [--seed S]
+        [--print-prompt-progress] [--draft model|prompt_lookup]
+        [--acceptance exact|rejection] [--no-adaptive]
+
+Runs the server's own engine (`ModelKit` + `generate_events`) in this process, no HTTP: the
+numbers it prints are the ones the server would put in `stats`. Logs go to stderr; the text
+and the stats block go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TextIO
+
+from server.config import ModelSettings
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+
+DEFAULT_PROMPT = "Write a Python function `binary_search(items, target)` and explain it."
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_NUM_DRAFT_TOKENS = ModelSettings.model_fields["num_draft_tokens"].default
+_SPEC_DEFAULTS = SpeculationParams()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m server.demo",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="Target model: mlx_lm folder or hub id.")
+    p.add_argument("--draft-model", help="Draft model: mlx_lm folder or hub id.")
+    p.add_argument("--num-draft-tokens", type=int,
+                   help=f"Draft tokens per round (default {DEFAULT_NUM_DRAFT_TOKENS}; "
+                        "the maximum when adaptive). Needs a drafter.")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="Prompt text (raw unless --chat).")
+    p.add_argument("--chat", action="store_true",
+                   help="Wrap the prompt in the tokenizer's chat template as a user message.")
+    p.add_argument("--temp", type=float, default=0.0, help="Sampling temperature (0 = greedy).")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"Tokens to generate at most (default {DEFAULT_MAX_TOKENS}).")
+    p.add_argument("--seed", type=int, help="Seed for sampling at --temp > 0.")
+    p.add_argument("--print-prompt-progress", action="store_true",
+                   help="Print prompt-processing progress lines (stderr).")
+    p.add_argument("--draft", choices=["model", "prompt_lookup"], default=_SPEC_DEFAULTS.source,
+                   help="Where drafts come from: the draft model, or n-grams of the prompt.")
+    p.add_argument("--acceptance", choices=["exact", "rejection"],
+                   default=_SPEC_DEFAULTS.acceptance,
+                   help="Acceptance rule at --temp > 0 (greedy runs always accept exact matches).")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   default=_SPEC_DEFAULTS.adaptive,
+                   help="Draft exactly --num-draft-tokens every round.")
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    return args
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    lookup = args.draft == "prompt_lookup"
+    if args.num_draft_tokens is not None and not (args.draft_model or lookup):
+        p.error("--num-draft-tokens needs a drafter: add --draft-model PATH "
+                "or --draft prompt_lookup")
+    if lookup and args.draft_model:
+        p.error("--draft prompt_lookup drafts from the prompt: drop --draft-model")
+    if args.num_draft_tokens is not None and args.num_draft_tokens < 0:
+        p.error("--num-draft-tokens must be >= 0")
+    if args.max_tokens < 1:
+        p.error("--max-tokens must be >= 1")
+    if args.temp < 0:
+        p.error("--temp must be >= 0")
+
+
+def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:
+    """Token ids as the server makes them: the chat template (or a plain fallback), or raw."""
+    if chat:
+        messages = [{"role": "user", "content": text}]
+        if tokenizer.has_chat_template:
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return list(tokenizer.encode(f"user: {text}\nassistant: "))
+    bos = tokenizer.bos_token
+    return list(tokenizer.encode(text, add_special_tokens=bos is None
+                                 or not text.startswith(bos)))
+
+
+def speculation_from_args(args: argparse.Namespace) -> SpeculationParams:
+    drafting = args.draft_model is not None or args.draft == "prompt_lookup"
+    k = args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_NUM_DRAFT_TOKENS
+    return replace(_SPEC_DEFAULTS, num_draft_tokens=k if drafting else 0, source=args.draft,
+                   acceptance=args.acceptance, adaptive=args.adaptive)
+
+
+def format_stats(stats) -> list[str]:
+    """The "Generation stats" block, one line per entry."""
+    lines = [
+        "Generation stats:",
+        f" - Time to first token: {stats.ttft_s:.2f}s",
+        f" - Total tokens generated: {stats.generation_tokens}",
+        f" - Total time: {stats.total_s:.2f}s",
+        f" - Tokens per second: {stats.generation_tps:.2f}",
+    ]
+    if stats.num_draft_tokens:
+        proposed, accepted = stats.draft_tokens_proposed, stats.draft_tokens_accepted
+        rate = f"{100 * accepted / proposed:.1f}%" if proposed else "n/a"
+        lines.append(f" - Draft tokens proposed / accepted: {proposed} / {accepted} ({rate})")
+    return lines
+
+
+def load_kit(args: argparse.Namespace, log: TextIO):
+    """Load the target (and the draft, checked for compatibility) into a ModelKit."""
+    from server.engine.model_kit import ModelKit, load_model
+
+    print(f"Loading model from {args.model}", file=log, flush=True)
+    kit = ModelKit(load_model(args.model))
+    print("Model loaded", file=log, flush=True)
+    if args.draft_model:
+        print(f"Loading draft model from {args.draft_model}", file=log, flush=True)
+        kit.load_draft(args.draft_model)
+        print("Draft model loaded", file=log, flush=True)
+    return kit
+
+
+def run(kit, params: GenerationParams, *, out: TextIO, log: TextIO, progress: bool):
+    """Stream the text to `out`; return the engine's GenerationStats."""
+    from server.engine.events import Finished
+    from server.engine.generation import generate_events
+
+    n_prompt = len(params.prompt_tokens)
+    if progress:
+        print(f"Prompt processing: 0/{n_prompt} tokens", file=log, flush=True)
+    start = time.perf_counter()
+    first = True
+    for event in generate_events(kit, params):
+        if isinstance(event, Finished):
+            return event.stats
+        if first and progress:
+            # The engine reports no progress inside the prefill: this line marks its end,
+            # observed when the first token arrives (prefill + the first decode step).
+            print(f"Prompt processing: {n_prompt}/{n_prompt} tokens "
+                  f"(first token after {time.perf_counter() - start:.2f}s)", file=log, flush=True)
+        first = False
+        out.write(event.text)
+        out.flush()
+    raise RuntimeError("the engine ended without a Finished event")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    from server.engine.model_kit import IncompatibleDraft, ModelLoadError
+
+    out, log = sys.stdout, sys.stderr
+    try:
+        kit = load_kit(args, log)
+    except (ModelLoadError, IncompatibleDraft) as e:
+        print(f"error: {e}", file=log)
+        raise SystemExit(1) from e
+    tokens = encode_prompt(kit.target.tokenizer, args.prompt, chat=args.chat)
+    if not tokens:
+        print("error: the prompt encodes to no tokens", file=log)
+        raise SystemExit(1)
+    params = GenerationParams(
+        prompt_tokens=tuple(tokens),
+        max_tokens=args.max_tokens,
+        sampling=SamplingParams(temperature=args.temp, seed=args.seed),
+        speculation=speculation_from_args(args),
+    )
+    stats = run(kit, params, out=out, log=log, progress=args.print_prompt_progress)
+    print("\n" + "\n".join(format_stats(stats)), file=out, flush=True)
+
+
+if __name__ == "__main__":
+    main()
