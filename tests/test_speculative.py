@@ -551,7 +551,7 @@ def test_target_distribution_is_what_mlx_lm_samples_from(small_pair):
     assert chi_square_p(samples, probs) > 1e-3
 
 
-def test_verify_exact_and_rejection_on_known_values():
+def test_exact_matching_and_rejection_on_known_values():
     assert count_exact_matches([4, 5, 9, 1], [4, 5, 6]) == 2
     assert count_exact_matches([4, 5, 6, 1], [4, 5, 6]) == 3
     assert count_exact_matches([3], []) == 0
