@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TextIO
@@ -127,20 +126,12 @@ def run(kit, params: GenerationParams, *, out: TextIO, log: TextIO, progress: bo
     from server.engine.events import Finished
     from server.engine.generation import generate_events
 
-    n_prompt = len(params.prompt_tokens)
-    if progress:
-        print(f"Prompt processing: 0/{n_prompt} tokens", file=log, flush=True)
-    start = time.perf_counter()
-    first = True
-    for event in generate_events(kit, params):
+    def report(done: int, total: int) -> None:
+        print(f"Prompt processing: {done}/{total} tokens", file=log, flush=True)
+
+    for event in generate_events(kit, params, prompt_progress=report if progress else None):
         if isinstance(event, Finished):
             return event.stats
-        if first and progress:
-            # The engine reports no progress inside the prefill: this line marks its end,
-            # observed when the first token arrives (prefill + the first decode step).
-            print(f"Prompt processing: {n_prompt}/{n_prompt} tokens "
-                  f"(first token after {time.perf_counter() - start:.2f}s)", file=log, flush=True)
-        first = False
         out.write(event.text)
         out.flush()
     raise RuntimeError("the engine ended without a Finished event")

@@ -140,3 +140,44 @@ async def test_logprobs(client, loaded_pair):
     for entry in lp["content"]:
         assert len(entry["top_logprobs"]) == 3
         assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"])
+
+
+@pytest.mark.parametrize("extra", [
+    {"draft": "prompt_lookup", "num_draft_tokens": 4},
+    {"acceptance": "exact", "adaptive": False, "num_draft_tokens": 3},
+    {"acceptance": "rejection", "adaptive": True, "draft_p_min": 0.2, "num_draft_tokens": 8},
+], ids=["prompt_lookup", "exact-fixed", "rejection-adaptive-pmin"])
+async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair, extra):
+    content = "def add(a, b): return a + b\ndef add(a, b): return a + b\n"
+    expected = reference_text(loaded_pair, chat_tokens(loaded_pair[1], content))
+    r = await client.post("/v1/chat/completions", json=chat_body(content, max_tokens=MAX,
+                                                                  **extra))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == expected
+    stats = r.json()["stats"]
+    if "draft" in extra:
+        assert stats["draft_model"] == "prompt_lookup"
+    assert sum(stats["k_histogram"].values()) > 0
+
+
+async def test_prompt_lookup_needs_no_draft_model(tiny_pair):
+    import httpx
+    from conftest import make_settings
+
+    from server.app import build_engine, create_app
+
+    settings = make_settings(tiny_pair[0], None)
+    engine = build_engine(settings)
+    engine.start()
+    try:
+        app = create_app(settings, engine)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as client:
+            ok = await client.post("/v1/chat/completions", json=chat_body(
+                max_tokens=8, draft="prompt_lookup", num_draft_tokens=4))
+            refused = await client.post("/v1/chat/completions", json=chat_body(
+                max_tokens=8, num_draft_tokens=4))
+    finally:
+        engine.stop()
+    assert ok.status_code == 200 and ok.json()["stats"]["num_draft_tokens"] == 4
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_draft_tokens"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from mlx_lm.utils import load_tokenizer
 
 from server.demo import encode_prompt, main, parse_args
 from server.engine.events import Finished
@@ -69,11 +70,14 @@ def test_stats_match_the_engine_without_a_draft(tiny_pair, kit, capsys):
     assert block.count("\n") == 4  # exactly the four lines
 
 
-def test_prompt_progress_and_chat(tiny_pair, capsys):
+@pytest.mark.parametrize("draft", [False, True])
+def test_prompt_progress_and_chat(tiny_pair, capsys, draft):
+    extra = ["--draft-model", str(tiny_pair[1])] if draft else []
     _, block, err = demo(["--model", str(tiny_pair[0]), "--prompt", "hi", "--chat",
-                          "--max-tokens", "4", "--print-prompt-progress"], capsys)
-    n = re.search(r"Prompt processing: 0/(\d+) tokens", err).group(1)
-    assert re.search(rf"Prompt processing: {n}/{n} tokens \(first token after \d", err)
+                          "--max-tokens", "4", "--print-prompt-progress", *extra], capsys)
+    lines = re.findall(r"Prompt processing: (\d+)/(\d+) tokens", err)
+    n = len(encode_prompt(load_tokenizer(tiny_pair[0]), "hi", chat=True))
+    assert lines[0] == ("0", str(n)) and lines[-1] == (str(n), str(n))
     assert stat(block, "Total tokens generated") == "4"
 
 

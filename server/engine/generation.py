@@ -17,6 +17,11 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from server.engine.events import DraftCounters, Finished, GenerationStats, TokenEvent
 from server.engine.model_kit import LoadedModel, ModelKit
 from server.engine.params import GenerationParams, SamplingParams
+from server.engine.speculative import (
+    ModelDrafter,
+    PromptLookupDrafter,
+    speculative_generate_step,
+)
 from server.engine.stop_sequences import StopMatcher
 
 TokenStream = Iterator[tuple[int, mx.array, bool]]
@@ -40,45 +45,30 @@ def make_sampling(sampling: SamplingParams):
 
 
 def token_stream(
-    kit: ModelKit, params: GenerationParams, counters: DraftCounters, draft: LoadedModel | None
+    kit: ModelKit,
+    params: GenerationParams,
+    counters: DraftCounters,
+    draft: LoadedModel | None,
+    prompt_progress: Callable[[int, int], None] | None = None,
 ) -> TokenStream:
-    """Pick the token generator: plain mlx_lm decoding, or our speculative decoder."""
+    """Plain `mlx_lm` decoding without a drafter, else our speculative decoder."""
     prompt = mx.array(params.prompt_tokens, mx.uint32)
     spec = params.speculation
-    if spec.num_draft_tokens == 0:
-        sampler, processors = make_sampling(params.sampling)
-        return (
-            (tok, lp, False)
-            for tok, lp in generate_step(
-                prompt, kit.target.model, max_tokens=params.max_tokens,
-                sampler=sampler, logits_processors=processors,
-            )
-        )
-    # Interim: mlx_lm's speculative decoder, until server.engine.speculative lands.
-    from mlx_lm.generate import speculative_generate_step
-
     sampler, processors = make_sampling(params.sampling)
-    gen = speculative_generate_step(
-        prompt, kit.target.model, draft.model, num_draft_tokens=spec.num_draft_tokens,
-        max_tokens=params.max_tokens, sampler=sampler, logits_processors=processors,
+    if spec.num_draft_tokens == 0:
+        steps = generate_step(
+            prompt, kit.target.model, max_tokens=params.max_tokens, sampler=sampler,
+            logits_processors=processors, prompt_progress_callback=prompt_progress,
+        )
+        return ((token, logprobs, False) for token, logprobs in steps)
+    drafter = PromptLookupDrafter() if spec.source == "prompt_lookup" else ModelDrafter(
+        draft.model
     )
-    return _count_rounds(gen, spec.num_draft_tokens, params.max_tokens, counters)
-
-
-def _count_rounds(gen, k: int, max_tokens: int, counters: DraftCounters) -> TokenStream:
-    """Rebuild mlx_lm's draft rounds: each proposes min(k, left) and ends on a target token."""
-    n, open_round = 0, False
-    try:
-        for token, logprobs, from_draft in gen:
-            if not open_round:
-                counters.record_round(min(k, max_tokens - n))
-                open_round = True
-            n += 1
-            counters.accepted += from_draft
-            open_round = from_draft
-            yield token, logprobs, from_draft
-    finally:
-        gen.close()
+    return speculative_generate_step(
+        prompt, kit.target.model, drafter, sampling=params.sampling, speculation=spec,
+        max_tokens=params.max_tokens, counters=counters, vocab_size=kit.target.vocab_size,
+        logits_processors=processors, prompt_progress_callback=prompt_progress,
+    )
 
 
 def _top_logprobs(logprobs: mx.array, token: int, n: int):
@@ -97,6 +87,7 @@ def generate_events(
     params: GenerationParams,
     *,
     cancelled: Callable[[], bool] = lambda: False,
+    prompt_progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[TokenEvent | Finished]:
     """One TokenEvent per generated token (EOS included, with no text), then Finished.
 
@@ -116,7 +107,7 @@ def generate_events(
     start = time.perf_counter()
     first = start
     n, finish = 0, "length"
-    tokens = token_stream(kit, params, counters, draft)
+    tokens = token_stream(kit, params, counters, draft, prompt_progress)
     try:
         for token, logprobs, from_draft in tokens:
             if n == 0:

@@ -151,14 +151,27 @@ class _CacheCursor:
             self.settled = limit
 
 
-def _prefill(model: nn.Module, cache: list, tokens: mx.array, step_size: int) -> mx.array:
-    """Process all but the last token in chunks (as `mlx_lm` does); return the last token."""
+def _prefill(
+    model: nn.Module, cache: list, tokens: mx.array, step_size: int, progress=None
+) -> mx.array:
+    """Process all but the last token in chunks (as `mlx_lm` does); return the last token.
+
+    `progress(done, total)` is called after each chunk, like mlx_lm's prompt_progress_callback.
+    """
+    total, done = tokens.size, 0
+    if progress is not None:
+        progress(0, total)
     while tokens.size > 1:
         n = min(step_size, tokens.size - 1)
         model(tokens[:n][None], cache=cache)
         mx.eval([c.state for c in cache])
         tokens = tokens[n:]
+        done += n
+        if progress is not None and tokens.size > 1:
+            progress(done, total)
         mx.clear_cache()
+    if progress is not None:
+        progress(total, total)
     return tokens
 
 
@@ -374,6 +387,7 @@ def speculative_generate_step(
     logits_processors: list | None = None,
     prompt_cache: list | None = None,
     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    prompt_progress_callback=None,
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield `(token, logprobs, from_draft)` for up to `max_tokens` tokens (-1: no limit).
 
@@ -400,7 +414,7 @@ def speculative_generate_step(
             speculation=speculation,
             prefill_step_size=prefill_step_size,
         )
-        y = _prefill(model, target_cache, prompt, prefill_step_size)
+        y = _prefill(model, target_cache, prompt, prefill_step_size, prompt_progress_callback)
         target = _CacheCursor(target_cache, settled=prompt.size - 1)
         history = prompt if pipeline.needs_history else None
         context_length = prompt.size
