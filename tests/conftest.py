@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,32 @@ async def read_sse(response) -> list[dict | str]:
             data = line[len("data: "):]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def served(target, draft, *, model_roots=None, **server):
+    """A fresh started engine and an httpx client on its app; stopped on exit."""
+    import httpx
+
+    from server.app import build_engine, create_app
+
+    settings = make_settings(target, draft, **server)
+    if model_roots is not None:
+        settings.models.model_roots = [str(r) for r in model_roots]
+    engine = build_engine(settings)
+    engine.start()
+    try:
+        app = create_app(settings, engine)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t", timeout=60) as client:
+            yield client, engine
+    finally:
+        engine.stop()

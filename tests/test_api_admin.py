@@ -7,9 +7,9 @@ import shutil
 import httpx
 import mlx.core as mx
 import pytest
-from conftest import chat_body, make_settings
+from conftest import chat_body, make_settings, served
 
-from server.app import build_engine, create_app
+from server.app import create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -17,15 +17,8 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture()
 async def admin_env(tiny_pair, model_dir):
     """A fresh engine per test: these tests change which draft is loaded."""
-    settings = make_settings(tiny_pair[0], tiny_pair[1])
-    settings.models.model_roots = [str(model_dir)]
-    engine = build_engine(settings)
-    engine.start()
-    app = create_app(settings, engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://t") as client:
-        yield client, engine
-    engine.stop()
+    async with served(*tiny_pair, model_roots=[model_dir]) as env:
+        yield env
 
 
 async def test_list_models_and_health(admin_env, tiny_pair):

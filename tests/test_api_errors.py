@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
-from conftest import chat_body, make_settings
-
-from server.app import build_engine, create_app
+from conftest import chat_body, served
 
 pytestmark = pytest.mark.anyio
 
@@ -81,14 +78,8 @@ async def test_unknown_route_and_method(client):
 
 @pytest.fixture()
 async def small_queue(tiny_pair):
-    settings = make_settings(*tiny_pair, max_queue_size=1)
-    engine = build_engine(settings)
-    engine.start()
-    app = create_app(settings, engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://t", timeout=60) as client:
-        yield client, engine
-    engine.stop()
+    async with served(*tiny_pair, max_queue_size=1) as env:
+        yield env
 
 
 async def test_full_queue_is_503_with_retry_after(small_queue):

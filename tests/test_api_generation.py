@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import chat_body, read_sse
+from conftest import chat_body, read_sse, served
 from mlx_lm import generate, stream_generate
 
 pytestmark = pytest.mark.anyio
@@ -58,25 +58,12 @@ async def test_completions_endpoint_greedy_equals_mlx(client, loaded_pair):
 
 async def test_target_as_own_draft_accepts_everything(tiny_pair):
     """Same model on both sides at temperature 0: every drafted token must be accepted."""
-    import httpx
-    from conftest import make_settings
-
-    from server.app import build_engine, create_app
-
-    settings = make_settings(tiny_pair[0], tiny_pair[0])
-    engine = build_engine(settings)
-    engine.start()
-    try:
-        app = create_app(settings, engine)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t") as client:
-            body = chat_body(max_tokens=MAX, num_draft_tokens=4, stream=True, adaptive=False)
-            chunks = await stream_chat(client, body)
+    async with served(tiny_pair[0], tiny_pair[0]) as (client, engine):
+        body = chat_body(max_tokens=MAX, num_draft_tokens=4, stream=True, adaptive=False)
+        chunks = await stream_chat(client, body)
         target, tokenizer = engine.target.model, engine.tokenizer
         ref = list(stream_generate(target, tokenizer, chat_tokens(tokenizer), max_tokens=MAX,
                                    draft_model=target, num_draft_tokens=4))
-    finally:
-        engine.stop()
     flags = [c["choices"][0]["from_draft"] for c in token_chunks(chunks)]
     assert flags == [r.from_draft for r in ref]
     stats = chunks[-2]["stats"]
@@ -161,23 +148,10 @@ async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair
 
 
 async def test_prompt_lookup_needs_no_draft_model(tiny_pair):
-    import httpx
-    from conftest import make_settings
-
-    from server.app import build_engine, create_app
-
-    settings = make_settings(tiny_pair[0], None)
-    engine = build_engine(settings)
-    engine.start()
-    try:
-        app = create_app(settings, engine)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t") as client:
-            ok = await client.post("/v1/chat/completions", json=chat_body(
-                max_tokens=8, draft="prompt_lookup", num_draft_tokens=4))
-            refused = await client.post("/v1/chat/completions", json=chat_body(
-                max_tokens=8, num_draft_tokens=4))
-    finally:
-        engine.stop()
+    async with served(tiny_pair[0], None) as (client, _):
+        ok = await client.post("/v1/chat/completions", json=chat_body(
+            max_tokens=8, draft="prompt_lookup", num_draft_tokens=4))
+        refused = await client.post("/v1/chat/completions", json=chat_body(
+            max_tokens=8, num_draft_tokens=4))
     assert ok.status_code == 200 and ok.json()["stats"]["num_draft_tokens"] == 4
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_draft_tokens"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import socket
 import threading
 import time
 
 import httpx
 import pytest
+from conftest import free_port
 
 from server.bench.cells import PROMPT_KINDS, Cell, plan_cells
 from server.bench.cli import main, parse_args
@@ -237,12 +237,6 @@ def test_smoke_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     assert doc["metadata"]["cost_ratio"] > 0
     assert doc["metadata"]["runners"][0]["models"]["draft"]["path"] == str(draft)
     assert "structured  base" in capsys.readouterr().out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
