@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from server.config import Settings
 from server.engine.service import InferenceEngine
 from server.errors import install_error_handlers
+from server.metrics import ServerMetrics
 from server.model_access import ModelAccessPolicy
 from server.routes import completions, models
 
@@ -54,6 +55,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.settings = settings
     app.state.engine = engine
     app.state.access = access_policy(settings)
+    app.state.metrics = ServerMetrics(queue_depth=lambda: engine.worker.depth)
     install_error_handlers(app)
     app.include_router(completions.router)
     app.include_router(models.router)

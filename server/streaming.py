@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
 
@@ -136,13 +136,17 @@ def _dump(model) -> str:
     return model.model_dump_json()
 
 
-async def collect(job: StreamJob, fmt: ResponseFormat):
+Observer = Callable[[Finished], None]
+
+
+async def collect(job: StreamJob, fmt: ResponseFormat, observe: Observer):
     """Run a job to the end and build the non-streamed response."""
     events, done = [], None
     try:
         async for event in job:
             if isinstance(event, Finished):
                 done = event
+                observe(done)
             else:
                 events.append(event)
     finally:
@@ -150,7 +154,8 @@ async def collect(job: StreamJob, fmt: ResponseFormat):
     return fmt.response(events, done)
 
 
-async def stream_response(job: StreamJob, fmt: ResponseFormat, include_usage: bool):
+async def stream_response(job: StreamJob, fmt: ResponseFormat, include_usage: bool,
+                          observe: Observer):
     """Fetch the first event before answering, so an early failure is still an HTTP error."""
     events = job.__aiter__()
     try:
@@ -158,15 +163,16 @@ async def stream_response(job: StreamJob, fmt: ResponseFormat, include_usage: bo
     except BaseException:
         job.cancel()
         raise
-    return EventSourceResponse(_sse(job, events, first, fmt, include_usage), ping=15)
+    return EventSourceResponse(_sse(job, events, first, fmt, include_usage, observe), ping=15)
 
 
 async def _sse(job: StreamJob, events: AsyncIterator, first, fmt: ResponseFormat,
-               include_usage: bool):
+               include_usage: bool, observe: Observer):
     try:
         event, is_first = first, True
         while True:
             if isinstance(event, Finished):
+                observe(event)
                 yield {"data": _dump(fmt.final_chunk(event))}
                 if include_usage:
                     yield {"data": _dump(fmt.usage_chunk(event))}

@@ -128,3 +128,21 @@ async def test_api_keys(tiny_pair, engine):
                               json={"model": str(tiny_pair[1])})
         assert r.status_code == 200
         assert (await client.get("/health")).status_code == 200
+
+
+async def test_metrics_count_tokens_and_drafts(admin_env):
+    client, _ = admin_env
+    r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=9))
+    stats = r.json()["stats"]
+    text = (await client.get("/metrics")).text
+
+    def value(name):
+        line = next(x for x in text.splitlines() if x.startswith(name + " "))
+        return float(line.split()[1])
+
+    assert value("mlx_spec_generated_tokens_total") == 9
+    assert value("mlx_spec_draft_tokens_proposed_total") == stats["draft_tokens_proposed"]
+    assert value("mlx_spec_draft_tokens_accepted_total") == stats["draft_tokens_accepted"]
+    assert value("mlx_spec_queue_depth") == 0
+    assert 'mlx_spec_completions_total{endpoint="/v1/chat/completions",finish_reason="length"}' \
+        in text

@@ -21,10 +21,15 @@ async def _complete(request: Request, body, prompt: list[int], fmt):
     state = request.app.state
     params = generation_params(body, prompt, state.engine, state.settings.defaults)
     job = state.engine.stream(params)
+    endpoint = request.url.path
+
+    def observe(done):
+        state.metrics.observe(endpoint, done.finish_reason, done.stats)
+
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await stream_response(job, fmt, usage)
-    return await collect(job, fmt)
+        return await stream_response(job, fmt, usage, observe)
+    return await collect(job, fmt, observe)
 
 
 @router.post("/chat/completions")

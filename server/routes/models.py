@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import PlainTextResponse
 
 from api_schemas.admin import (
     CompatibilityRequest,
@@ -56,6 +57,12 @@ async def draft_compatibility(body: CompatibilityRequest, request: Request):
     except IncompatibleDraft as e:
         reason = str(e)
     return CompatibilityResponse(compatible=reason is None, reason=reason)
+
+
+@health_router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(request.app.state.metrics.render(),
+                             media_type="text/plain; version=0.0.4")
 
 
 @health_router.get("/health")
