@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Re-measure every figure quoted in the issues' closing notes, one after the other (never two
+# benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
+#   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare temp
+#                                                adaptive lookup; default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
+[ -f "$OPENBLAS" ] && export LD_PRELOAD=$OPENBLAS
+PY=${PY:-.venv/bin/python}
+DEMO_T=models/demo/target DEMO_D=models/demo/draft
+GEN_T=models/generated/target GEN_D=models/generated/draft
+OUT=${RESULTS_DIR:-RESULTS}
+mkdir -p "$OUT"
+# The generated (fp32, ~80M) pair, built once: both servers load it alike (mlx_lm.server would
+# run the fp16 demo pair in fp16, which is ~50x slower on a CPU: not a fair comparison).
+$PY -c "from server.synthetic_models import ensure_pair; ensure_pair('models/generated')"
+
+bench() { $PY -m server.bench --results-dir "$OUT" "$@"; }
+wait_up() { for _ in $(seq 600); do curl -sf "$1" >/dev/null && return; sleep 0.5; done; exit 1; }
+
+run_overhead() {  # issue 2: HTTP vs direct mlx_lm, k=4, 256 tokens
+  $PY -m server.bench.overhead --target-model $GEN_T --draft-model $GEN_D --reps 3 \
+    | tee "$OUT/overhead.txt"
+}
+run_smoke() { bench --smoke --tag smoke; }
+run_sweep() { bench --tag sweep; }  # issue 3: the full k sweep on the demo pair
+run_compare() {  # issue 3: our server vs mlx_lm.server, same fp32 models, k=4, greedy
+  $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/ours.log" 2>&1 &
+  local ours=$!
+  $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8101 >"$OUT/mlx.log" 2>&1 &
+  local theirs=$!
+  trap 'kill $ours $theirs 2>/dev/null || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  wait_up http://127.0.0.1:8101/health
+  bench --server http://127.0.0.1:8100 --compare http://127.0.0.1:8101 --draft-tokens 4 \
+    --reps 3 --max-tokens 200 --target-model $GEN_T --draft-model $GEN_D --tag vs-mlx-lm
+}
+run_temp() {  # issue 5: rejection vs exact at temperature 0.7 and 1.0
+  for t in 0.7 1.0; do
+    for rule in exact rejection; do
+      bench --temp $t --acceptance $rule --draft-tokens 4 --reps 3 --tag "t$t-$rule"
+    done
+  done
+}
+run_adaptive() { bench --adaptive --draft-tokens 8 --tag adaptive-k8; }  # vs the sweep's fixed k
+run_lookup() {  # issue 5: prompt lookup on "repeat this code with one change"
+  bench --draft prompt_lookup --prompt-kinds repeat_edit --draft-tokens 2,4,8 --tag lookup
+}
+
+sections=${*:-overhead smoke sweep compare temp adaptive lookup}
+for s in $sections; do echo "=== $s"; "run_$s"; done
