@@ -1,7 +1,7 @@
 """Build the demo pair in one reproducible command: tokenizer, models, evaluation, model cards.
 
     python -m server.training --config server/training/demo.yaml
-        [--output-dir DIR] [--only draft|target] [--steps N] [--skip-eval]
+        [--output-dir DIR] [--only draft|target] [--steps N] [--skip-eval] [--cards-only]
 
 `--steps` overrides every model's step count (a short run to measure tokens/s); `--only`
 retrains one model and keeps the other's saved weights and facts for the cards.
@@ -26,6 +26,7 @@ from server.training.evaluate import evaluate_pair, format_report
 from server.training.train import TrainConfig, build_model, model_config, save_model, train
 
 FACTS_FILE = "training.json"
+REPORT_FILE = "evaluation.json"
 
 
 def machine() -> str:
@@ -72,6 +73,15 @@ def train_one(role: str, spec: dict, cfg: dict, corpus, out_dir: Path, steps: in
     return facts
 
 
+def recorded_facts(out_dir: Path, cfg: dict) -> dict[str, dict]:
+    """Each saved model's training facts, so one model can be retrained alone (`--only`)."""
+    return {
+        role: json.loads(p.read_text())
+        for role in cfg["models"]
+        if (p := out_dir / role / FACTS_FILE).exists()
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
@@ -79,10 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=["draft", "target"], default=None)
     parser.add_argument("--steps", type=int, default=None, help="override every model's steps")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument(
+        "--cards-only", action="store_true", help="rewrite README.md cards from recorded facts"
+    )
     args = parser.parse_args(argv)
 
     cfg = yaml.safe_load(args.config.read_text())
     out_dir = args.output_dir or Path(cfg["output_dir"])
+    if args.cards_only:
+        report_file = out_dir / REPORT_FILE
+        report = json.loads(report_file.read_text()) if report_file.exists() else None
+        write_cards(out_dir, recorded_facts(out_dir, cfg), report)
+        return
     start = time.perf_counter()
     corpus = build_corpus(
         cfg["tokenizer"]["vocab_size"], cfg["corpus"]["val_fraction"], cfg["seed"]
@@ -93,11 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.only in (None, role):
             train_one(role, spec, cfg, corpus, out_dir, args.steps)
 
-    facts = {
-        role: json.loads(p.read_text())
-        for role in cfg["models"]
-        if (p := out_dir / role / FACTS_FILE).exists()
-    }
+    facts = recorded_facts(out_dir, cfg)
     report = None
     if not args.skip_eval and {"target", "draft"} <= facts.keys():
         ev = cfg.get("evaluation", {})
@@ -110,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             max_tokens=ev.get("max_tokens", 256),
         )
         print(format_report(report), flush=True)
-        (out_dir / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     write_cards(out_dir, facts, report)
     print(f"done in {(time.perf_counter() - start) / 60:.1f} min", flush=True)
 
