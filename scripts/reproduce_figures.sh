@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
-#   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare temp
-#                                                adaptive lookup; default: all)
+#   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
+#                                   demo_server temp adaptive lookup; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -36,6 +36,14 @@ run_compare() {  # issue 3: our server vs mlx_lm.server, same fp32 models, k=4, 
   bench --server http://127.0.0.1:8100 --compare http://127.0.0.1:8101 --draft-tokens 4 \
     --reps 3 --max-tokens 200 --target-model $GEN_T --draft-model $GEN_D --tag vs-mlx-lm
 }
+run_demo_server() {  # issue 4: the demo pair through our server, k=4 vs no draft
+  $PY -m server --port 8100 >"$OUT/demo-server.log" 2>&1 &
+  local ours=$!
+  trap 'kill $ours 2>/dev/null || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  bench --server http://127.0.0.1:8100 --draft-tokens 4 --reps 3 --target-model $DEMO_T \
+    --draft-model $DEMO_D --tag demo-through-server
+}
 run_temp() {  # issue 5: rejection vs exact at temperature 0.7 and 1.0
   for t in 0.7 1.0; do
     for rule in exact rejection; do
@@ -48,5 +56,5 @@ run_lookup() {  # issue 5: prompt lookup on "repeat this code with one change"
   bench --draft prompt_lookup --prompt-kinds repeat_edit --draft-tokens 2,4,8 --tag lookup
 }
 
-sections=${*:-overhead smoke sweep compare temp adaptive lookup}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup}
 for s in $sections; do echo "=== $s"; "run_$s"; done
