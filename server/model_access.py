@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from server.engine.model_kit import is_hub_id
 from server.errors import APIError
 
 
@@ -13,10 +14,6 @@ def hf_cache_dir() -> Path:
         return Path(os.environ["HF_HUB_CACHE"])
     home = os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")
     return Path(home) / "hub"
-
-
-def is_hub_id(ref: str) -> bool:
-    return ref.count("/") == 1 and not ref.startswith((".", "/", "~")) and not Path(ref).exists()
 
 
 class ModelAccessPolicy:

@@ -124,10 +124,8 @@ class EngineRunner:
 
 
 def _model_card(model) -> dict:
-    from mlx.utils import tree_flatten
-
-    params = sum(v.size for _, v in tree_flatten(model.model.parameters()))
-    return {"path": model.path, "parameters": params, "memory_gb": model.nbytes() / 1e9,
+    return {"path": model.path, "parameters": model.parameter_count(),
+            "memory_gb": model.nbytes() / 1e9,
             "model_type": model.config.get("model_type")}
 
 

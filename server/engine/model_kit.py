@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
@@ -46,13 +47,10 @@ class LoadedModel:
         return len(self.tokenizer.get_vocab())
 
     def nbytes(self) -> int:
-        return sum(v.nbytes for _, v in _flatten(self.model.parameters()))
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 
-
-def _flatten(params):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(params)
+    def parameter_count(self) -> int:
+        return sum(v.size for _, v in tree_flatten(self.model.parameters()))
 
 
 def resolve_dtype(name: str) -> mx.Dtype | None:
@@ -64,7 +62,7 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
 
 def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> LoadedModel:
     local = Path(path).expanduser()
-    if _looks_local(path) and not local.exists():
+    if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
     try:
         model, tokenizer, config = mlx_load(str(local if local.exists() else path),
@@ -82,7 +80,7 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> Lo
 
 def load_tokenizer_only(path: str) -> TokenizerWrapper:
     local = Path(path).expanduser()
-    if _looks_local(path) and not local.exists():
+    if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
     try:
         return load_tokenizer(local if local.exists() else path)
@@ -90,9 +88,9 @@ def load_tokenizer_only(path: str) -> TokenizerWrapper:
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {e}") from e
 
 
-def _looks_local(path: str) -> bool:
-    p = Path(path).expanduser()
-    return p.exists() or path.startswith((".", "/", "~")) or path.count("/") != 1
+def is_hub_id(ref: str) -> bool:
+    """`org/name` that is not a local folder: what mlx_lm.load would download."""
+    return ref.count("/") == 1 and not ref.startswith((".", "/", "~")) and not Path(ref).exists()
 
 
 def tokenizer_mismatch(target: TokenizerWrapper, draft: TokenizerWrapper) -> str | None:

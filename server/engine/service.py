@@ -91,9 +91,8 @@ class InferenceEngine:
         return self.kit.target.tokenizer
 
     def card(self, model: LoadedModel, role: str) -> ModelCard:
-        params = sum(v.size for _, v in _leaves(model.model))
         return ModelCard(
-            id=model.name, path=model.path, role=role, parameters=params,
+            id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
             memory_gb=model.nbytes() / 1e9,
             num_draft_tokens=self.num_draft_tokens if role == "draft" else None,
         )
@@ -158,8 +157,3 @@ class InferenceEngine:
                      "cache_gb": mx.get_cache_memory() / 1e9}
         )
 
-
-def _leaves(model):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(model.parameters())
