@@ -14,7 +14,7 @@ OUT=${RESULTS_DIR:-RESULTS}
 mkdir -p "$OUT"
 # The generated (fp32, ~80M) pair, built once: both servers load it alike (mlx_lm.server would
 # run the fp16 demo pair in fp16, which is ~50x slower on a CPU: not a fair comparison).
-$PY -c "from server.synthetic_models import ensure_pair; ensure_pair('models/generated')"
+$PY -c "from server.model_files.synthetic import ensure_pair; ensure_pair('models/generated')"
 
 bench() { $PY -m server.bench --results-dir "$OUT" "$@"; }
 wait_up() { for _ in $(seq 600); do curl -sf "$1" >/dev/null && return; sleep 0.5; done; exit 1; }

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import uvicorn
 
-from server.app import create_app
 from server.config import Settings
-from server.demo_models import ensure_default_models
+from server.http.app import create_app
+from server.model_files.bundled import ensure_default_models
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.synthetic_models import build_foreign_vocab_model, build_pair
+from server.model_files.synthetic import build_foreign_vocab_model, build_pair
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +57,7 @@ def make_settings(target, draft, **server):
 @pytest.fixture(scope="session")
 def engine(tiny_pair):
     """One started engine with the tiny pair, shared by read-only API tests."""
-    from server.app import build_engine
+    from server.http.app import build_engine
 
     eng = build_engine(make_settings(*tiny_pair))
     eng.start()
@@ -67,7 +67,7 @@ def engine(tiny_pair):
 
 @pytest.fixture()
 def app(engine, tiny_pair):
-    from server.app import create_app
+    from server.http.app import create_app
 
     return create_app(make_settings(*tiny_pair), engine)
 
@@ -115,7 +115,7 @@ async def served(target, draft, *, model_roots=None, **server):
     """A fresh started engine and an httpx client on its app; stopped on exit."""
     import httpx
 
-    from server.app import build_engine, create_app
+    from server.http.app import build_engine, create_app
 
     settings = make_settings(target, draft, **server)
     if model_roots is not None:

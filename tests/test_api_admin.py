@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from conftest import chat_body, make_settings, served
 
-from server.app import create_app
+from server.http.app import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -245,7 +245,7 @@ def live_server(engine, tiny_pair):
     import uvicorn
     from conftest import make_settings
 
-    from server.app import create_app
+    from server.http.app import create_app
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(make_settings(*tiny_pair), engine),

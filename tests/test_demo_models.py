@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
-from server.training.evaluate import acceptance_counts, chat_prompt
+from server.model_files.training.evaluate import acceptance_counts, chat_prompt
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
 PROMPT = (

@@ -24,7 +24,7 @@ from server.engine.speculative import (
     speculative_generate_step,
     verify_rejection,
 )
-from server.synthetic_models import Preset, model_config, random_target
+from server.model_files.synthetic import Preset, model_config, random_target
 
 PROMPTS = ("def hello(world):\n    return", "import os\nclass Foo:")
 MAX_TOKENS = 32

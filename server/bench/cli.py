@@ -135,7 +135,7 @@ def default_models() -> tuple[str, str]:
     """The bundled demo pair when present, else the generated pair (built on first use)."""
     if (DEMO_DIR / "target" / "config.json").exists() and (DEMO_DIR / "draft").exists():
         return str(DEMO_DIR / "target"), str(DEMO_DIR / "draft")
-    from server.synthetic_models import ensure_pair
+    from server.model_files.synthetic import ensure_pair
 
     target, draft = ensure_pair(GENERATED_DIR, "small")
     return str(target), str(draft)

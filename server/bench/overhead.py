@@ -29,7 +29,7 @@ def default_models() -> tuple[str, str]:
     demo = Path("models/demo")
     if (demo / "target" / "model.safetensors").exists():
         return str(demo / "target"), str(demo / "draft")
-    from server.synthetic_models import ensure_pair
+    from server.model_files.synthetic import ensure_pair
 
     target, draft = ensure_pair(Path("models/generated"), "small")
     return str(target), str(draft)

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from server.config import Settings
-from server.synthetic_models import ensure_pair
+from server.model_files.synthetic import ensure_pair
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
-from server.auth import require_api_key
-from server.request_mapping import (
+from server.http.auth import require_api_key
+from server.http.request_mapping import (
     chat_prompt,
     check_model_name,
     completion_prompt,
     generation_params,
 )
-from server.streaming import ChatFormat, TextFormat, collect, stream_response
+from server.http.streaming import ChatFormat, TextFormat, collect, stream_response
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"])
 

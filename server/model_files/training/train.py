@@ -24,7 +24,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tqdm import tqdm
 
-from server.tokenizer_builder import save_tokenizer
+from server.model_files.tokenizer_builder import save_tokenizer
 
 
 @dataclass(frozen=True)

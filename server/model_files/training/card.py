@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REBUILD = "python -m server.training --config server/training/demo.yaml"
-EVALUATE = "python -m server.training.evaluate --config server/training/demo.yaml"
+CONFIG = "server/model_files/training/tiny_pair.yaml"
+REBUILD = f"python -m server.model_files.training --config {CONFIG}"
+EVALUATE = f"python -m server.model_files.training.evaluate --config {CONFIG}"
 
 
 def _arch_line(arch: dict) -> str:

@@ -5,7 +5,7 @@ embeddings scaled up, which gives varied greedy output. The draft is the target'
 the target's later layers write to the residual stream through `o_proj`/`down_proj` scaled down,
 so the draft predicts the target well but not perfectly: a realistic acceptance rate.
 
-    python -m server.synthetic_models OUT_DIR [--preset small|tiny]
+    python -m server.model_files.synthetic OUT_DIR [--preset small|tiny]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-from server.tokenizer_builder import save_tokenizer, special_token_ids, train_tokenizer
+from server.model_files.tokenizer_builder import save_tokenizer, special_token_ids, train_tokenizer
 
 EMBEDDING_SCALE = 10.0
 LATE_LAYER_RESIDUAL_SCALE = 0.15

@@ -1,6 +1,6 @@
 """Build the demo pair in one reproducible command: tokenizer, models, evaluation, model cards.
 
-    python -m server.training --config server/training/demo.yaml
+    python -m server.model_files.training --config server/model_files/training/tiny_pair.yaml
         [--output-dir DIR] [--only draft|target] [--steps N] [--skip-eval] [--cards-only]
 
 `--steps` overrides every model's step count (a short run to measure tokens/s); `--only`
@@ -19,11 +19,17 @@ from pathlib import Path
 
 import yaml
 
-from server.tokenizer_builder import special_token_ids
-from server.training.card import write_cards
-from server.training.corpus import build_corpus
-from server.training.evaluate import evaluate_pair, format_report
-from server.training.train import TrainConfig, build_model, model_config, save_model, train
+from server.model_files.tokenizer_builder import special_token_ids
+from server.model_files.training.card import write_cards
+from server.model_files.training.corpus import build_corpus
+from server.model_files.training.evaluate import evaluate_pair, format_report
+from server.model_files.training.train import (
+    TrainConfig,
+    build_model,
+    model_config,
+    save_model,
+    train,
+)
 
 FACTS_FILE = "training.json"
 REPORT_FILE = "evaluation.json"

@@ -30,7 +30,7 @@ from api_schemas.openai import (
 )
 from server.engine.events import Finished, TokenEvent
 from server.engine.worker import StreamJob
-from server.errors import as_api_error
+from server.http.errors import as_api_error
 
 
 def usage_of(stats) -> Usage:

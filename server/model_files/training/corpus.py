@@ -22,7 +22,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from server.tokenizer_builder import (
+from server.model_files.tokenizer_builder import (
     CHATML_TEMPLATE,
     END_OF_TEXT,
     stdlib_dir,

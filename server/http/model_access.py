@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from server.engine.model_kit import is_hub_id
-from server.errors import APIError
+from server.http.errors import APIError
 
 
 def hf_cache_dir() -> Path:

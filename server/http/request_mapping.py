@@ -6,7 +6,7 @@ from api_schemas.openai import ChatCompletionRequest, CompletionRequest, Samplin
 from server.config import GenerationDefaults
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.service import InferenceEngine
-from server.errors import APIError
+from server.http.errors import APIError
 
 
 def check_model_name(engine: InferenceEngine, requested: str | None) -> None:

@@ -10,10 +10,10 @@ from fastapi import FastAPI
 
 from server.config import Settings
 from server.engine.service import InferenceEngine
-from server.errors import install_error_handlers
-from server.metrics import ServerMetrics
-from server.model_access import ModelAccessPolicy
-from server.routes import completions, models
+from server.http.errors import install_error_handlers
+from server.http.metrics import ServerMetrics
+from server.http.model_access import ModelAccessPolicy
+from server.http.routes import completions, models
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """Evaluate a target/draft pair: validation loss of each, and greedy draft acceptance.
 
-    python -m server.training.evaluate [--target models/demo/target] [--draft models/demo/draft]
-        [--config server/training/demo.yaml] [--num-draft-tokens 4] [--max-tokens 256] [--json]
+    python -m server.model_files.training.evaluate [--target models/demo/target]
+        [--draft models/demo/draft] [--config server/model_files/training/tiny_pair.yaml]
+        [--num-draft-tokens 4] [--max-tokens 256] [--json]
 
 Models are loaded as float32: on CPU, MLX's float16 matmuls are far slower than OpenBLAS fp32.
 Acceptance is measured through `mlx_lm.stream_generate(..., draft_model=...)`, the code path a
@@ -20,10 +21,10 @@ import yaml
 from mlx_lm import load, stream_generate
 from tokenizers import Tokenizer
 
-from server.training.corpus import val_tokens_for
-from server.training.train import validation_loss
+from server.model_files.training.corpus import val_tokens_for
+from server.model_files.training.train import validation_loss
 
-DEFAULT_CONFIG = Path(__file__).with_name("demo.yaml")
+DEFAULT_CONFIG = Path(__file__).with_name("tiny_pair.yaml")
 
 # A structured (code) request in the training distribution, and an open-ended one outside it.
 PROMPTS = {

@@ -6,7 +6,7 @@ import secrets
 
 from fastapi import Request
 
-from server.errors import APIError
+from server.http.errors import APIError
 
 
 def _bearer(request: Request) -> str | None:

@@ -15,9 +15,9 @@ from api_schemas.admin import (
     ModelList,
     UnloadResponse,
 )
-from server.auth import require_admin_key, require_api_key
 from server.engine.model_kit import IncompatibleDraft
-from server.errors import APIError
+from server.http.auth import require_admin_key, require_api_key
+from server.http.errors import APIError
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
 health_router = APIRouter(tags=["health"])

@@ -1,0 +1,1 @@
+"""HTTP: the app factory, routes, request mapping, streaming, errors, auth, metrics."""

@@ -1,0 +1,1 @@
+"""Making model files: the synthetic test pair, tokenizers, the bundled models, draft training."""
