@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Acceptance = Literal["exact", "rejection"]
 DraftSource = Literal["model", "prompt_lookup"]
@@ -46,3 +47,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    ignore_eos: bool = False  # vLLM's name: EOS is never sampled
+    min_tokens: int = 0  # vLLM's name: EOS and stop strings are held off until this many tokens
+    cache_prompt: bool = True  # llama.cpp's name: reuse (and store) the prefix cache
+    # Builds this request's grammar state (a server.engine.constraints.TokenConstraint).
+    constraint: Callable[[], Any] | None = field(default=None, compare=False)
