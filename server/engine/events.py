@@ -47,6 +47,7 @@ class GenerationStats:
     from_draft_fraction: float
     mean_accepted_length: float | None = None
     k_histogram: dict[int, int] | None = None
+    cached_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

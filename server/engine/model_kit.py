@@ -46,6 +46,12 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return len(self.tokenizer.get_vocab())
 
+    @property
+    def context_length(self) -> int | None:
+        """The longest context the model was trained for (config's max_position_embeddings)."""
+        value = self.config.get("max_position_embeddings")
+        return int(value) if value else None
+
     def nbytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 

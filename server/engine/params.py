@@ -36,6 +36,9 @@ class SpeculationParams:
     acceptance: Acceptance = "rejection"
     adaptive: bool = True
     draft_p_min: float = 0.0
+    # The request asked for drafting explicitly (num_draft_tokens > 0 or use_draft=true): it
+    # fails with a 400 if the draft is gone when it starts, instead of running without one.
+    required: bool = False
 
 
 @dataclass(frozen=True)

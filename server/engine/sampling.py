@@ -99,12 +99,20 @@ class LogitsPipeline:
         return mx.softmax(scaled, axis=-1)
 
     @staticmethod
-    def sample(scaled: mx.array) -> mx.array:
-        return mx.random.categorical(scaled, axis=-1)  # uint32, like the token ids
+    def sample(scaled: mx.array, key: mx.array | None = None) -> mx.array:
+        """One token per row; `key` is the request's own (never MLX's global state)."""
+        return mx.random.categorical(scaled, axis=-1, key=key)  # uint32, like the token ids
 
     @staticmethod
     def greedy_tokens(processed: mx.array) -> mx.array:
         return mx.argmax(processed, axis=-1)  # uint32
+
+
+def apply_mask(processed: mx.array, allowed: mx.array | None) -> mx.array:
+    """Tokens outside `allowed` (rows, V) bool get -inf: a grammar, or EOS held back."""
+    if allowed is None:
+        return processed
+    return mx.where(allowed, processed, mx.array(-mx.inf, processed.dtype))
 
 
 def _filters(sampling: SamplingParams, vocab_size: int) -> list[Callable[[mx.array], mx.array]]:

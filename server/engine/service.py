@@ -1,7 +1,8 @@
-"""`InferenceEngine`: the async facade that routes talk to. Owns the model kit and the worker.
+"""`InferenceEngine`: the async facade that HTTP talks to. Owns the models and the MLX thread.
 
-Routes never touch MLX: they call these methods, which run the MLX work on the worker thread.
-Read-only attributes (names, the target's tokenizer) are safe to read from the event loop.
+Routes never touch MLX: they submit requests and calls, which the scheduler runs on its own
+thread between steps. Everything HTTP may read (names, tokenizer, queue depth, batch size,
+cache figures) is offered here as a read-only view.
 """
 
 from __future__ import annotations
@@ -9,24 +10,29 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from dataclasses import dataclass, replace
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
-from server.engine.generation import generate_events
-from server.engine.model_kit import LoadedModel, ModelKit, load_model
+from server.engine.events import Finished
+from server.engine.model_kit import LoadedModel, ModelKit, is_hub_id, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.worker import GenerationWorker, StreamJob
+from server.engine.policy import InvalidRequest, SpeculationPolicy
+from server.engine.scheduler import Scheduler, SchedulerConfig, SchedulerObserver, ShuttingDown
+from server.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
+__all__ = ["InferenceEngine", "InvalidRequest", "ModelCard", "RequestHandle"]
 
-class InvalidRequest(ValueError):
-    """A request the engine cannot serve as asked (maps to HTTP 400)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+# CPython hands the GIL to a waiting thread only every `switchinterval` (default 5 ms). The
+# event loop wakes for every streamed token while the MLX thread builds the next graph; the
+# default interval cost ~10% of decode speed through the server, 0.5 ms brought it back.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -39,30 +45,79 @@ class ModelCard:
     num_draft_tokens: int | None = None
 
 
+class RequestHandle:
+    """One submitted request, seen from the event loop: iterate its events, or cancel it."""
+
+    def __init__(self, engine: InferenceEngine, loop: asyncio.AbstractEventLoop):
+        self._engine = engine
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._loop = loop
+        self.sequence: Sequence | None = None
+
+    def sink(self, event: object) -> None:  # MLX thread
+        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    def cancel(self) -> None:
+        if self.sequence is not None:
+            self._engine.scheduler.cancel(self.sequence)
+
+    async def __aiter__(self):
+        while True:
+            event = await self._events.get()
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+            if isinstance(event, Finished):
+                return
+
+
 class InferenceEngine:
-    def __init__(
-        self,
-        *,
-        model: str,
-        draft_model: str | None = None,
-        model_name: str | None = None,
-        num_draft_tokens: int = 4,
-        dtype: str = "auto",
-        max_queue_size: int = 16,
-    ):
+    def __init__(self, *, model: str, draft_model: str | None = None,
+                 model_name: str | None = None, num_draft_tokens: int = 4,
+                 dtype: str = "auto", scheduler: SchedulerConfig | None = None,
+                 spec_max_batch: int | None = None,
+                 observer: SchedulerObserver | None = None,
+                 prefix_cache_bytes: int = 0):
         self._target_path = model
         self._draft_path = draft_model
         self.model_name = model_name or model
-        self.num_draft_tokens = num_draft_tokens
         self.dtype = dtype
-        self.worker = GenerationWorker(max_queue_size)
+        self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens)
+        if spec_max_batch is not None:
+            self.policy = SpeculationPolicy(num_draft_tokens, spec_max_batch)
+        self.scheduler_config = scheduler or SchedulerConfig()
+        self.observer = observer
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.kit: ModelKit | None = None
+        self.scheduler: Scheduler | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
 
-    # -- life cycle ---------------------------------------------------------------------
+    # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the worker and load the models on it (blocking)."""
-        self.worker.start()
-        self.worker.run_sync(self._load_initial)
+        """Start the MLX thread and load the models on it (blocking)."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _main(self) -> None:
+        try:
+            self._load_initial()
+        except BaseException as e:  # noqa: BLE001 - reported by start()
+            self._start_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        self.scheduler.run_forever(self._stop)
+        self.kit = self.scheduler = None  # the parked thread keeps no models alive
+        gc.collect()
+        # Never let this OS thread exit: MLX's thread-local compile cache calls into Python from
+        # its TLS destructor, which aborts the process if the interpreter is finalizing.
+        threading.Event().wait()
 
     def _load_initial(self) -> None:
         log.info("loading target model %s", self._target_path)
@@ -71,13 +126,33 @@ class InferenceEngine:
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)
+        self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observer)
+        if self.prefix_cache_bytes > 0:
+            from server.engine.prefix_cache import PrefixCache
+
+            self.scheduler.prefix_cache = PrefixCache(self.prefix_cache_bytes)
 
     def stop(self) -> None:
-        self.worker.stop()
-        self.kit = None  # the parked worker thread keeps no models alive
-        gc.collect()
+        self._stop.set()
+        if self.scheduler is not None:
+            self.scheduler._wake.set()
 
-    # -- read-only views (event loop) ---------------------------------------------------
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: stop admitting, answer waiting requests, give running ones `grace_s` to
+        finish, then end them with an error; returns when nothing runs any more."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        scheduler.begin_drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while scheduler.has_work() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if scheduler.has_work():
+            await self._call(lambda: scheduler.fail_running(
+                ShuttingDown("the server is shutting down")))
+
+    # -- read-only views ----------------------------------------------------------------------
     @property
     def target(self) -> LoadedModel:
         return self.kit.target
@@ -90,6 +165,34 @@ class InferenceEngine:
     def tokenizer(self):
         return self.kit.target.tokenizer
 
+    @property
+    def vocab_size(self) -> int:
+        return self.kit.target.vocab_size
+
+    @property
+    def context_length(self) -> int | None:
+        return self.kit.target.context_length
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.policy.num_draft_tokens
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a batch slot."""
+        return self.scheduler.queue_depth if self.scheduler is not None else 0
+
+    @property
+    def batch_size(self) -> int:
+        """Requests prefilling or decoding now."""
+        return self.scheduler.batch_size if self.scheduler is not None else 0
+
+    def cache_info(self) -> dict:
+        cache = self.scheduler.prefix_cache if self.scheduler is not None else None
+        if cache is None:
+            return {"entries": 0, "bytes": 0, "max_bytes": 0}
+        return cache.info()
+
     def card(self, model: LoadedModel, role: str) -> ModelCard:
         return ModelCard(
             id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
@@ -97,63 +200,73 @@ class InferenceEngine:
             num_draft_tokens=self.num_draft_tokens if role == "draft" else None,
         )
 
-    # -- requests -----------------------------------------------------------------------
-    def resolve_speculation(
-        self,
-        *,
-        use_draft: bool | None,
-        num_draft_tokens: int | None,
-        defaults: SpeculationParams,
-    ) -> SpeculationParams:
-        """Decide how this request drafts. `defaults` carries the configured source/rule."""
-        lookup = defaults.source == "prompt_lookup"
-        has_drafter = lookup or self.draft is not None
-        if use_draft is False or num_draft_tokens == 0:
-            return replace(defaults, num_draft_tokens=0)
-        if not has_drafter:
-            if use_draft or num_draft_tokens:
-                raise InvalidRequest(
-                    "no draft model is loaded: load one with POST /v1/models/draft, "
-                    "use draft='prompt_lookup', or omit num_draft_tokens/use_draft",
-                    "num_draft_tokens" if num_draft_tokens else "use_draft",
-                )
-            return replace(defaults, num_draft_tokens=0)
-        k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
-        return replace(defaults, num_draft_tokens=k)
+    # -- requests -----------------------------------------------------------------------------
+    def resolve_speculation(self, *, use_draft: bool | None, num_draft_tokens: int | None,
+                            defaults: SpeculationParams) -> SpeculationParams:
+        return self.policy.for_request(use_draft=use_draft, num_draft_tokens=num_draft_tokens,
+                                       defaults=defaults, draft_loaded=self.draft is not None)
 
-    def stream(self, params: GenerationParams) -> StreamJob:
-        """Queue a generation; iterate the returned job for events. Raises QueueFull."""
-        job = StreamJob(lambda cancelled: self._generate(params, cancelled),
-                        asyncio.get_running_loop())
-        self.worker.submit(job)
-        return job
+    def submit(self, params: GenerationParams) -> RequestHandle:
+        """Queue a generation; iterate the handle for events. Raises QueueFull/ShuttingDown."""
+        handle = RequestHandle(self, asyncio.get_running_loop())
+        handle.sequence = self.scheduler.submit(params, handle.sink)
+        return handle
 
-    def _generate(self, params: GenerationParams, cancelled):
-        spec = params.speculation
-        if spec.num_draft_tokens and spec.source == "model" and self.kit.draft is None:
-            raise InvalidRequest("the draft model was unloaded before this request ran",
-                                 "num_draft_tokens")
-        return generate_events(self.kit, params, cancelled=cancelled)
+    # -- admin --------------------------------------------------------------------------------
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
 
-    # -- admin --------------------------------------------------------------------------
+        def done(result, error):
+            def settle():
+                if future.done():
+                    return
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+            loop.call_soon_threadsafe(settle)
+
+        self.scheduler.call(fn, done)
+        return await future
+
     async def load_draft(self, path: str, num_draft_tokens: int | None = None) -> ModelCard:
+        if is_hub_id(path):  # download here, off the MLX thread
+            from mlx_lm.utils import _download
+
+            path = str(await asyncio.to_thread(_download, path))
+
         def load():
             draft = self.kit.load_draft(path)
             if num_draft_tokens is not None:
-                self.num_draft_tokens = num_draft_tokens
+                self.policy = SpeculationPolicy(num_draft_tokens, self.policy.spec_max_batch)
+                self.scheduler.policy = self.policy
+            self.scheduler.draft_changed()
             return self.card(draft, "draft")
 
-        return await self.worker.call_soon(load)
+        return await self._call(load)
 
     async def unload_draft(self) -> bool:
-        return await self.worker.call_soon(self.kit.unload_draft)
+        def unload():
+            if not self.kit.unload_draft():
+                return False
+            self.scheduler.draft_changed()
+            return True
+
+        return await self._call(unload)
 
     async def check_draft(self, path: str) -> str | None:
-        return await self.worker.call_soon(lambda: self.kit.check_draft(path))
+        return await self._call(lambda: self.kit.check_draft(path))
+
+    async def clear_cache(self) -> int:
+        def clear():
+            cache = self.scheduler.prefix_cache
+            return cache.clear() if cache is not None else 0
+
+        return await self._call(clear)
 
     async def memory(self) -> dict:
-        return await self.worker.call_soon(
+        return await self._call(
             lambda: {"active_gb": mx.get_active_memory() / 1e9,
                      "cache_gb": mx.get_cache_memory() / 1e9}
         )
-

@@ -1,0 +1,99 @@
+"""A model and the KV caches of the requests it is decoding, as one batch.
+
+Built on `mlx_lm`'s `BatchKVCache` (per-row offsets, left padding): a request joins with the
+plain `KVCache` its prefill filled (`merge` + `extend`), leaves with `filter` (and `extract`
+for the prefix cache). Speculative rounds feed every row the same number of tokens but accept
+different numbers: `keep` trims what all rows rejected and rolls each row's remaining rejected
+entries into its left padding (`prepare(right_padding=...)` + `finalize`, the same move
+`mlx_lm` uses to align ragged prompts).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+from server.engine.sequence import Sequence
+
+
+class UnsupportedCache(ValueError):
+    """The model's cache cannot be batched and trimmed (rotating, SSM): refuse it at load."""
+
+
+def new_cache(model: nn.Module) -> list[KVCache]:
+    cache = make_prompt_cache(model)
+    kinds = {type(c).__name__ for c in cache if type(c) is not KVCache}
+    if kinds:
+        raise UnsupportedCache(
+            f"this server batches and trims plain KV caches; the model uses {sorted(kinds)}"
+        )
+    return cache
+
+
+class ModelBatch:
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.rows: list[Sequence] = []
+        self.cache: list[BatchKVCache] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, seq: Sequence) -> bool:
+        return any(r is seq for r in self.rows)
+
+    def add(self, seq: Sequence, row_cache: list[KVCache]) -> None:
+        joined = [BatchKVCache.merge([c]) for c in row_cache]
+        if self.cache is None:
+            self.cache = joined
+        else:
+            for mine, theirs in zip(self.cache, joined, strict=True):
+                mine.extend(theirs)
+        self.rows.append(seq)
+
+    def remove(self, leaving: list[Sequence]) -> None:
+        keep = [i for i, r in enumerate(self.rows) if not any(r is s for s in leaving)]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache = None
+            return
+        index = mx.array(keep)
+        for c in self.cache:
+            c.filter(index)
+
+    def extract(self, seq: Sequence) -> list[KVCache]:
+        """A copy of one row's cache as plain `KVCache`s (for the prefix cache)."""
+        i = next(i for i, r in enumerate(self.rows) if r is seq)
+        return [c.extract(i) for c in self.cache]
+
+    def forward(self, inputs: mx.array) -> mx.array:
+        """Logits (B, T, V) for inputs (B, T), one row per request in `rows` order."""
+        return self.model(inputs, cache=self.cache)
+
+    def keep(self, fed: int, kept: list[int]) -> None:
+        """After feeding every row `fed` tokens, keep the first `kept[i]` of them in row i."""
+        rejected = [fed - k for k in kept]
+        common = min(rejected)
+        if common:
+            for c in self.cache:
+                c.trim(common)
+        self.roll_out([r - common for r in rejected])
+
+    def roll_out(self, right_padding: list[int]) -> None:
+        """Drop the last `right_padding[i]` entries of row i (ragged: one roll per layer)."""
+        if max(right_padding, default=0) == 0:
+            return
+        for c in self.cache:
+            c.prepare(right_padding=right_padding)
+            c.finalize()
+
+
+def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> None:
+    """Feed `tokens` into a single request's cache (one chunk; the caller chunks)."""
+    if not tokens:
+        return
+    model(mx.array(tokens, mx.uint32)[None], cache=cache)
+    mx.eval([c.state for c in cache])

@@ -1,0 +1,302 @@
+"""The one decoding path: a round for every decoding request at once.
+
+Plain decoding is speculation with k = 0. Each round:
+
+1. drafts: the draft model proposes for every row that drafts with it, in one batched forward
+   per draft position (rows whose pending context differs in length are fed right-padded and
+   realigned); prompt lookup proposes on the host; a grammar masks every drafted token;
+2. one target forward over every row's last token plus its drafts, (B, 1 + K);
+3. per row, the same logits pipeline (vocabulary alignment, penalties on prompt + output,
+   grammar and EOS masks, top-k/top-p/min-p, temperature) and verification: exact matching
+   when greedy (or `acceptance: exact`), speculative sampling otherwise, with the request's own
+   random key; one host sync for the whole batch;
+4. caches keep what each row accepted; each row emits its tokens.
+
+Penalties (repetition, presence, frequency, logit bias) see the prompt and every token
+generated so far, plus the block's own earlier drafts when verifying: one rule for all paths,
+the one `mlx_lm.generate_step` uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from server.engine.batch import ModelBatch
+from server.engine.drafting import lookup_proposal
+from server.engine.sampling import apply_mask, normalize
+from server.engine.sequence import Sequence
+from server.engine.verification import count_exact_matches, verify_rejection
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    probs: mx.array | None = None  # (count, V) draft distribution q; None: deterministic
+    masks: list[np.ndarray | None] | None = None  # grammar masks at positions 0..count
+
+
+@dataclass
+class RoundResult:
+    """What one row got from a round (for metrics)."""
+
+    proposed: int
+    accepted: int
+
+
+# -- masks -----------------------------------------------------------------------------------
+
+
+def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: int):
+    """(positions, V) bool mask, or None: grammar masks and EOS held back (ignore_eos...)."""
+    start = len(seq.output)
+    eos_banned = [not seq.eos_allowed_at(start + j) for j in range(positions)]
+    if grammar is None and not any(eos_banned):
+        return None
+    rows = np.ones((positions, vocab), dtype=bool)
+    for j in range(positions):
+        if grammar is not None and grammar[j] is not None:
+            g = grammar[j][:vocab]
+            rows[j, : len(g)] = g
+            rows[j, len(g):] = False
+        if eos_banned[j]:
+            for e in seq._eos:
+                if e < vocab:
+                    rows[j, e] = False
+    return mx.array(rows)
+
+
+def _history(seq: Sequence) -> mx.array | None:
+    return mx.array(seq.context, mx.uint32) if seq.pipeline.needs_history else None
+
+
+def _choose(seq: Sequence, processed: mx.array, want_probs: bool):
+    """(token (1,), q (1, V) or None) from one processed row, with the request's key."""
+    pipeline = seq.pipeline
+    if pipeline.greedy:
+        return pipeline.greedy_tokens(processed), None
+    scaled = pipeline.scaled(processed)
+    token = pipeline.sample(scaled, seq.next_key())
+    return token, (pipeline.probs(scaled) if want_probs else None)
+
+
+# -- drafting --------------------------------------------------------------------------------
+
+
+def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, Proposal], int]:
+    """Batched drafting for every row of the draft batch; rows with k = 0 just catch up."""
+    rows = draft.rows
+    steps = max(ks.get(id(r), 0) for r in rows)
+    pending = [r.draft_pending for r in rows]
+    width = max(len(p) for p in pending)
+    inputs = mx.array([p + [0] * (width - len(p)) for p in pending], mx.uint32)
+    logits = draft.forward(inputs)
+    last = mx.array([len(p) - 1 for p in pending])
+    logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # (B, V)
+    draft.roll_out([width - len(p) for p in pending])
+
+    vocab = rows[0].pipeline.vocab_size
+    tokens = [[] for _ in rows]
+    probs = [[] for _ in rows]
+    masks: list[list | None] = [[] if r.constraint is not None else None for r in rows]
+    consumed = [0] * len(rows)
+    for step in range(steps):
+        chosen = []
+        for i, seq in enumerate(rows):
+            want_probs = (not seq.pipeline.greedy
+                          and seq.params.speculation.acceptance == "rejection")
+            history = _history(seq)
+            if history is not None and tokens[i]:
+                history = mx.concatenate([history, mx.concatenate(tokens[i])])
+            processed = seq.pipeline.process(logits[i : i + 1], history)
+            grammar = None
+            if seq.constraint is not None:
+                grammar = [seq.constraint.allowed()]
+                masks[i].append(grammar[0])
+            allowed = _allowed_rows_at(seq, step, grammar, vocab)
+            token, q = _choose(seq, apply_mask(processed, allowed), want_probs)
+            if seq.constraint is not None:
+                mx.eval(token)
+                consumed[i] += seq.constraint.consume(token.tolist())
+            tokens[i].append(token.astype(mx.uint32))
+            probs[i].append(q)
+            chosen.append(tokens[i][-1])
+        if step + 1 < steps:
+            logits = draft.forward(mx.concatenate(chosen)[:, None])[:, -1]
+    flat = [t for row in tokens for t in row]
+    if flat:
+        mx.eval(flat)
+    proposals = {}
+    for i, seq in enumerate(rows):
+        k = min(ks.get(id(seq), 0), steps)
+        drafted = [int(t.item()) for t in tokens[i][:k]]
+        if seq.constraint is not None:
+            masks[i] = masks[i][:k]
+            seq.constraint.rollback(consumed[i])
+        q = mx.concatenate(probs[i][:k]) if k and probs[i][0] is not None else None
+        proposals[id(seq)] = Proposal(drafted, q, masks[i])
+    return proposals, steps
+
+
+def _allowed_rows_at(seq: Sequence, offset: int, grammar, vocab: int):
+    """`_allowed_rows` for the single draft position `offset` tokens ahead."""
+    start = len(seq.output) + offset
+    eos_banned = not seq.eos_allowed_at(start)
+    if grammar is None and not eos_banned:
+        return None
+    row = np.ones((1, vocab), dtype=bool)
+    if grammar is not None and grammar[0] is not None:
+        g = grammar[0][:vocab]
+        row[0, : len(g)] = g
+        row[0, len(g):] = False
+    if eos_banned:
+        for e in seq._eos:
+            if e < vocab:
+                row[0, e] = False
+    return mx.array(row)
+
+
+def _lookup(seq: Sequence, k: int) -> Proposal:
+    drafted = lookup_proposal(seq.context, k) if k > 0 else []
+    masks = None
+    if seq.constraint is not None and drafted:
+        masks = []
+        valid = 0
+        for token in drafted:
+            masks.append(seq.constraint.allowed())
+            if seq.constraint.consume([token]) != 1:
+                masks.pop()
+                break
+            valid += 1
+        seq.constraint.rollback(valid)
+        drafted = drafted[:valid]
+    return Proposal(drafted, None, masks)
+
+
+def _finish_grammar_masks(seq: Sequence, proposal: Proposal) -> list | None:
+    """The grammar's masks at every verified position: along the draft, then after it."""
+    if seq.constraint is None:
+        return None
+    masks = list(proposal.masks or [])
+    consumed = seq.constraint.consume(proposal.tokens) if proposal.tokens else 0
+    masks = masks[: len(proposal.tokens)]
+    masks.append(seq.constraint.allowed() if consumed == len(proposal.tokens) else None)
+    seq.constraint.rollback(consumed)
+    return masks
+
+
+# -- the round -------------------------------------------------------------------------------
+
+
+def decode_round(target: ModelBatch, draft: ModelBatch | None,
+                 ks: dict[int, int]) -> dict[int, RoundResult]:
+    """One round for every row of `target`; `ks[id(seq)]` is how many tokens each drafts.
+
+    Returns each row's proposed/accepted counts; rows that finished have `finish_reason`.
+    """
+    rows = target.rows
+    proposals: dict[int, Proposal] = {}
+    draft_steps = 0
+    if draft is not None and len(draft) and any(ks.get(id(r), 0) for r in draft.rows):
+        proposals, draft_steps = _draft_with_model(draft, ks)
+    for seq in rows:
+        if seq.drafter == "prompt_lookup":
+            proposals[id(seq)] = _lookup(seq, ks.get(id(seq), 0))
+    props = [proposals.get(id(seq), Proposal()) for seq in rows]
+
+    width = max(len(p.tokens) for p in props)
+    inputs = mx.array(
+        [[seq.last_token, *p.tokens] + [0] * (width - len(p.tokens))
+         for seq, p in zip(rows, props, strict=True)],
+        mx.uint32,
+    )
+    logits = target.forward(inputs)
+
+    pending = []
+    for i, (seq, p) in enumerate(zip(rows, props, strict=True)):
+        pending.append(_verify_row(seq, p, logits[i, : len(p.tokens) + 1]))
+    mx.eval([a for v in pending for a in v.arrays()])
+
+    results, kept, draft_kept = {}, [], {}
+    for seq, p, v in zip(rows, props, pending, strict=True):
+        n, tokens = v.outcome(p.tokens)
+        emit = tokens[: n + 1][: max(seq.remaining, 0)]
+        kept.append(1 + n)
+        if p.tokens:
+            seq.counters.record_round(len(p.tokens))
+            seq.schedule.update(ks.get(id(seq), 0), len(p.tokens), n)
+            for j in range(n):
+                seq.accepted_per_position[j] += 1
+        results[id(seq)] = RoundResult(len(p.tokens), n)
+        _settle_draft(seq, draft, draft_steps, n, emit, draft_kept)
+        if seq.constraint is not None:
+            seq.constraint.consume(emit)
+        for j, token in enumerate(emit):
+            from_draft = j < n
+            if from_draft:
+                seq.counters.accepted += 1
+            if seq.emit(token, from_draft, v.logprobs[j] if v.logprobs is not None else None):
+                break
+    target.keep(width + 1, kept)
+    if draft_steps:
+        fed = draft_steps - 1
+        draft.keep(fed, [draft_kept[id(r)] for r in draft.rows])
+    return results
+
+
+def _settle_draft(seq, draft, draft_steps, n, emit, draft_kept) -> None:
+    """Bring the row's draft bookkeeping up to date with what the round emitted."""
+    if seq.drafter != "model":
+        return
+    if draft_steps and draft is not None and seq in draft:
+        # The draft's cache now holds `pending` and the drafts it fed (all but the last).
+        fed = draft_steps - 1
+        keep_drafts = min(n, fed)
+        draft_kept[id(seq)] = keep_drafts
+        seq.draft_pending = (seq.draft_pending + emit)[len(seq.draft_pending) + keep_drafts:]
+    else:
+        seq.draft_pending = seq.draft_pending + emit
+
+
+@dataclass
+class _Verified:
+    """One row's lazily computed verification, read back after the round's single eval."""
+
+    greedy_tokens: mx.array | None = None
+    num_accepted: mx.array | None = None
+    tokens: mx.array | None = None
+    logprobs: mx.array | None = None
+    draft_tokens: mx.array | None = None
+
+    def arrays(self):
+        return [a for a in (self.greedy_tokens, self.num_accepted, self.tokens, self.logprobs)
+                if a is not None]
+
+    def outcome(self, drafted: list[int]) -> tuple[int, list[int]]:
+        if self.greedy_tokens is not None:
+            own = self.greedy_tokens.tolist()
+            return count_exact_matches(own, drafted), own
+        return int(self.num_accepted.item()), self.tokens.tolist()
+
+
+def _verify_row(seq: Sequence, proposal: Proposal, logits: mx.array) -> _Verified:
+    count = len(proposal.tokens)
+    drafts = mx.array(proposal.tokens, mx.uint32)
+    history = _history(seq)
+    processed = seq.pipeline.process(logits, history, drafts if count else None)
+    grammar = _finish_grammar_masks(seq, proposal)
+    allowed = _allowed_rows(seq, count + 1, grammar, seq.pipeline.vocab_size)
+    processed = apply_mask(processed, allowed)
+    logprobs = normalize(processed) if seq.params.logprobs else None
+    pipeline = seq.pipeline
+    exact = pipeline.greedy or seq.params.speculation.acceptance == "exact"
+    if pipeline.greedy:
+        return _Verified(greedy_tokens=pipeline.greedy_tokens(processed), logprobs=logprobs)
+    if exact:
+        own = pipeline.sample(pipeline.scaled(processed), seq.next_key())
+        return _Verified(greedy_tokens=own, logprobs=logprobs)
+    probs = pipeline.probs(pipeline.scaled(processed))
+    n, tokens = verify_rejection(probs, proposal.probs, drafts, seq.next_key())
+    return _Verified(num_accepted=n, tokens=tokens, logprobs=logprobs)

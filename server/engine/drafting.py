@@ -1,0 +1,40 @@
+"""How many tokens a request drafts next round, and prompt lookup's proposals."""
+
+from __future__ import annotations
+
+from server.engine.params import SpeculationParams
+from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, find_continuation
+
+
+class DraftSchedule:
+    """How many tokens to draft next round.
+
+    Fixed: `num_draft_tokens` every round. Adaptive: one more after a round that accepted a
+    full block, half as many after a rejection in the first half of the block, one fewer after
+    a later rejection; always within [1, num_draft_tokens].
+    """
+
+    def __init__(self, speculation: SpeculationParams):
+        self.max_k = max(0, speculation.num_draft_tokens)
+        self.adaptive = speculation.adaptive
+        self.k = self.max_k
+
+    def next(self, remaining: float) -> int:
+        return int(max(0, min(self.k, remaining)))
+
+    def update(self, requested: int, proposed: int, accepted: int) -> None:
+        if not self.adaptive or proposed == 0:
+            return
+        if accepted == proposed:
+            if proposed == requested == self.k:
+                self.k = min(self.max_k, self.k + 1)
+        elif accepted < proposed // 2:
+            self.k = max(1, self.k // 2)
+        else:
+            self.k = max(1, self.k - 1)
+
+
+def lookup_proposal(context: list[int], num_tokens: int) -> list[int]:
+    """Prompt lookup: the continuation of the last n-gram's earlier occurrence."""
+    return find_continuation(context, num_tokens, max_ngram=DEFAULT_MAX_NGRAM,
+                             min_ngram=DEFAULT_MIN_NGRAM)

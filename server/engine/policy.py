@@ -1,0 +1,54 @@
+"""The speculation policy, in one place: server defaults -> request -> loaded draft -> batch.
+
+`for_request` runs when a request arrives (event loop; reads only immutable facts);
+`for_round` runs on the MLX thread before every decoding round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from server.engine.params import SpeculationParams
+
+
+class InvalidRequest(ValueError):
+    """A request the engine cannot serve as asked (maps to HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# Measured on the generated fp32 pair (scripts/reproduce_figures.sh load): above this many
+# decoding rows, batched plain decoding beats batched speculative rounds on a 2-core CPU.
+DEFAULT_SPEC_MAX_BATCH = 4
+
+
+@dataclass(frozen=True)
+class SpeculationPolicy:
+    num_draft_tokens: int = 4  # the server's default k (the draft model's, changeable at load)
+    spec_max_batch: int = DEFAULT_SPEC_MAX_BATCH  # speculate only while the batch is this small
+
+    def for_request(self, *, use_draft: bool | None, num_draft_tokens: int | None,
+                    defaults: SpeculationParams, draft_loaded: bool) -> SpeculationParams:
+        """How this request drafts: off when it says so, or when nothing can draft."""
+        lookup = defaults.source == "prompt_lookup"
+        if use_draft is False or num_draft_tokens == 0:
+            return replace(defaults, num_draft_tokens=0)
+        required = bool(use_draft) or bool(num_draft_tokens)
+        if not (lookup or draft_loaded):
+            if required:
+                raise InvalidRequest(
+                    "no draft model is loaded: load one with POST /v1/models/draft, "
+                    "use draft='prompt_lookup', or omit num_draft_tokens/use_draft",
+                    "num_draft_tokens" if num_draft_tokens else "use_draft",
+                )
+            return replace(defaults, num_draft_tokens=0)
+        k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
+        return replace(defaults, num_draft_tokens=k, required=required)
+
+    def for_round(self, rows) -> dict[int, int]:
+        """Draft length per row this round (keyed by id): 0 for all once the batch is large."""
+        if len(rows) > self.spec_max_batch:
+            return {}
+        return {id(r): r.schedule.next(r.remaining) for r in rows if r.drafter is not None}

@@ -1,0 +1,292 @@
+"""The scheduler: one loop on the MLX thread that decides what runs at each step.
+
+A step is: take new requests and control calls, admit waiting requests into free batch slots,
+prefill one chunk of the oldest prefilling request, run one decoding round for every decoding
+request, and retire the ones that finished, were cancelled or whose client went away. Prefill
+is chunked (`prefill_chunk` tokens) and interleaved with decoding rounds, so a long new prompt
+stalls the running streams by at most one chunk per round.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import mlx.core as mx
+
+from server.engine.batch import ModelBatch, new_cache, prefill
+from server.engine.decoder import RoundResult, decode_round
+from server.engine.model_kit import ModelKit
+from server.engine.params import GenerationParams
+from server.engine.policy import InvalidRequest, SpeculationPolicy
+from server.engine.sequence import Phase, Sequence, Sink
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFILL_CHUNK = 256
+
+
+class QueueFull(Exception):
+    """Too many requests are waiting: the caller should answer 503 with Retry-After."""
+
+
+class ShuttingDown(Exception):
+    """The server is draining: no new requests (503), and running ones are being ended."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 16  # requests prefilling or decoding at once
+    max_queue_size: int = 64  # requests waiting for a slot; beyond it: QueueFull (503)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+
+class SchedulerObserver:
+    """Hooks for metrics (called on the MLX thread; keep them cheap)."""
+
+    def on_admitted(self, queue_wait_s: float) -> None: ...
+
+    def on_round(self, batch_size: int, results: dict[int, RoundResult]) -> None: ...
+
+
+class Scheduler:
+    def __init__(self, kit: ModelKit, config: SchedulerConfig | None = None,
+                 policy: SpeculationPolicy | None = None,
+                 observer: SchedulerObserver | None = None):
+        self.kit = kit
+        self.config = config or SchedulerConfig()
+        self.policy = policy or SpeculationPolicy()
+        self.observer = observer or SchedulerObserver()
+        self.prefix_cache = None  # a PrefixCache, when one is configured
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting_count = 0  # submitted, not yet admitted (any thread reads it)
+        self._draining = False
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: deque[Sequence] = deque()
+        self.target = ModelBatch(kit.target.model)
+        self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
+
+    # -- any thread ---------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a slot."""
+        return self._waiting_count
+
+    @property
+    def batch_size(self) -> int:
+        """Requests prefilling or decoding."""
+        return len(self.target) + len(self.prefilling)
+
+    def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
+        kit = self.kit
+        draft_name = kit.draft.name if kit.draft is not None else params.speculation.source
+        seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
+                       sink=sink, draft_name=draft_name)
+        with self._lock:
+            if self._draining:
+                raise ShuttingDown("the server is shutting down")
+            if self._waiting_count >= self.config.max_queue_size:
+                raise QueueFull(f"{self._waiting_count} requests are already waiting")
+            self._waiting_count += 1
+        self._incoming.put(seq)
+        self._wake.set()
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        seq.cancelled = True
+        self._wake.set()
+
+    def call(self, fn: Callable[[], object], done: Callable[[object, BaseException | None], None]):
+        """Run `fn` between two steps on the MLX thread; `done(result, error)` gets the outcome."""
+        self._calls.put((fn, done))
+        self._wake.set()
+
+    def begin_drain(self) -> None:
+        """Stop admitting: new submits raise ShuttingDown, waiting requests are answered."""
+        with self._lock:
+            self._draining = True
+        self._wake.set()
+
+    # -- the MLX thread -----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or len(self.target))
+
+    def step(self) -> bool:
+        """One scheduler step; False when there was nothing to do."""
+        self._take_incoming()
+        self._run_calls()
+        self._retire_cancelled()
+        self._admit()
+        did = self._prefill_step()
+        did = self._decode_step() or did
+        return did
+
+    def run_forever(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                busy = self.step()
+            except Exception as e:  # a bug must not kill the engine: fail the running rows
+                log.exception("scheduler step failed")
+                self._fail_all(e)
+                busy = False
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def fail_running(self, error: BaseException) -> None:
+        """End every running request with `error` (used at the end of a drain)."""
+        self._fail_all(error)
+
+    def _take_incoming(self) -> None:
+        while True:
+            try:
+                seq = self._incoming.get_nowait()
+            except queue.Empty:
+                break
+            self.waiting.append(seq)
+        if self._draining:
+            while self.waiting:
+                seq = self.waiting.popleft()
+                self._left_queue()
+                seq.error = ShuttingDown("the server is shutting down")
+                seq.finish()
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, done = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - delivered to the caller
+                done(None, e)
+            else:
+                done(result, None)
+
+    def _left_queue(self) -> None:
+        with self._lock:
+            self._waiting_count -= 1
+
+    def _retire_cancelled(self) -> None:
+        for seq in [s for s in self.waiting if s.cancelled]:
+            self.waiting.remove(seq)
+            self._left_queue()
+            seq.finish()
+        for seq in [s for s in self.prefilling if s.cancelled]:
+            self.prefilling.remove(seq)
+            seq.finish()
+        self._retire([s for s in self.target.rows if s.cancelled])
+
+    def _admit(self) -> None:
+        while self.waiting and self.batch_size < self.config.max_batch_size:
+            seq = self.waiting.popleft()
+            self._left_queue()
+            try:
+                self._start(seq)
+            except Exception as e:  # noqa: BLE001 - this request's own failure
+                seq.error = e
+                seq.finish()
+                continue
+            self.observer.on_admitted(time.perf_counter() - seq.submitted_at)
+
+    def _start(self, seq: Sequence) -> None:
+        spec = seq.params.speculation
+        if seq.drafter == "model" and self.kit.draft is None:
+            if spec.required:
+                raise InvalidRequest("the draft model was unloaded before this request ran",
+                                     "num_draft_tokens")
+            seq.params = replace(seq.params, speculation=replace(spec, num_draft_tokens=0))
+        seq.started_at = time.perf_counter()
+        seq.target_cache = new_cache(self.kit.target.model)
+        if seq.drafter == "model":
+            seq.draft_cache = new_cache(self.kit.draft.model)
+        if self.prefix_cache is not None and seq.params.cache_prompt:
+            self.prefix_cache.restore(seq)
+        seq.phase = Phase.PREFILL
+        self.prefilling.append(seq)
+
+    def _prefill_step(self) -> bool:
+        if not self.prefilling:
+            return False
+        seq = self.prefilling[0]
+        context = seq.prompt[:-1]  # the last prompt token is the first decoding input
+        chunk = context[seq.prefilled: seq.prefilled + self.config.prefill_chunk]
+        try:
+            prefill(self.kit.target.model, seq.target_cache, chunk)
+            if seq.draft_cache is not None:
+                prefill(self.kit.draft.model, seq.draft_cache, chunk)
+        except Exception as e:  # noqa: BLE001
+            self.prefilling.popleft()
+            seq.error = e
+            seq.finish()
+            return True
+        seq.prefilled += len(chunk)
+        if seq.prefilled >= len(context):
+            self.prefilling.popleft()
+            self._join(seq)
+        mx.clear_cache()
+        return True
+
+    def _join(self, seq: Sequence) -> None:
+        self.target.add(seq, seq.target_cache)
+        if seq.draft_cache is not None:
+            if self.draft is None:
+                self.draft = ModelBatch(self.kit.draft.model)
+            self.draft.add(seq, seq.draft_cache)
+            seq.draft_pending = [seq.prompt[-1]]
+        seq.target_cache = seq.draft_cache = None
+        seq.phase = Phase.DECODE
+
+    def _decode_step(self) -> bool:
+        if not len(self.target):
+            return False
+        ks = self.policy.for_round(self.target.rows)
+        draft = self.draft if self.draft is not None and len(self.draft) else None
+        results = decode_round(self.target, draft, ks)
+        self.observer.on_round(len(self.target), results)
+        self._retire([s for s in self.target.rows if s.finish_reason is not None])
+        return True
+
+    def _retire(self, done: list[Sequence]) -> None:
+        if not done:
+            return
+        if self.prefix_cache is not None:
+            for seq in done:
+                if seq.params.cache_prompt and seq.error is None:
+                    self.prefix_cache.store_from_batch(seq, self)
+        self.target.remove(done)
+        if self.draft is not None:
+            self.draft.remove(done)
+        for seq in done:
+            seq.finish()
+
+    def _fail_all(self, error: BaseException) -> None:
+        rows = list(self.target.rows) + list(self.prefilling)
+        self.prefilling.clear()
+        self.target = ModelBatch(self.kit.target.model)
+        self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
+        for seq in rows:
+            seq.error = error
+            seq.finish()
+
+    # -- model changes (run through `call`, between steps) ---------------------------------------
+    def draft_changed(self) -> None:
+        """The draft was unloaded or replaced: running rows continue without drafting."""
+        for seq in list(self.target.rows) + list(self.prefilling):
+            if seq.drafter == "model":
+                spec = seq.params.speculation
+                seq.params = replace(seq.params, speculation=replace(spec, num_draft_tokens=0))
+                seq.draft_cache = None
+                seq.draft_pending = []
+        self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()

@@ -1,0 +1,182 @@
+"""One request inside the engine: its sampling state, its drafting state and its output.
+
+A `Sequence` is created when a request is submitted and lives on the MLX thread from then on.
+The scheduler moves it WAITING -> PREFILL -> DECODE -> DONE; the decoder appends tokens with
+`emit`, which detokenizes, applies stop strings and limits, and hands `TokenEvent`s and one
+`Finished` to the request's sink (the HTTP side's queue, or a list in the demo).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from enum import Enum
+
+import mlx.core as mx
+
+from server.engine.drafting import DraftSchedule
+from server.engine.events import DraftCounters, Finished, GenerationStats, TokenEvent
+from server.engine.params import GenerationParams
+from server.engine.sampling import LogitsPipeline, normalize
+from server.engine.stop_sequences import StopMatcher
+
+Sink = Callable[[object], None]
+
+
+class Phase(Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+def request_key(seed: int | None) -> mx.array:
+    """The request's own random key: from its seed, else from the OS (never global state)."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
+    return mx.random.key(seed % 2**64)
+
+
+class Sequence:
+    def __init__(self, params: GenerationParams, *, tokenizer, vocab_size: int, sink: Sink,
+                 draft_name: str | None):
+        self.params = params
+        self.prompt = list(params.prompt_tokens)
+        self.output: list[int] = []
+        self.phase = Phase.WAITING
+        self.sink = sink
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.submitted_at = time.perf_counter()
+        self.started_at = self.first_token_at = self.submitted_at
+        # Prefill state (scheduler): caches being filled, and how far they got.
+        self.target_cache: list | None = None
+        self.draft_cache: list | None = None
+        self.prefilled = 0
+        self.cached_tokens = 0
+        # Decoding state (decoder).
+        self.pipeline = LogitsPipeline(params.sampling, vocab_size)
+        self.key = request_key(params.sampling.seed)
+        self.schedule = DraftSchedule(params.speculation)
+        self.draft_name = draft_name
+        self.draft_pending: list[int] = []  # context tokens the draft's cache has not seen
+        self.constraint = params.constraint() if params.constraint is not None else None
+        self.counters = DraftCounters()
+        self.accepted_per_position: Counter = Counter()
+        # Output (emit).
+        self._tokenizer = tokenizer
+        self._eos = tokenizer.eos_token_ids
+        self._detokenizer = tokenizer.detokenizer
+        self._stops = StopMatcher(params.stop)
+        self.finish_reason: str | None = None
+
+    # -- what the decoder needs -----------------------------------------------------------
+    @property
+    def drafter(self) -> str | None:
+        """"model", "prompt_lookup" or None: how this request drafts (fixed for its life)."""
+        spec = self.params.speculation
+        return spec.source if spec.num_draft_tokens > 0 else None
+
+    @property
+    def last_token(self) -> int:
+        """The context's last token: the next input of the target."""
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output)
+
+    def next_key(self) -> mx.array:
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+    def eos_allowed_at(self, position: int) -> bool:
+        """May the token at output index `position` be EOS (ignore_eos, min_tokens)?"""
+        return not self.params.ignore_eos and position >= self.params.min_tokens
+
+    # -- output ---------------------------------------------------------------------------
+    def emit(self, token: int, from_draft: bool, logprobs: mx.array | None) -> bool:
+        """Append one token and deliver its event; True when the request is now finished."""
+        if not self.output:
+            self.first_token_at = time.perf_counter()
+        self.output.append(token)
+        n = len(self.output)
+        eos = token in self._eos and self.eos_allowed_at(n - 1)
+        if not eos:
+            self._detokenizer.add_token(token)
+        finished_by_grammar = self.constraint is not None and self.constraint.is_finished()
+        last = eos or n >= self.params.max_tokens or finished_by_grammar
+        if last:
+            self._detokenizer.finalize()
+        text, hit_stop = self._stops.feed(self._detokenizer.last_segment, final=last)
+        if hit_stop and n < self.params.min_tokens:
+            hit_stop = False
+        self.sink(TokenEvent(token, text, from_draft, *self._logprobs(logprobs, token)))
+        if eos or hit_stop or finished_by_grammar:
+            self.finish_reason = "stop"
+        elif last:
+            self.finish_reason = "length"
+        return self.finish_reason is not None
+
+    def _logprobs(self, logprobs: mx.array | None, token: int):
+        if logprobs is None or not self.params.logprobs:
+            return None, None
+        chosen = _finite(logprobs[token].item())
+        n = self.params.top_logprobs
+        if n <= 0:
+            return chosen, None
+        top = mx.argpartition(-logprobs, kth=n - 1)[:n]
+        values = logprobs[top]
+        order = mx.argsort(-values)
+        pairs = zip(top[order].tolist(), values[order].tolist(), strict=True)
+        return chosen, tuple((int(t), _finite(v)) for t, v in pairs)
+
+    def finish(self, reason: str | None = None) -> None:
+        """Deliver `Finished` (or the error) exactly once."""
+        if self.phase is Phase.DONE:
+            return
+        self.phase = Phase.DONE
+        if self.error is not None:
+            self.sink(self.error)
+            return
+        if self.cancelled and self.finish_reason is None:
+            return  # nobody is listening
+        self.sink(Finished(self.finish_reason or reason or "length", self.stats()))
+
+    def stats(self) -> GenerationStats:
+        end = time.perf_counter()
+        n, c = len(self.output), self.counters
+        speculating = self.params.speculation.num_draft_tokens > 0
+        prefill_s = max(self.first_token_at - self.started_at, 1e-9)
+        return GenerationStats(
+            prompt_tokens=len(self.prompt),
+            generation_tokens=n,
+            ttft_s=self.first_token_at - self.submitted_at,
+            prompt_tps=(len(self.prompt) - self.cached_tokens) / prefill_s,
+            generation_tps=n / max(end - self.first_token_at, 1e-9) if n > 1 else 0.0,
+            total_s=end - self.submitted_at,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            draft_model=self.draft_name if speculating else None,
+            num_draft_tokens=self.params.speculation.num_draft_tokens,
+            draft_tokens_proposed=c.proposed,
+            draft_tokens_accepted=c.accepted,
+            acceptance_rate=c.accepted / c.proposed if c.proposed else None,
+            from_draft_fraction=c.accepted / n if n else 0.0,
+            mean_accepted_length=c.accepted / c.rounds if c.rounds else None,
+            k_histogram=dict(sorted(c.k_histogram.items())) if speculating else None,
+            cached_tokens=self.cached_tokens,
+        )
+
+
+# JSON has no -inf: a token the processors ruled out gets OpenAI's floor instead.
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(value: float) -> float:
+    return value if value > LOGPROB_FLOOR else LOGPROB_FLOOR
