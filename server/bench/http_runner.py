@@ -96,7 +96,7 @@ class HttpRunner:
 
     def _stream(self, body: dict, *, retry: bool = True) -> RunResult:
         start = time.perf_counter()
-        stream = _StreamReader()
+        stream = SseStreamReader()
         request = self.client.build_request("POST", f"{self.url}/v1/chat/completions", json=body)
         try:
             response = self.client.send(request, stream=True)
@@ -119,8 +119,12 @@ class HttpRunner:
         self.client.close()
 
 
-class _StreamReader:
-    """Collects token arrival times, `from_draft` flags, `stats` and `usage` from SSE lines."""
+class SseStreamReader:
+    """Collects token arrival times, `from_draft` flags, `stats` and `usage` from SSE lines.
+
+    A token arrives with every chunk that carries `from_draft` (ours: one chunk per token, even
+    when the detokenizer holds its text back) or, from other servers, non-empty text.
+    """
 
     def __init__(self):
         self.arrivals: list[float] = []
@@ -128,13 +132,24 @@ class _StreamReader:
         self.stats: dict | None = None
         self.usage: dict | None = None
         self.finish_reason: str | None = None
+        self.done = False  # `[DONE]` seen: the stream ended as the protocol says
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens: from our `stats`, else the usage chunk, else the chunks counted."""
+        if self.stats is not None:
+            return self.stats["generation_tokens"]
+        if self.usage is not None:
+            return self.usage["completion_tokens"]
+        return len(self.arrivals)
 
     def feed(self, line: str, now: float) -> bool:
-        """Take one line; False at `[DONE]`."""
+        """Take one line; False at `[DONE]`. An error object in the stream raises CellFailed."""
         if not line.startswith("data:"):
             return True
         data = line[len("data:"):].strip()
         if data == "[DONE]":
+            self.done = True
             return False
         chunk = json.loads(data)
         if "error" in chunk:
@@ -153,12 +168,7 @@ class _StreamReader:
         return True
 
     def result(self, start: float) -> RunResult:
-        if self.stats is not None:
-            n = self.stats["generation_tokens"]
-        elif self.usage is not None:
-            n = self.usage["completion_tokens"]
-        else:
-            n = len(self.arrivals)
+        n = self.tokens
         span = self.arrivals[-1] - self.arrivals[0] if len(self.arrivals) > 1 else 0.0
         tps = (n - 1) / span if span > 0 else None
         ttft = self.arrivals[0] - start if self.arrivals else None

@@ -65,3 +65,30 @@ def _draw_server(ax, acc_ax, rows: list[dict], *, color: str, name: str) -> None
     if acc:
         acc_ax.plot([k for k, _ in acc], [a for _, a in acc], color=color, marker="s",
                     linestyle=":", alpha=0.7, label=f"{prefix}acceptance")
+
+
+def plot_load(rows: list[dict], path: Path, *, title: str = "") -> Path:
+    """`server.bench.load`: aggregate and per-stream tok/s, and TTFT p50, vs concurrent streams."""
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    fig = Figure(figsize=(12, 4.2))
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.13, top=0.86, wspace=0.3)
+    panels = (("aggregate_tps", "aggregate output tok/s"),
+              ("stream_tps_p50", "per-stream tok/s (p50)"), ("ttft_p50_s", "TTFT p50 (s)"))
+    levels = sorted({r["concurrency"] for r in rows})
+    for ax, (key, label) in zip(fig.subplots(1, len(panels)), panels, strict=True):
+        for i, server in enumerate(servers):
+            points = [(r["concurrency"], r[key]) for r in rows
+                      if r["server"] == server and r[key] is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), color=f"C{i}", marker="o", label=server)
+        if levels:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(label)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    return Path(path)

@@ -7,16 +7,17 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 from server.bench.stats import Verdict
 
 
-def results_name(tag: str | None, now: float | None = None) -> str:
+def results_name(tag: str | None, now: float | None = None, *, prefix: str = "bench") -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", tag).strip("-") if tag else ""
-    return f"bench-{stamp}" + (f"-{safe}" if safe else "")
+    return f"{prefix}-{stamp}" + (f"-{safe}" if safe else "")
 
 
 def csv_value(value):
@@ -43,15 +44,20 @@ class ResultsWriter:
         self._jsonl.flush()
         os.fsync(self._jsonl.fileno())
 
-    def finish(self, metadata: dict, rows: list[dict], verdicts: list[Verdict]) -> dict:
-        """Write the `.csv`, `.json` and plot; returns the paths written (plot may fail)."""
+    def finish(self, metadata: dict, rows: list[dict], verdicts: list[Verdict],
+               plot: Callable[..., Path] | None = None) -> dict:
+        """Write the `.csv`, `.json` and plot; returns the paths written (plot may fail).
+
+        `plot(rows, path, title=...)` draws the picture (default: the k sweep's); matplotlib,
+        a `bench` extra, is imported only then, so a missing one costs the picture, not the data.
+        """
         self._jsonl.close()
         self._write_csv(rows)
         written = {ext: self.paths[ext] for ext in ("jsonl", "csv")}
         try:
-            from server.bench.plot import plot_sweep
-
-            plot_sweep(rows, self.paths["png"], title=self.name)
+            if plot is None:
+                from server.bench.plot import plot_sweep as plot
+            plot(rows, self.paths["png"], title=self.name)
             written["png"] = self.paths["png"]
         except Exception as e:  # a plot is a convenience; never lose the data over it
             metadata = {**metadata, "plot_error": f"{type(e).__name__}: {e}"}
