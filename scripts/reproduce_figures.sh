@@ -2,7 +2,7 @@
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
-#                                   demo_server temp adaptive lookup; default: all)
+#                                   demo_server temp adaptive lookup load; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -56,5 +56,23 @@ run_lookup() {  # issue 5: prompt lookup on "repeat this code with one change"
   bench --draft prompt_lookup --prompt-kinds repeat_edit --draft-tokens 2,4,8 --tag lookup
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup}
+run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx_lm.server
+  # without a draft (it batches) and with one (it does not); the servers take turns per level.
+  $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/load-ours.log" 2>&1 &
+  local ours=$!
+  $PY -m mlx_lm server --model $GEN_T --port 8101 >"$OUT/load-mlx.log" 2>&1 &
+  local plain=$!
+  $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8102 \
+    >"$OUT/load-mlx-draft.log" 2>&1 &
+  local drafted=$!
+  trap 'kill $ours $plain $drafted 2>/dev/null || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  wait_up http://127.0.0.1:8101/health
+  wait_up http://127.0.0.1:8102/health
+  $PY -m server.bench.load --server ours=http://127.0.0.1:8100 \
+    --compare mlx_lm=http://127.0.0.1:8101 --compare mlx_lm+draft=http://127.0.0.1:8102 \
+    --concurrency 1,2,4,8,16 --max-tokens 96 --results-dir "$OUT" --tag load-vs-mlx-lm
+}
+
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load}
 for s in $sections; do echo "=== $s"; "run_$s"; done
