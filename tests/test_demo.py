@@ -7,11 +7,11 @@ import re
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from server.demo import encode_prompt, main, parse_args
+from server.demo import DEFAULT_NUM_DRAFT_TOKENS, encode_prompt, main, parse_args
 from server.engine.events import Finished
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, load_model
-from server.engine.params import GenerationParams, SpeculationParams
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
 PROMPT = "def binary_search(items, target):"
 
@@ -23,10 +23,12 @@ def kit(tiny_pair):
     return kit
 
 
-def engine_run(kit, speculation: SpeculationParams, max_tokens: int):
+def engine_run(kit, speculation: SpeculationParams, max_tokens: int,
+               sampling: SamplingParams | None = None):
     tokens = tuple(kit.target.tokenizer.encode(PROMPT))
-    events = list(generate_events(kit, GenerationParams(tokens, max_tokens,
-                                                        speculation=speculation)))
+    params = GenerationParams(tokens, max_tokens, sampling=sampling or SamplingParams(),
+                              speculation=speculation)
+    events = list(generate_events(kit, params))
     assert isinstance(events[-1], Finished)
     return "".join(e.text for e in events[:-1]), events[-1].stats
 
@@ -105,12 +107,20 @@ def test_argument_errors_exit_2(argv, message, capsys):
     assert e.value.code == 2
 
 
-def test_defaults_follow_the_engine():
-    args = parse_args(["--model", "m", "--draft-model", "d"])
-    defaults = SpeculationParams()
-    assert (args.draft, args.acceptance, args.adaptive) == (
-        defaults.source, defaults.acceptance, defaults.adaptive)
-    assert args.temp == 0.0 and args.num_draft_tokens is None
+def test_without_speculation_flags_the_demo_drafts_as_the_engine_does(tiny_pair, kit, capsys):
+    """No --num-draft-tokens, --draft, --acceptance or --no-adaptive: the same text and draft
+    counts as the engine's defaults. Sampled and seeded, so that the acceptance rule and the
+    adaptive schedule both show in the counts."""
+    target, draft = map(str, tiny_pair)
+    text, block, _ = demo(["--model", target, "--draft-model", draft, "--prompt", PROMPT,
+                           "--max-tokens", "24", "--temp", "0.8", "--seed", "3"], capsys)
+    expected_text, stats = engine_run(
+        kit, SpeculationParams(num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS), 24,
+        SamplingParams(temperature=0.8, seed=3))
+    assert text == expected_text
+    proposed, accepted = stats.draft_tokens_proposed, stats.draft_tokens_accepted
+    assert proposed > 0
+    assert stat(block, "Draft tokens proposed / accepted").startswith(f"{proposed} / {accepted} (")
 
 
 def test_missing_model_is_a_clean_error(tmp_path, capsys):
