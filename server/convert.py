@@ -1,4 +1,4 @@
-"""`python -m server.convert FILE.gguf OUT_DIR [--dtype float32]`: a llama GGUF -> an mlx_lm folder."""
+"""`python -m server.convert FILE.gguf OUT_DIR [--dtype float32]`: llama GGUF -> mlx_lm folder."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
 from collections import Counter
 from pathlib import Path
@@ -262,8 +263,8 @@ def build_tokenizer(meta: dict):
     elif pre in GPT2_PRETOKENIZERS:
         tokenizer.pre_tokenizer = byte_level
     else:
-        raise UnsupportedGGUF(f"pre-tokenizer {pre!r} is not supported "
-                              f"(known: {', '.join(sorted(GPT2_PRETOKENIZERS | DIGIT_SPLIT_PRETOKENIZERS))})")
+        known = ", ".join(sorted(GPT2_PRETOKENIZERS | DIGIT_SPLIT_PRETOKENIZERS))
+        raise UnsupportedGGUF(f"pre-tokenizer {pre!r} is not supported (known: {known})")
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     special = [AddedToken(tokens[i], special=True, normalized=False)
@@ -339,11 +340,16 @@ def convert(gguf_path: str | Path, out_dir: str | Path, *, dtype: str | None = N
     return out_dir
 
 
-def _file_key(path: Path) -> str:
-    """Names the cache folder: the file's name plus a hash of its size, mtime and path."""
+def _file_key(path: Path, dtype: str | None) -> str:
+    """Names the cache folder: the file's stem, a hash of its path, size and mtime, the dtype."""
     st = path.stat()
     digest = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return f"{path.stem}-{digest.hexdigest()[:12]}"
+    return f"{path.stem}-{digest.hexdigest()[:12]}-{dtype or 'quantized'}"
+
+
+def cache_dtype() -> str | None:
+    """float32 on the CPU (MLX's quantized matmuls are slower there than fp32 GEMV), else as is."""
+    return "float32" if mx.default_device() == mx.cpu else None
 
 
 def resolve_model_path(path: str, *, cache_dir: str | Path | None = None) -> str:
@@ -353,11 +359,14 @@ def resolve_model_path(path: str, *, cache_dir: str | Path | None = None) -> str
     source = Path(path).expanduser()
     if not source.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    out = Path(cache_dir or CACHE_DIR) / _file_key(source)
+    dtype = cache_dtype()
+    out = Path(cache_dir or CACHE_DIR) / _file_key(source, dtype)
     if (out / "config.json").exists():
         return str(out)
     log.info("converting %s to an mlx_lm folder in %s (first use only)", source, out)
     partial = out.with_name(out.name + ".partial")
-    convert(source, partial)
+    shutil.rmtree(partial, ignore_errors=True)
+    convert(source, partial, dtype=dtype)
+    shutil.rmtree(out, ignore_errors=True)
     partial.replace(out)
     return str(out)
