@@ -114,11 +114,17 @@ def test_server_falls_back_to_the_demo_pair_without_the_registry(monkeypatch, ca
         bundled.ensure_default_models(default_settings(synthetic_fallback=False))
 
 
-def test_server_uses_the_default_target_when_present(monkeypatch):
+def test_server_uses_the_default_target_and_the_drafts_device_copy(tmp_path, monkeypatch):
+    shipped = tmp_path / "smollm2-draft"
+    shipped.mkdir()
+    monkeypatch.setattr(bundled, "DEFAULT_DRAFT_DIR", shipped)
     monkeypatch.setattr(bundled, "ensure_default_target", lambda out: str(out))
-    got = bundled.ensure_default_models(default_settings())
+    monkeypatch.setattr(bundled, "ensure_draft_for_device", lambda p: f"{p}-float32")
+    got = bundled.ensure_default_models(default_settings(draft_model=str(shipped)))
     assert got.models.model == str(default_model.DEFAULT_TARGET_DIR)
-    assert got.models.draft_model == str(default_model.DEFAULT_DRAFT_DIR)
+    assert got.models.draft_model == f"{shipped}-float32"
+    other = bundled.ensure_default_models(default_settings(draft_model="none"))
+    assert other.models.draft_model == "none"
 
 
 def test_gguf_paths_are_served_from_their_converted_folders(source, tmp_path,  # noqa: F811
@@ -130,3 +136,44 @@ def test_gguf_paths_are_served_from_their_converted_folders(source, tmp_path,  #
     assert got.models.model == str(tmp_path / "converted")
     assert got.models.model_name == "tiny"
     assert got.models.draft_model == "none"
+
+
+def quantized_copy(src: Path, out: Path) -> Path:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+
+    model, _ = load(str(src))
+    nn.quantize(model, group_size=32, bits=4)
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    (out / "config.json").write_text(json.dumps(config))
+    for f in src.glob("tokenizer*"):
+        shutil.copy(f, out / f.name)
+    return out
+
+
+def test_shipped_quantized_draft_runs_from_a_float32_copy_on_cpu(tiny_pair, tmp_path):
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import load
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the float32 copy is made on the CPU only")
+    draft = quantized_copy(tiny_pair[1], tmp_path / "smollm2-draft")
+    got = Path(default_model.ensure_draft_for_device(draft, out_root=tmp_path / "generated"))
+    assert got == tmp_path / "generated" / "smollm2-draft-float32"
+    assert "quantization" not in json.loads((got / "config.json").read_text())
+    assert (got / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
+    tokens = mx.array([[3, 14, 15, 92, 65]])
+    quantized, _ = load(str(draft))
+    quantized.set_dtype(mx.float32)
+    dense, _ = load(str(got))
+    np.testing.assert_allclose(np.array(dense(tokens)), np.array(quantized(tokens)),
+                               rtol=1e-4, atol=1e-4)
+    stamp = (got / "model.safetensors").stat().st_mtime_ns
+    assert default_model.ensure_draft_for_device(draft, out_root=tmp_path / "generated") == str(got)
+    assert (got / "model.safetensors").stat().st_mtime_ns == stamp

@@ -5,6 +5,7 @@
 - If that fails (no registry, no disk) and `synthetic_fallback` is on, the bundled demo pair
   (`models/demo`) serves instead, and if that is missing too, a random pair built into
   `models/generated`.
+- The shipped draft (`models/smollm2-draft`, 4-bit) runs from a float32 copy on the CPU.
 - A `.gguf` path, for the target or the draft, is converted once into a cache folder.
 """
 
@@ -19,6 +20,7 @@ from server.model_files.default_model import (
     DEFAULT_TARGET_DIR,
     DefaultModelUnavailable,
     ensure_default_target,
+    ensure_draft_for_device,
 )
 from server.model_files.gguf import resolve_model_path
 from server.model_files.synthetic import ensure_pair
@@ -63,6 +65,14 @@ def ensure_default_target_or_fallback(settings: Settings) -> Settings:
     return _with_models(settings, model=str(DEMO_DIR / "target"), draft_model=draft)
 
 
+def default_draft_for_device(settings: Settings) -> Settings:
+    """The shipped draft is 4-bit; on the CPU a float32 copy of it decodes faster."""
+    m = settings.models
+    if not _is(m.draft_model, DEFAULT_DRAFT_DIR) or not DEFAULT_DRAFT_DIR.exists():
+        return settings
+    return _with_models(settings, draft_model=ensure_draft_for_device(DEFAULT_DRAFT_DIR))
+
+
 def ensure_demo_or_synthetic(settings: Settings) -> Settings:
     """Swap in the generated pair when the configured demo models are not on disk."""
     m = settings.models
@@ -90,6 +100,7 @@ def resolve_gguf_paths(settings: Settings) -> Settings:
 
 def ensure_default_models(settings: Settings) -> Settings:
     settings = ensure_default_target_or_fallback(settings)
+    settings = default_draft_for_device(settings)
     settings = ensure_demo_or_synthetic(settings)
     return resolve_gguf_paths(settings)
 

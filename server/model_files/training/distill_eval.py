@@ -1,0 +1,193 @@
+"""Measure a distilled draft against its target and write its model card.
+
+    python -m server.model_files.training.distill_eval [--target PATH] [--draft DIR]
+        [--k 1,2,4,6] [--max-tokens 128] [--draft-dtype float32|stored]
+
+Greedy speculative decoding with `mlx_lm`'s own `speculative_generate_step` on the benchmark's
+`structured` and `open_ended` chat prompts: per k, accepted/proposed, tokens/s, and the speedup
+over the target alone (`generate_step`), same prompts, same machine, one after the other. Writes
+`evaluation.json` and `README.md` (the card, from `training.json` and the evaluation) into the
+draft's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.utils import dequantize_model
+
+from server.bench.cells import OPEN_ENDED, STRUCTURED
+from server.model_files.training.distill import DEFAULT_OUT, target_folder
+
+PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
+DEFAULT_K = (1, 2, 4, 6)
+DEFAULT_MAX_TOKENS = 128
+
+
+def prompt_ids(tokenizer, text: str) -> mx.array:
+    messages = [{"role": "user", "content": text}]
+    return mx.array(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def run_target(model, prompt: mx.array, max_tokens: int, eos: set[int]) -> dict:
+    tokens, first = [], None
+    for token, _ in generate_step(prompt, model, max_tokens=max_tokens):
+        token = int(token)
+        first = first or time.perf_counter()
+        tokens.append(token)
+        if token in eos:
+            break
+    return {"tokens": tokens, "decode_s": time.perf_counter() - first}
+
+
+def run_speculative(model, draft, prompt: mx.array, k: int, max_tokens: int,
+                    eos: set[int]) -> dict:
+    tokens, accepted, proposed, round_start = [], 0, 0, True
+    first = None
+    for token, _, from_draft in speculative_generate_step(
+            prompt, model, draft, num_draft_tokens=k, max_tokens=max_tokens):
+        token = int(token)
+        first = first or time.perf_counter()
+        if round_start and len(tokens) > 0:
+            proposed += min(k, max_tokens - len(tokens))
+        round_start = not from_draft
+        accepted += bool(from_draft)
+        tokens.append(token)
+        if token in eos:
+            break
+    return {"tokens": tokens, "decode_s": time.perf_counter() - first,
+            "accepted": accepted, "proposed": proposed}
+
+
+def tps(run: dict) -> float:
+    # Decode rate after the first token (prefill and first token excluded, as the server's stats).
+    return (len(run["tokens"]) - 1) / run["decode_s"] if run["decode_s"] > 0 else 0.0
+
+
+def evaluate(target, draft, tokenizer, ks, max_tokens: int) -> dict:
+    eos = set(tokenizer.eos_token_ids)
+    report = {}
+    for kind, text in PROMPTS.items():
+        prompt = prompt_ids(tokenizer, text)
+        run_target(target, prompt, 8, eos)  # warm-up
+        base = run_target(target, prompt, max_tokens, eos)
+        row = {"target_alone_tps": round(tps(base), 2), "tokens": len(base["tokens"]),
+               "by_k": {}}
+        for k in ks:
+            spec = run_speculative(target, draft, prompt, k, max_tokens, eos)
+            same = spec["tokens"] == base["tokens"]
+            row["by_k"][k] = {
+                "acceptance": round(spec["accepted"] / max(spec["proposed"], 1), 3),
+                "accepted": spec["accepted"], "proposed": spec["proposed"],
+                "tps": round(tps(spec), 2), "speedup": round(tps(spec) / tps(base), 3),
+                "identical_to_target": same,
+            }
+            print(kind, k, row["by_k"][k], flush=True)
+        report[kind] = row
+    return report
+
+
+def draft_decode_ms(draft, n: int = 32) -> float:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(draft)
+    mx.eval(draft(mx.array([[1, 2, 3]]), cache=cache))
+    token = mx.array([[4]])
+    start = time.perf_counter()
+    for _ in range(n):
+        token = draft(token, cache=cache)[:, -1:].argmax(-1)
+        mx.eval(token)
+    return (time.perf_counter() - start) / n * 1000
+
+
+def write_card(draft_dir: Path, evaluation: dict) -> None:
+    training = json.loads((draft_dir / "training.json").read_text())
+    config = json.loads((draft_dir / "config.json").read_text())
+    size_mb = sum(p.stat().st_size for p in draft_dir.iterdir() if p.is_file()) / 1e6
+    lines = [
+        "# smollm2-draft: a speculative-decoding draft for SmolLM2-135M-Instruct", "",
+        f"A {config['num_hidden_layers']}-layer llama at the target's width "
+        f"({config['hidden_size']}), sharing its tokenizer files byte for byte. Initialised "
+        f"from the target's token embedding (tied, frozen), its layers "
+        f"{training['layers_from_target']} and its final norm; trained by distillation: "
+        "KL(target || draft) on the target's next-token distribution at every position of "
+        "teacher-forced windows. Stored "
+        f"{config['quantization']['bits']}-bit (group size {config['quantization']['group_size']}"
+        f"); {size_mb:.1f} MB on disk with the tokenizer.", "",
+        "Rebuild (seeded, one command; then measure and rewrite this card):", "",
+        "    python -m server.model_files.training.distill",
+        "    python -m server.model_files.training.distill_eval", "",
+        "## Data", "",
+        "The Python standard library of the training machine (95% of files; 5% held out): raw "
+        "source, and chat exchanges rendered with the target's chat template: each documented "
+        "function requested by signature and docstring summary and answered with its code, and "
+        "each documented function or class asked about and answered with its docstring.", "",
+        f"- windows of {training['seq_len']} tokens, batch {training['batch']}, "
+        f"{training['steps']} steps: {training['train_tokens']} training tokens, "
+        f"{training['train_minutes']} minutes, lr {training['lr']} (cosine), seed "
+        f"{training['seed']}",
+        "", "## Loss (held-out windows, fp32 draft before quantization)", "",
+        "| | KL(target || draft) per token | top-1 agreement with the target |",
+        "| --- | --- | --- |",
+        f"| initialised | {training['before']['kl']:.3f} | "
+        f"{training['before']['top1_agreement']:.3f} |",
+        f"| trained | {training['after']['kl']:.3f} | {training['after']['top1_agreement']:.3f} |",
+        "", "Training loss (mean KL per window of steps): "
+        + ", ".join(f"{s}: {v:.2f}" for s, v in training["losses"]), "",
+        "## Acceptance and speed (greedy, mlx_lm's speculative decoding)", "",
+        f"Measured by `distill_eval` on {evaluation['machine']}, draft run as "
+        f"{evaluation['draft_dtype']}, {evaluation['max_tokens']} new tokens at most; one run "
+        "each, on a CPU shared with other work, so speeds are indicative. Draft decode step: "
+        f"{evaluation['draft_decode_ms']:.1f} ms; target alone: see below.", "",
+        "| prompt | k | accepted / proposed | tok/s | target alone tok/s | speedup | "
+        "same tokens as target |", "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for kind, row in evaluation["prompts"].items():
+        for k, r in row["by_k"].items():
+            lines.append(f"| {kind} | {k} | {r['acceptance']:.2f} ({r['accepted']}/"
+                         f"{r['proposed']}) | {r['tps']:.1f} | {row['target_alone_tps']:.1f} | "
+                         f"{r['speedup']:.2f}x | {r['identical_to_target']} |")
+    lines += ["", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
+    (draft_dir / "README.md").write_text("\n".join(lines))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m server.model_files.training.distill_eval",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None)
+    p.add_argument("--draft", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--k", default=",".join(map(str, DEFAULT_K)))
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--draft-dtype", choices=["float32", "stored"], default="float32",
+                   help="float32: dequantize the draft (faster on CPU); stored: run it as saved.")
+    p.add_argument("--no-card", action="store_true", help="Measure only; leave the card alone.")
+    args = p.parse_args(argv)
+    target, tokenizer = load(str(target_folder(args.target)))
+    target.set_dtype(mx.float32)
+    draft, _ = load(str(args.draft))
+    if args.draft_dtype == "float32":
+        draft = dequantize_model(draft)
+    draft.set_dtype(mx.float32)
+    ks = [int(k) for k in args.k.split(",")]
+    evaluation = {
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores",
+        "draft_dtype": args.draft_dtype, "max_tokens": args.max_tokens,
+        "draft_decode_ms": round(draft_decode_ms(draft), 2),
+        "prompts": evaluate(target, draft, tokenizer, ks, args.max_tokens),
+    }
+    print(json.dumps(evaluation, indent=2))
+    if not args.no_card:
+        (args.draft / "evaluation.json").write_text(json.dumps(evaluation, indent=2))
+        write_card(args.draft, evaluation)
+
+
+if __name__ == "__main__":
+    main()
