@@ -278,6 +278,7 @@ def live_server(engine, tiny_pair):
     thread.join(10)
 
 
+@pytest.mark.slow
 def test_against_our_app_on_the_tiny_pair(live_server, tmp_path, capsys):
     url = live_server
     assert main(["--server", f"ours={url}", "--compare", f"again={url}/v1", "--concurrency",
