@@ -350,3 +350,24 @@ def test_the_server_runs_without_matplotlib(tmp_path):
     assert files == "csv json jsonl"
     assert error.startswith("ModuleNotFoundError") and "matplotlib" in error
     assert not (tmp_path / "x.png").exists()
+
+
+def test_default_models_are_the_demo_pair_else_the_generated_one(tmp_path, monkeypatch):
+    from server.bench.cli import resolve_models
+    from server.model_files import bundled
+
+    built = []
+    monkeypatch.setattr(bundled, "DEMO_DIR", tmp_path / "demo")
+    monkeypatch.setattr(bundled, "ensure_pair",
+                        lambda out, preset: built.append((out, preset)) or (out / "t", out / "d"))
+    generated = (str(bundled.GENERATED_DIR / "t"), str(bundled.GENERATED_DIR / "d"))
+    assert resolve_models(parse_args([])) == generated
+    assert built == [(bundled.GENERATED_DIR, "small")]
+    for role in ("target", "draft"):
+        (tmp_path / "demo" / role).mkdir(parents=True)
+        (tmp_path / "demo" / role / "config.json").write_text("{}")
+    demo = str(tmp_path / "demo" / "target"), str(tmp_path / "demo" / "draft")
+    assert resolve_models(parse_args([])) == demo
+    assert resolve_models(parse_args(["--draft-model", "d"])) == (demo[0], "d")
+    assert resolve_models(parse_args(["--draft", "prompt_lookup"])) == (demo[0], None)
+    assert len(built) == 1

@@ -33,8 +33,6 @@ from server.engine.params import SpeculationParams
 DEFAULT_MAX_TOKENS = 320
 DEFAULT_REPS = 5
 DEFAULT_WARMUP = 1
-DEMO_DIR = Path("models/demo")
-GENERATED_DIR = Path("models/generated")
 
 
 def _int_list(text: str) -> list[int]:
@@ -131,19 +129,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def default_models() -> tuple[str, str]:
-    """The bundled demo pair when present, else the generated pair (built on first use)."""
-    if (DEMO_DIR / "target" / "config.json").exists() and (DEMO_DIR / "draft").exists():
-        return str(DEMO_DIR / "target"), str(DEMO_DIR / "draft")
-    from server.model_files.synthetic import ensure_pair
-
-    target, draft = ensure_pair(GENERATED_DIR, "small")
-    return str(target), str(draft)
-
-
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
     if args.target_model is None:
-        target, draft = default_models()
+        from server.model_files.bundled import demo_or_generated_pair
+
+        target, draft = demo_or_generated_pair()
         draft = args.draft_model or draft
     else:
         target, draft = args.target_model, args.draft_model

@@ -16,23 +16,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import mlx.core as mx
 from mlx_lm import load, stream_generate
 
 PROMPT = "Write a Python function `binary_search(items, target)` and explain how it works."
-
-
-def default_models() -> tuple[str, str]:
-    demo = Path("models/demo")
-    if (demo / "target" / "model.safetensors").exists():
-        return str(demo / "target"), str(demo / "draft")
-    from server.model_files.synthetic import ensure_pair
-
-    target, draft = ensure_pair(Path("models/generated"), "small")
-    return str(target), str(draft)
 
 
 def rate(arrivals: list[float]) -> float:
@@ -93,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     target_path, draft_path = args.target_model, args.draft_model
     if not target_path:
-        target_path, draft_path = default_models()
+        from server.model_files.bundled import demo_or_generated_pair
+
+        target_path, draft_path = demo_or_generated_pair()
     target, tokenizer = load(target_path)
     draft, _ = load(draft_path)
     for m in (target, draft):

@@ -31,6 +31,21 @@ DEMO_DIR = Path("models/demo")
 GENERATED_DIR = Path("models/generated")
 
 
+def generated_pair() -> tuple[str, str]:
+    """(target, draft): the random pair in `models/generated`, built on first use."""
+    target, draft = ensure_pair(GENERATED_DIR, "small")
+    return str(target), str(draft)
+
+
+def demo_or_generated_pair() -> tuple[str, str]:
+    """(target, draft): the bundled demo pair when it is on disk, else `generated_pair()`.
+    The benchmarks' default models."""
+    target, draft = DEMO_DIR / "target", DEMO_DIR / "draft"
+    if (target / "config.json").exists() and (draft / "config.json").exists():
+        return str(target), str(draft)
+    return generated_pair()
+
+
 def _missing(ref: str | None) -> bool:
     return ref is not None and ref.startswith(str(DEMO_DIR)) and not Path(ref).exists()
 
@@ -80,9 +95,9 @@ def ensure_demo_or_synthetic(settings: Settings) -> Settings:
         return settings
     log.warning("%s not found: building a random demo pair into %s (first run only)",
                 DEMO_DIR, GENERATED_DIR)
-    target, draft = ensure_pair(GENERATED_DIR, "small")
-    draft_ref = str(draft) if _draft_wanted(m.draft_model) else m.draft_model
-    return _with_models(settings, model=str(target), draft_model=draft_ref)
+    target, draft = generated_pair()
+    draft_ref = draft if _draft_wanted(m.draft_model) else m.draft_model
+    return _with_models(settings, model=target, draft_model=draft_ref)
 
 
 def resolve_gguf_paths(settings: Settings) -> Settings:
