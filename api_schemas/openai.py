@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-def _id(prefix: str) -> str:
+def response_id(prefix: str) -> str:
+    """A completion's id, `chatcmpl-...` or `cmpl-...` (24 hex digits, as OpenAI's): the one
+    place ids are made, for collected responses and for every chunk of a stream."""
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
@@ -219,7 +221,7 @@ class ChatChoice(OpenAIBaseModel):
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: _id("chatcmpl"))
+    id: str = Field(default_factory=lambda: response_id("chatcmpl"))
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
@@ -260,7 +262,7 @@ class CompletionChoice(OpenAIBaseModel):
 
 
 class CompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: _id("cmpl"))
+    id: str = Field(default_factory=lambda: response_id("cmpl"))
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str

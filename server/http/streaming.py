@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
@@ -27,6 +26,7 @@ from api_schemas.openai import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    response_id,
 )
 from server.engine.events import Finished, TokenEvent
 from server.engine.worker import StreamJob
@@ -43,7 +43,7 @@ class ResponseFormat:
 
     def __init__(self, model: str, tokenizer, prefix: str):
         self.model, self.tokenizer = model, tokenizer
-        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        self.id = response_id(prefix)
         self.created = int(time.time())
 
     def token_str(self, token: int) -> str:
