@@ -166,8 +166,9 @@ class ToolCallParser:
     `feed` returns the content that is safe to show now and the calls that the text completed;
     `finish` flushes what is left. Text that may be the start of a call marker is held back;
     so is trailing whitespace, dropped at the end when the output made calls. The split does
-    not depend on how the text was chunked, so a stream and a whole response agree. An unterminated call at
-    the end is parsed if it can be, else shown as text: nothing the model wrote is lost.
+    not depend on how the text was chunked, so a stream and a whole response agree. An
+    unterminated call at the end is parsed if it can be, else shown as text: nothing the model
+    wrote is lost.
     """
 
     def __init__(self, fmt: ToolCallFormat, tools: list[dict] | None):
