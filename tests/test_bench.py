@@ -50,7 +50,7 @@ def test_smoke_narrows_the_sweep():
     ["--draft-tokens", "1,x"], ["--draft-tokens", "0,2"], ["--prompt-kinds", "poetry"],
     ["--compare", "http://b"], ["--reps", "0"], ["--warmup", "-1"], ["--max-tokens", "1"],
     ["--draft", "prompt_lookup", "--draft-model", "d"], ["--temp", "-1"],
-    ["--target-model", "t"],
+    ["--target-model", "t"], ["--server", "http://a", "--timeout", "0"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -259,7 +259,7 @@ def live_server(engine, tiny_pair):
 def test_server_compare_sweep(live_server, tmp_path):
     url = live_server
     assert main(["--server", url, "--compare", url + "/v1", "--smoke", "--max-tokens", "12",
-                 "--results-dir", str(tmp_path), "--cost-ratio", "0.5"]) == 0
+                 "--results-dir", str(tmp_path), "--cost-ratio", "0.5", "--timeout", "60"]) == 0
     rows, doc, table = read_results(tmp_path)
     assert_files_agree(rows, doc, table)
     again = url + " (again)"  # an A/A comparison: the same server twice, two names
@@ -281,7 +281,7 @@ def test_server_cell_errors_are_rows(live_server, tmp_path):
     # our server refuses more than 64 draft tokens: those cells fail, the sweep goes on
     assert main(["--server", live_server, "--draft-tokens", "2,65", "--reps", "1",
                  "--warmup", "0", "--prompt-kinds", "open_ended", "--max-tokens", "8",
-                 "--results-dir", str(tmp_path)]) == 0
+                 "--results-dir", str(tmp_path), "--timeout", "60"]) == 0
     rows, _, _ = read_results(tmp_path)
     assert [r["error"] is None for r in rows] == [True, True, False]
     assert "HTTP 4" in rows[2]["error"] and rows[2]["tps_median"] is None

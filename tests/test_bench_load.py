@@ -60,6 +60,7 @@ def test_level_figures_on_known_timings():
     assert (f["requests"], f["completed"], f["errors"]) == (3, 2, 1)
     assert f["error_messages"] == ["HTTP 503: busy"]
     assert f["span_s"] == 1.5 and f["tokens"] == 7 and f["tokens_per_stream"] == 3.5
+    assert f["token_chunks"] == 7
     assert f["aggregate_tps"] == pytest.approx(7 / 1.5)
     # per stream: (4 - 1) / 0.5 = 6 and (3 - 1) / 0.2 = 10
     assert f["stream_tps_p50"] == pytest.approx(8.0)
@@ -204,13 +205,14 @@ def test_both_protocols_on_a_ticking_clock():
     # One client, one stream at a time: start, a tick per data line (4 tokens, final, usage,
     # [DONE]), end: 0..8, then 9..17 for the second request. Ours: tokens at +1..+4.
     assert ours1["span_s"] == 17 and ours1["tokens"] == 8 and ours1["completed"] == 2
+    assert ours1["token_chunks"] == 8  # the chunk whose text was held back counts
     assert ours1["aggregate_tps"] == 8 / 17
     assert (ours1["ttft_p50_s"], ours1["itl_p50_s"], ours1["itl_p99_s"]) == (1, 1, 1)
     assert ours1["stream_tps_p50"] == 1.0  # (4 - 1) / 3 ticks
     assert (ours1["proposed"], ours1["accepted"], ours1["acceptance_rate"]) == (8, 4, 0.5)
     assert ours1["from_draft_fraction"] == 0.5  # 2 of each 4 tokens flagged
     # mlx_lm-like: tokens from usage (4), text at +1, +2, +4: gaps 1, 2
-    assert mlx1["span_s"] == 17 and mlx1["tokens"] == 8
+    assert mlx1["span_s"] == 17 and mlx1["tokens"] == 8 and mlx1["token_chunks"] == 6
     assert (mlx1["ttft_p50_s"], mlx1["itl_p50_s"]) == (1, 1.5)
     assert mlx1["itl_p99_s"] == 2  # gaps 1 2 1 2 -> sorted 1 1 2 2: rank 2.97 is 2
     assert mlx1["stream_tps_p50"] == 1.0  # (4 - 1) / 3 ticks

@@ -24,6 +24,7 @@ from server.bench.cells import (
     PROMPT_KINDS,
     plan_cells,
 )
+from server.bench.http_runner import TIMEOUT_S
 from server.bench.report import format_table
 from server.bench.stats import verdicts
 from server.bench.sweep import SweepSettings, sweep
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--compare", metavar="URL2",
                         help="Also run every cell on URL2, interleaved; report URL/URL2 ratios.")
     remote.add_argument("--api-key", help="Bearer key for the server(s).")
+    remote.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                        help=f"Seconds a server may stay silent in a request (default "
+                             f"{TIMEOUT_S:g}); then the cell fails.")
     out = p.add_argument_group("output")
     out.add_argument("--results-dir", type=Path, default=Path("RESULTS"),
                      help="Where the files go (default RESULTS).")
@@ -115,6 +119,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--max-tokens must be >= 2 (tok/s needs two tokens)")
     if args.temp < 0:
         p.error("--temp must be >= 0")
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0")
     if args.compare and not args.server:
         p.error("--compare URL2 needs --server URL")
     if args.draft == "prompt_lookup" and args.draft_model:
@@ -166,7 +172,8 @@ def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
 
         urls = [u for u in (args.server, args.compare) if u]
         return _distinct_labels([
-            HttpRunner(u, speculation=spec, temperature=args.temp, api_key=args.api_key)
+            HttpRunner(u, speculation=spec, temperature=args.temp, api_key=args.api_key,
+                       timeout=args.timeout)
             for u in urls]), {}
     from server.bench.runners import EngineRunner
 

@@ -11,7 +11,8 @@ rotates, so a drift of the machine does not favour one of them). Prompts are dis
 prefix-cache hit between requests beyond the chat template) and of varied length.
 
 Measured on the client, the same way for every OpenAI-compatible server:
-- tokens: our `stats.generation_tokens`, else the usage chunk, else the chunks with text;
+- tokens: our `stats.generation_tokens`, else the usage chunk, else the token chunks (ours mark
+  each token with `from_draft`; others send a chunk per token that has text): both counts kept;
 - aggregate tok/s: the tokens of the completed streams over the level's span (the first request
   sent to the last stream ended);
 - per-stream tok/s: (n - 1) / (t_last - t_first) of each completed stream, as `server.bench`;
@@ -229,7 +230,7 @@ def level_figures(records: list[StreamRecord]) -> dict:
     return {
         "requests": len(records), "completed": len(ok), "errors": len(errors),
         "error_messages": list(dict.fromkeys(errors))[:3],
-        "span_s": span, "tokens": tokens,
+        "span_s": span, "tokens": tokens, "token_chunks": sum(len(r.arrivals) for r in ok),
         "tokens_per_stream": _ratio(tokens, len(ok)),
         "aggregate_tps": tokens / span if span > 0 and ok else None,
         "stream_tps_p50": percentile(stream_tps, 50),
