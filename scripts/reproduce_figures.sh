@@ -57,20 +57,25 @@ run_lookup() {  # issue 5: prompt lookup on "repeat this code with one change"
 }
 
 run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx_lm.server
-  # without a draft (it batches) and with one (it does not); the servers take turns per level.
+  # without a draft (it batches) and with one (it does not), and ours without a draft (where
+  # speculation stops paying); the servers take turns per level.
   $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/load-ours.log" 2>&1 &
   local ours=$!
+  $PY -m server --model $GEN_T --draft-model none --port 8103 >"$OUT/load-ours-plain.log" 2>&1 &
+  local ours_plain=$!
   $PY -m mlx_lm server --model $GEN_T --port 8101 >"$OUT/load-mlx.log" 2>&1 &
   local plain=$!
   $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8102 \
     >"$OUT/load-mlx-draft.log" 2>&1 &
   local drafted=$!
-  trap 'kill $ours $plain $drafted 2>/dev/null || true' RETURN
+  trap 'kill $ours $ours_plain $plain $drafted 2>/dev/null || true' RETURN
   wait_up http://127.0.0.1:8100/health
   wait_up http://127.0.0.1:8101/health
   wait_up http://127.0.0.1:8102/health
+  wait_up http://127.0.0.1:8103/health
   $PY -m server.bench.load --server ours=http://127.0.0.1:8100 \
     --compare mlx_lm=http://127.0.0.1:8101 --compare mlx_lm+draft=http://127.0.0.1:8102 \
+    --compare ours-no-draft=http://127.0.0.1:8103 \
     --concurrency 1,2,4,8,16 --max-tokens 96 --results-dir "$OUT" --tag load-vs-mlx-lm
 }
 

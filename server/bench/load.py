@@ -16,7 +16,8 @@ Measured on the client, the same way for every OpenAI-compatible server:
 - aggregate tok/s: the tokens of the completed streams over the level's span (the first request
   sent to the last stream ended);
 - per-stream tok/s: (n - 1) / (t_last - t_first) of each completed stream, as `server.bench`;
-- TTFT: the first token chunk's arrival - the request's start; ITL: the gaps between token chunks;
+- TTFT: the first token chunk's arrival - the request's start; ITL: the gaps between token
+  chunks (from a server that sends no chunk for a token without text, a gap can span two);
 - errors: non-200 answers, error objects in the stream, streams that break or end without
   `[DONE]`, and requests past `--timeout`.
 Our chunks carry `from_draft` and a final `stats`: acceptance is recorded where present.
