@@ -11,6 +11,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 def response_id(prefix: str) -> str:
@@ -33,15 +34,94 @@ class TextPart(OpenAIBaseModel):
     text: str
 
 
+IMAGE_PART_TYPES = ("image_url", "input_image", "image")
+
+
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON string.")
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="An assistant's earlier calls.")
+    tool_call_id: str | None = Field(None, description="The call a `tool` message answers.")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, v):
+        for part in v if isinstance(v, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in IMAGE_PART_TYPES:
+                raise PydanticCustomError("image_input",
+                                          "image input is not supported by this model")
+            if isinstance(kind, str) and kind != "text":
+                raise PydanticCustomError("content_part", "content part type '{kind}' is not "
+                                          "supported; send text", {"kind": kind[:40]})
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+    def template_dict(self) -> dict:
+        """The message as chat templates and `server.http.tools` take it."""
+        out = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return out
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema object.")
+    strict: bool | None = None
+
+
+class ToolDefinition(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JSONSchemaSpec(OpenAIBaseModel):
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format json_schema needs a 'json_schema' object")
+        return self
 
 
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -82,6 +162,10 @@ class SamplingRequest(OpenAIBaseModel):
     top_k: NonNegInt | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
+    ignore_eos: bool | None = Field(None, description="vLLM's: never stop at EOS.")
+    min_tokens: NonNegInt | None = Field(
+        None, le=1_000_000, description="vLLM's: EOS and stop strings wait this many tokens."
+    )
 
     @field_validator("stop")
     @classmethod
@@ -111,18 +195,45 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_completion_tokens: int | None = Field(None, ge=1)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Deprecated by OpenAI: refused with a 400 that names the replacement.
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _checks(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
+        if self.functions is not None or self.function_call is not None:
+            raise ValueError("'functions' and 'function_call' are deprecated and not supported: "
+                             "send 'tools' and 'tool_choice' instead")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs 'tools'")
+        named = self.named_tool()
+        if named is not None and named not in {t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
         return self
+
+    def named_tool(self) -> str | None:
+        return self.tool_choice.function.name if isinstance(self.tool_choice,
+                                                            NamedToolChoice) else None
+
+    def active_tools(self) -> list[dict] | None:
+        """The tools offered to the model (None with tool_choice "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def forced_functions(self) -> list[dict] | None:
+        """The functions a call must be made to (tool_choice required or named), else None."""
+        if not self.tools or self.tool_choice not in ("required",) and self.named_tool() is None:
+            return None
+        named = self.named_tool()
+        return [t.function.model_dump(exclude_none=True) for t in self.tools
+                if named is None or t.function.name == named]
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -210,7 +321,12 @@ class CompletionLogprobs(OpenAIBaseModel):
 
 class AssistantMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ToolCallDelta(ToolCall):
+    index: int
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -233,6 +349,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class Delta(OpenAIBaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(OpenAIBaseModel):

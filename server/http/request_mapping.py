@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from server.config import GenerationDefaults
+from server.engine.grammar import GrammarError, grammars_for
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.service import InferenceEngine
 from server.http.errors import APIError
+from server.http.tools import render_chat
 
 
 def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
@@ -17,17 +19,11 @@ def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
 
 
 def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[int]:
-    tokenizer = engine.tokenizer
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    if tokenizer.has_chat_template:
-        try:
-            tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except Exception as e:  # a template that rejects this conversation (roles, order)
-            raise APIError(400, f"chat template failed: {e}", param="messages") from e
-    else:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        tokens = tokenizer.encode(text)
-    return list(tokens)
+    messages = [m.template_dict() for m in body.messages]
+    try:
+        return render_chat(engine.tokenizer, messages, body.active_tools())
+    except Exception as e:  # a template that rejects this conversation (roles, order)
+        raise APIError(400, f"chat template failed: {e}", param="messages") from e
 
 
 def completion_prompt(engine: InferenceEngine, body: CompletionRequest) -> list[int]:
@@ -92,4 +88,41 @@ def generation_params(
         stop=tuple(body.stop_list()),
         logprobs=logprobs,
         top_logprobs=top,
+        **eos_controls(body),
+        constraint=output_constraint(body, engine),
     )
+
+
+# ---------------------------------------------------------------- structured output and EOS
+def eos_controls(body: SamplingRequest) -> dict:
+    """vLLM's `ignore_eos` and `min_tokens` (at most max_tokens, as vLLM checks)."""
+    min_tokens, max_tokens = body.min_tokens or 0, body.token_limit()
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({min_tokens}) must be at most max_tokens "
+                       f"({max_tokens})", param="min_tokens", code="invalid_value")
+    return {"ignore_eos": bool(body.ignore_eos), "min_tokens": min_tokens}
+
+
+def output_constraint(body: SamplingRequest, engine: InferenceEngine):
+    """The grammar a chat request's output must follow, or None.
+
+    A forced tool call (tool_choice required or named) wins over `response_format`.
+    """
+    if not isinstance(body, ChatCompletionRequest):
+        return None
+    functions = body.forced_functions()
+    fmt = body.response_format
+    if functions is None and (fmt is None or fmt.type == "text"):
+        return None
+    param = "tools" if functions is not None else "response_format"
+    try:
+        grammars = grammars_for(engine.tokenizer)
+        if functions is not None:
+            parallel = body.parallel_tool_calls is not False and body.named_tool() is None
+            return grammars.tool_calls(functions, parallel=parallel)
+        if fmt.type == "json_object":
+            return grammars.json_object()
+        spec = fmt.json_schema
+        return grammars.json_schema(spec.schema_ or {}, strict=bool(spec.strict))
+    except GrammarError as e:
+        raise APIError(400, f"{param}: {e}", param=param, code="invalid_schema") from e

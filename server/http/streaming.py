@@ -24,6 +24,7 @@ from api_schemas.openai import (
     Delta,
     Stats,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     Usage,
     response_id,
@@ -31,6 +32,7 @@ from api_schemas.openai import (
 from server.engine.events import Finished, TokenEvent
 from server.engine.worker import StreamJob
 from server.http.errors import as_api_error
+from server.http.tools import ToolCallParser
 
 
 def usage_of(stats) -> Usage:
@@ -51,8 +53,14 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
-    def __init__(self, model: str, tokenizer):
+    """`tool_calls`: a ToolCallParser factory when the request offers tools; the text then
+    goes through it, streamed or not, so both split content and calls the same way."""
+
+    def __init__(self, model: str, tokenizer,
+                 tool_calls: Callable[[], ToolCallParser] | None = None):
         super().__init__(model, tokenizer, "chatcmpl")
+        self._tool_calls = tool_calls
+        self._stream_tools = tool_calls() if tool_calls is not None else None
 
     def _chunk(self, choice: ChatChunkChoice, **extra) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
@@ -72,25 +80,54 @@ class ChatFormat(ResponseFormat):
         return ChatLogprobs(content=content)
 
     def token_chunk(self, event: TokenEvent, first: bool):
-        delta = Delta(role="assistant" if first else None, content=event.text)
+        role = "assistant" if first else None
+        if self._stream_tools is None:
+            delta = Delta(role=role, content=event.text)
+        else:
+            delta = self._tool_delta(*self._stream_tools.feed(event.text), role=role)
         return self._chunk(ChatChunkChoice(delta=delta, from_draft=event.from_draft,
                                            logprobs=self.logprobs([event])))
 
     def final_chunk(self, done: Finished):
-        return self._chunk(ChatChunkChoice(delta=Delta(), finish_reason=done.finish_reason),
+        delta, reason = Delta(), done.finish_reason
+        if self._stream_tools is not None:
+            delta = self._tool_delta(*self._stream_tools.finish())
+            reason = _tool_finish_reason(reason, self._stream_tools)
+        return self._chunk(ChatChunkChoice(delta=delta, finish_reason=reason),
                            stats=Stats(**done.stats.to_dict()))
+
+    def _tool_delta(self, content: str, calls: list[dict], role=None) -> Delta:
+        """A delta of content and/or whole calls (OpenAI's `index` counts calls in the stream)."""
+        first = len(self._stream_tools.calls) - len(calls)
+        deltas = [ToolCallDelta(index=first + i, **c) for i, c in enumerate(calls)] or None
+        return Delta(role=role, content=content or None, tool_calls=deltas)
 
     def usage_chunk(self, done: Finished):
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                    choices=[], usage=usage_of(done.stats))
 
     def response(self, events: list[TokenEvent], done: Finished):
-        message = AssistantMessage(content="".join(e.text for e in events))
-        choice = ChatChoice(message=message, finish_reason=done.finish_reason,
+        text, reason = "".join(e.text for e in events), done.finish_reason
+        message = AssistantMessage(content=text)
+        if self._tool_calls is not None:
+            parser = self._tool_calls()
+            content, calls = parser.feed(text)
+            rest, more = parser.finish()
+            content += rest
+            if parser.calls:
+                message = AssistantMessage(content=content or None, tool_calls=calls + more)
+            else:
+                message = AssistantMessage(content=content)
+            reason = _tool_finish_reason(reason, parser)
+        choice = ChatChoice(message=message, finish_reason=reason,
                             logprobs=self.logprobs(events))
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                       choices=[choice], usage=usage_of(done.stats),
                                       stats=Stats(**done.stats.to_dict()))
+
+
+def _tool_finish_reason(reason: str, parser: ToolCallParser) -> str:
+    return "tool_calls" if parser.calls and reason == "stop" else reason
 
 
 class TextFormat(ResponseFormat):

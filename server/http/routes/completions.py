@@ -13,6 +13,7 @@ from server.http.request_mapping import (
     generation_params,
 )
 from server.http.streaming import ChatFormat, TextFormat, collect, stream_response
+from server.http.tools import parser_factory
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"])
 
@@ -36,7 +37,9 @@ async def _complete(request: Request, body, prompt: list[int], fmt):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine = request.app.state.engine
     check_model_name(engine, body.model)
-    fmt = ChatFormat(engine.model_name, engine.tokenizer)
+    tools = parser_factory(engine.tokenizer, body.active_tools(),
+                           forced=body.forced_functions() is not None)
+    fmt = ChatFormat(engine.model_name, engine.tokenizer, tools)
     return await _complete(request, body, chat_prompt(engine, body), fmt)
 
 
