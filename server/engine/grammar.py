@@ -156,7 +156,8 @@ class Grammars:
             </tool_call>
 
         `functions`: OpenAI function objects ({"name", "parameters"?, "strict"?}); the
-        arguments are constrained to the function's `parameters` schema.
+        arguments are constrained to the function's `parameters` schema, whose top-level
+        properties are the only ones allowed unless it sets `additionalProperties` itself.
         """
         if not functions:
             raise GrammarError("at least one function is needed for a tool call")
@@ -219,6 +220,10 @@ def _call_schema(function: dict) -> dict:
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
     if not isinstance(parameters, dict):
         raise GrammarError(f"function {name!r}: parameters must be a JSON schema object")
+    if "properties" in parameters and "additionalProperties" not in parameters:
+        # A function takes the parameters it declares: a small model left free to add keys
+        # invents them, and the caller's `**arguments` fails.
+        parameters = {**parameters, "additionalProperties": False}
     return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
             "required": ["name", "arguments"], "additionalProperties": False}
 
