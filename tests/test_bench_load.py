@@ -303,3 +303,17 @@ def test_against_our_app_on_the_tiny_pair(live_server, tmp_path, capsys):
     assert doc["metadata"]["servers"][1]["url"] == url
     out = capsys.readouterr().out
     assert "agg tok/s" in out and "again" in out
+
+
+def test_a_server_that_is_down_is_errors_not_a_crash(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["--server", url, "--concurrency", "2", "--max-tokens", "4", "--timeout", "5",
+                 "--results-dir", str(tmp_path)]) == 0
+    (jsonl,) = tmp_path.glob("load-*.jsonl")
+    (row,) = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert (row["requests"], row["completed"], row["errors"]) == (2, 0, 2)
+    assert row["error_messages"][0].startswith("ConnectError")
+    doc = json.loads(jsonl.with_suffix(".json").read_text())
+    assert doc["metadata"]["warmup_errors"][0].startswith(f"{url}: ConnectError")
+    assert "health_error" in doc["metadata"]["servers"][0]
+    assert "2/2" in capsys.readouterr().out  # the errors column
