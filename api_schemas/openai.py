@@ -6,11 +6,20 @@ settings supply the default, so each default lives in one place.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 
@@ -25,11 +34,34 @@ class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(OpenAIBaseModel):
+class RequestModel(OpenAIBaseModel):
+    """A request body: strict JSON types (`"n": "1"`, `"stream": "yes"` are 400s, as at OpenAI)
+    and finite numbers only (Python's JSON parser would let `NaN` and `Infinity` through)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+# Below this a temperature's 1/T overflows float32 and sampling returns garbage: a 400.
+MIN_TEMPERATURE = 1e-5
+# OpenAI sends this for a token the model gives no probability (log 0 = -inf is not JSON).
+LOGPROB_FLOOR = -9999.0
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
+def _json_logprob(value: float) -> float:
+    if math.isfinite(value):
+        return value
+    return 0.0 if value > 0 else LOGPROB_FLOOR  # -inf and NaN: "no probability"
+
+
+LogProb = Annotated[float, PlainSerializer(_json_logprob, return_type=float)]
+
+
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class TextPart(OpenAIBaseModel):
+class TextPart(RequestModel):
     type: Literal["text"]
     text: str
 
@@ -48,7 +80,7 @@ class ToolCall(OpenAIBaseModel):
     function: FunctionCall
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -85,35 +117,35 @@ class ChatMessage(OpenAIBaseModel):
         return out
 
 
-class FunctionDefinition(OpenAIBaseModel):
+class FunctionDefinition(RequestModel):
     name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="A JSON schema object.")
     strict: bool | None = None
 
 
-class ToolDefinition(OpenAIBaseModel):
+class ToolDefinition(RequestModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(OpenAIBaseModel):
+class FunctionName(RequestModel):
     name: str
 
 
-class NamedToolChoice(OpenAIBaseModel):
+class NamedToolChoice(RequestModel):
     type: Literal["function"]
     function: FunctionName
 
 
-class JSONSchemaSpec(OpenAIBaseModel):
+class JSONSchemaSpec(RequestModel):
     name: str = Field("response", max_length=64)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(OpenAIBaseModel):
+class ResponseFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaSpec | None = None
 
@@ -127,20 +159,24 @@ class ResponseFormat(OpenAIBaseModel):
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
-class SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(RequestModel):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(
+        None, ge=1, description="At most the model's context length minus the prompt's tokens."
+    )
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}."
+    )
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
 
@@ -159,13 +195,22 @@ class SamplingRequest(OpenAIBaseModel):
     draft_p_min: float | None = Field(
         None, ge=0.0, le=1.0, description="Stop drafting a round below this draft probability."
     )
-    top_k: NonNegInt | None = None
+    top_k: NonNegInt | None = Field(
+        None, description="Keep the k most likely tokens; 0 = off; at most the vocabulary size."
+    )
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)
     ignore_eos: bool | None = Field(None, description="vLLM's: never stop at EOS.")
     min_tokens: NonNegInt | None = Field(
         None, le=1_000_000, description="vLLM's: EOS and stop strings wait this many tokens."
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):
+        if v is not None and 0.0 < v < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -178,8 +223,8 @@ class SamplingRequest(OpenAIBaseModel):
     @classmethod
     def _bias_keys(cls, v):
         for key, value in (v or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not _TOKEN_ID.fullmatch(key):
+                raise ValueError(f"logit_bias keys must be token ids (digits), got {key[:20]!r}")
             if not -100 <= value <= 100:
                 raise ValueError("logit_bias values must be in [-100, 100]")
         return v
@@ -272,10 +317,15 @@ class CompletionRequest(SamplingRequest):
 
 
 # ------------------------------------------------------------------------------ responses
+class PromptTokensDetails(OpenAIBaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(OpenAIBaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class Stats(OpenAIBaseModel):
@@ -296,11 +346,12 @@ class Stats(OpenAIBaseModel):
     from_draft_fraction: float
     mean_accepted_length: float | None = None
     k_histogram: dict[int, int] | None = None
+    cached_tokens: int = Field(0, description="Prompt tokens reused from the prefix cache.")
 
 
 class TopLogprob(OpenAIBaseModel):
     token: str
-    logprob: float
+    logprob: LogProb
     bytes: list[int] | None = None
 
 
@@ -314,8 +365,8 @@ class ChatLogprobs(OpenAIBaseModel):
 
 class CompletionLogprobs(OpenAIBaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[LogProb] = Field(default_factory=list)
+    top_logprobs: list[dict[str, LogProb]] | None = None
     text_offset: list[int] = Field(default_factory=list)
 
 

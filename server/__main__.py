@@ -9,10 +9,9 @@ import argparse
 import logging
 from pathlib import Path
 
-import uvicorn
-
 from server.config import Settings
 from server.http.app import create_app
+from server.http.shutdown import DrainingServer
 from server.model_files.bundled import ensure_default_models
 
 
@@ -42,8 +41,9 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ensure_default_models(settings)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level)
+    DrainingServer(app, host=settings.server.host, port=settings.server.port,
+                   log_level=settings.server.log_level,
+                   drain_timeout_s=settings.engine.drain_timeout_s).run()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.engine.params import Acceptance, DraftSource
+from server.engine.policy import DEFAULT_SPEC_MAX_BATCH
 
 
 class ServerSettings(BaseModel):
@@ -21,10 +22,13 @@ class ServerSettings(BaseModel):
     port: int = Field(8000, ge=0, le=65535, description="TCP port.")
     api_key: str | None = Field(None, description="Bearer key required on every /v1 endpoint.")
     admin_api_key: str | None = Field(
-        None, description="Bearer key required to load or unload models (admin endpoints)."
+        None,
+        description="Bearer key required to load or unload models (admin endpoints). Without"
+        " it, a server bound beyond loopback refuses model changes (403).",
     )
     max_queue_size: int = Field(
-        16, ge=1, description="Requests that may wait for the worker; beyond it: 503."
+        64, ge=1, le=4096,
+        description="Requests that may wait for a batch slot; beyond it: 503 with Retry-After.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
 
@@ -50,11 +54,47 @@ class ModelSettings(BaseModel):
         description="Folders the admin endpoints may load from; default: the start-up models'"
         " folders, models/ and the Hugging Face cache.",
     )
-    allow_hub: bool = Field(True, description="Let the admin endpoints load hub ids.")
+    allow_hub: bool | None = Field(
+        None,
+        description="Let admin-key holders load hub ids (downloads). Default: true when"
+        " server.admin_api_key is set; without an admin key hub ids are always refused.",
+    )
     synthetic_fallback: bool = Field(
         True,
         description="If the configured demo models are missing, build a random pair into"
         " models/generated and serve it (offline first run).",
+    )
+
+
+class EngineSettings(BaseModel):
+    """How the scheduler batches requests and when it speculates."""
+
+    max_batch_size: int = Field(
+        16, ge=1, le=256, description="Requests prefilling or decoding at once; more wait."
+    )
+    prefill_chunk: int = Field(
+        256, ge=16, le=8192,
+        description="Prompt tokens prefilled per scheduler step, between decoding rounds: the"
+        " most a new prompt stalls the running streams.",
+    )
+    spec_max_batch: int = Field(
+        DEFAULT_SPEC_MAX_BATCH, ge=0, le=256,
+        description="Speculate while at most this many requests decode; above it, plain batched"
+        " decoding (0: never speculate).",
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0.0, le=600.0,
+        description="On SIGTERM, how long running streams may go on before they are ended.",
+    )
+
+
+class CacheSettings(BaseModel):
+    """The prefix cache: KV states reused across requests by longest token prefix."""
+
+    max_gb: float | None = Field(
+        None, ge=0.0,
+        description="Byte budget in GB (0 disables); default: 1/8 of the machine's memory,"
+        " at most 8 GB.",
     )
 
 
@@ -80,6 +120,8 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
     defaults: GenerationDefaults = Field(default_factory=GenerationDefaults)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides) -> Settings:

@@ -44,13 +44,13 @@ def loaded_pair(tiny_pair):
     return target, tokenizer, draft
 
 
-def make_settings(target, draft, **server):
+def make_settings(target, draft, engine=None, cache=None, **server):
     from server.config import Settings
 
     return Settings.load(
         None,
         models={"model": str(target), "draft_model": str(draft) if draft else None},
-        server=server,
+        server=server, engine=engine or {}, cache=cache or {},
     )
 
 
@@ -111,13 +111,13 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def served(target, draft, *, model_roots=None, **server):
+async def served(target, draft, *, model_roots=None, engine=None, cache=None, **server):
     """A fresh started engine and an httpx client on its app; stopped on exit."""
     import httpx
 
     from server.http.app import build_engine, create_app
 
-    settings = make_settings(target, draft, **server)
+    settings = make_settings(target, draft, engine, cache, **server)
     if model_roots is not None:
         settings.models.model_roots = [str(r) for r in model_roots]
     engine = build_engine(settings)

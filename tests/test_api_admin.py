@@ -141,8 +141,17 @@ async def test_metrics_count_tokens_and_drafts(admin_env):
         return float(line.split()[1])
 
     assert value("mlx_spec_generated_tokens_total") == 9
-    assert value("mlx_spec_draft_tokens_proposed_total") == stats["draft_tokens_proposed"]
-    assert value("mlx_spec_draft_tokens_accepted_total") == stats["draft_tokens_accepted"]
+    assert value("mlx_spec_spec_decode_num_draft_tokens_total") == stats["draft_tokens_proposed"]
+    assert value("mlx_spec_spec_decode_num_accepted_tokens_total") == \
+        stats["draft_tokens_accepted"]
+    assert value("mlx_spec_spec_decode_num_drafts_total") == sum(stats["k_histogram"].values())
+    per_position = [
+        float(x.split()[1]) for x in text.splitlines()
+        if x.startswith("mlx_spec_spec_decode_num_accepted_tokens_per_pos_total{")
+    ]
+    assert sum(per_position) == stats["draft_tokens_accepted"]
     assert value("mlx_spec_queue_depth") == 0
+    assert value("mlx_spec_running_requests") == 0
+    assert value("mlx_spec_batch_size_count") >= 1
     assert 'mlx_spec_completions_total{endpoint="/v1/chat/completions",finish_reason="length"}' \
         in text

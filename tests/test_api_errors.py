@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-from conftest import chat_body, served
+from conftest import chat_body
 
 pytestmark = pytest.mark.anyio
 
@@ -76,43 +75,3 @@ async def test_unknown_route_and_method(client):
     assert r.status_code == 405 and "error" in r.json()
 
 
-@pytest.fixture()
-async def small_queue(tiny_pair):
-    async with served(*tiny_pair, max_queue_size=1) as env:
-        yield env
-
-
-async def test_full_queue_is_503_with_retry_after(small_queue):
-    client, engine = small_queue
-    long = chat_body(max_tokens=3000, use_draft=False)
-    running = asyncio.create_task(client.post(CHAT, json=long))
-    while engine.worker.depth < 1:
-        await asyncio.sleep(0.01)
-    waiting = asyncio.create_task(client.post(CHAT, json=chat_body(max_tokens=2)))
-    while engine.worker.depth < 2:
-        await asyncio.sleep(0.01)
-    r = await client.post(CHAT, json=chat_body(max_tokens=2))
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert r.json()["error"]["code"] == "queue_full"
-    running.cancel()
-    assert (await waiting).status_code == 200
-
-
-async def test_cancelled_job_stops_within_two_tokens_and_frees_worker(small_queue):
-    """What a client disconnect does (the SSE generator's `finally` calls job.cancel())."""
-    from server.engine.params import GenerationParams
-
-    _, engine = small_queue
-    job = engine.stream(GenerationParams(prompt_tokens=(1, 2, 3), max_tokens=100_000))
-    seen = 0
-    async for _ in job:
-        seen += 1
-        if seen == 3:
-            job.cancel()
-            break
-    for _ in range(500):
-        if engine.worker.depth == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert engine.worker.depth == 0
-    assert job.produced - job.produced_at_cancel <= 2

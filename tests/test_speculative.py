@@ -8,22 +8,17 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.generate import speculative_generate_step as mlx_speculative_generate_step
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from scipy.stats import chisquare
 
-from server.engine import speculative
-from server.engine.events import DraftCounters
-from server.engine.params import SamplingParams, SpeculationParams
+from server.engine import decoder, verification
+from server.engine.drafting import DraftSchedule
+from server.engine.events import Finished, TokenEvent
+from server.engine.generation import generate_events
+from server.engine.model_kit import LoadedModel, ModelKit
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.sampling import LogitsPipeline
-from server.engine.speculative import (
-    DraftSchedule,
-    ModelDrafter,
-    PromptLookupDrafter,
-    count_exact_matches,
-    speculative_generate_step,
-    verify_rejection,
-)
+from server.engine.verification import count_exact_matches, verify_rejection
 from server.model_files.synthetic import Preset, model_config, random_target
 
 PROMPTS = ("def hello(world):\n    return", "import os\nclass Foo:")
@@ -47,8 +42,12 @@ MODES = {
 @pytest.fixture(scope="module")
 def pair(loaded_pair):
     target, tokenizer, draft = loaded_pair
+    TOKENIZER.append(tokenizer)
     prompts = [mx.array(tokenizer.encode(text)) for text in PROMPTS]
     return target, draft, tokenizer.vocab_size, prompts
+
+
+TOKENIZER: list = []  # the pair's tokenizer, set by the `pair` fixture
 
 
 @pytest.fixture(scope="module")
@@ -62,35 +61,38 @@ def greedy_reference(model, prompt, max_tokens, **kwargs) -> list[int]:
     return [int(t) for t, _ in generate_step(prompt, model, max_tokens=max_tokens, **kwargs)]
 
 
-def run(model, drafter, prompt, *, vocab_size, max_tokens=MAX_TOKENS, sampling=None, **spec):
-    counters = DraftCounters()
-    generator = speculative_generate_step(
-        prompt,
-        model,
-        drafter,
-        sampling=sampling or SamplingParams(),
-        speculation=SpeculationParams(**spec),
-        max_tokens=max_tokens,
-        counters=counters,
-        vocab_size=vocab_size,
+def kit_of(target, draft) -> ModelKit:
+    tokenizer = TOKENIZER[-1]
+    kit = ModelKit(LoadedModel("target", "target", target, tokenizer, {}))
+    if draft is not None:
+        kit.draft = LoadedModel("draft", "draft", draft, tokenizer, {})
+    return kit
+
+
+def run_events(model, draft, prompt, *, max_tokens=MAX_TOKENS, sampling=None, logprobs=0,
+               **spec):
+    """Our engine's whole path (scheduler, prefill, batched decoder) for one request."""
+    params = GenerationParams(
+        tuple(prompt.tolist()), max_tokens, sampling=sampling or SamplingParams(),
+        speculation=SpeculationParams(**spec), logprobs=bool(logprobs), top_logprobs=logprobs,
     )
-    out = list(generator)
-    assert_consistent(out, counters)
-    return [t for t, _, _ in out], [f for _, _, f in out], counters
+    events = list(generate_events(kit_of(model, draft), params))
+    assert isinstance(events[-1], Finished)
+    return [e for e in events if isinstance(e, TokenEvent)], events[-1].stats
 
 
-def assert_consistent(out, counters: DraftCounters):
-    assert 0 <= counters.accepted <= counters.proposed
-    assert sum(f for _, _, f in out) == counters.accepted
-    assert counters.rounds == sum(counters.k_histogram.values())
-    assert counters.proposed == sum(k * c for k, c in counters.k_histogram.items())
-    assert all(isinstance(t, int) and isinstance(f, bool) for t, _, f in out)
+def run(model, draft, prompt, *, vocab_size=None, **kwargs):
+    events, stats = run_events(model, draft, prompt, **kwargs)
+    flags = [e.from_draft for e in events]
+    assert 0 <= stats.draft_tokens_accepted <= stats.draft_tokens_proposed
+    assert sum(flags) == stats.draft_tokens_accepted
+    histogram = stats.k_histogram or {}
+    assert stats.draft_tokens_proposed == sum(k * c for k, c in histogram.items())
+    return [e.token for e in events], flags, stats
 
 
 def drafter_for(spec: dict, draft_model):
-    if spec.get("source") == "prompt_lookup":
-        return PromptLookupDrafter()
-    return ModelDrafter(draft_model)
+    return None if spec.get("source") == "prompt_lookup" else draft_model
 
 
 # --- greedy: token for token what mlx_lm produces without a draft ---------------------------
@@ -106,7 +108,7 @@ def test_greedy_output_equals_mlx_lm_without_draft(pair, references, mode, k):
             target, drafter_for(spec, draft), prompt, vocab_size=vocab, num_draft_tokens=k, **spec
         )
         assert tokens == expected
-        assert max(counters.k_histogram) <= k
+        assert max(counters.k_histogram or {0: 0}) <= k
 
 
 def test_greedy_with_a_padded_draft_vocabulary(pair, references, padded_draft):
@@ -114,32 +116,22 @@ def test_greedy_with_a_padded_draft_vocabulary(pair, references, padded_draft):
     draft, _ = load(str(padded_draft))
     assert draft.args.vocab_size > vocab
     for prompt, expected in zip(prompts, references, strict=True):
-        tokens, _, counters = run(
-            target, ModelDrafter(draft), prompt, vocab_size=vocab, num_draft_tokens=4
-        )
+        tokens, _, counters = run(target, draft, prompt, vocab_size=vocab, num_draft_tokens=4)
         assert tokens == expected
-        assert counters.accepted > 0
+        assert counters.draft_tokens_accepted > 0
 
 
-def test_greedy_with_logits_processors_equals_mlx_lm(pair):
+@pytest.mark.parametrize("k", [0, 4])
+def test_greedy_with_logits_processors_equals_mlx_lm(pair, k):
+    """Penalties see prompt + output with and without a draft (mlx_lm's rule)."""
     target, draft, vocab, prompts = pair
     processors = make_logits_processors(repetition_penalty=1.3, logit_bias={7: 2.0})
+    sampling = SamplingParams(repetition_penalty=1.3, logit_bias=((7, 2.0),))
     for prompt in prompts:
         expected = greedy_reference(target, prompt, 24, logits_processors=processors)
-        out = list(
-            speculative_generate_step(
-                prompt,
-                target,
-                ModelDrafter(draft),
-                sampling=SamplingParams(),
-                speculation=SpeculationParams(num_draft_tokens=4),
-                max_tokens=24,
-                counters=DraftCounters(),
-                vocab_size=vocab,
-                logits_processors=processors,
-            )
-        )
-        assert [t for t, _, _ in out] == expected
+        tokens, _, _ = run(target, draft, prompt, max_tokens=24, sampling=sampling,
+                           num_draft_tokens=k)
+        assert tokens == expected
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -148,7 +140,7 @@ def test_target_as_its_own_draft_accepts_every_draft_like_mlx_lm(pair, k):
     for acceptance in ("exact", "rejection"):
         tokens, flags, counters = run(
             target,
-            ModelDrafter(target),
+            target,
             prompts[0],
             vocab_size=vocab,
             num_draft_tokens=k,
@@ -162,27 +154,22 @@ def test_target_as_its_own_draft_accepts_every_draft_like_mlx_lm(pair, k):
         )
         assert tokens == [int(t) for t, _, _ in theirs]
         assert flags == [f for _, _, f in theirs]
-        assert counters.accepted == counters.proposed > 0
+        assert counters.draft_tokens_accepted == counters.draft_tokens_proposed > 0
 
 
-def test_logprobs_are_the_targets_as_mlx_lm_yields_them(pair):
+@pytest.mark.parametrize("k", [0, 4])
+def test_logprobs_are_the_targets_as_mlx_lm_yields_them(pair, k):
     target, draft, vocab, prompts = pair
-    expected = [lp for _, lp in generate_step(prompts[0], target, max_tokens=12)]
-    out = list(
-        speculative_generate_step(
-            prompts[0],
-            target,
-            ModelDrafter(draft),
-            sampling=SamplingParams(),
-            speculation=SpeculationParams(num_draft_tokens=4),
-            max_tokens=12,
-            counters=DraftCounters(),
-            vocab_size=vocab,
-        )
-    )
-    for (_, logprobs, _), reference in zip(out, expected, strict=True):
-        assert logprobs.shape == (vocab,)
-        assert mx.allclose(logprobs, reference, atol=1e-4).item()
+    steps = list(generate_step(prompts[0], target, max_tokens=12))
+    events, _ = run_events(target, draft, prompts[0], max_tokens=12, logprobs=5,
+                           num_draft_tokens=k)
+    for event, (token, reference) in zip(events, steps, strict=True):
+        assert event.token == int(token)
+        assert abs(event.logprob - reference[event.token].item()) < 1e-4
+        top = mx.argsort(-reference)[:5].tolist()
+        assert [t for t, _ in event.top_logprobs] == top
+        for t, lp in event.top_logprobs:
+            assert abs(lp - reference[t].item()) < 1e-4
 
 
 # --- max_tokens, early close, caches -------------------------------------------------------
@@ -202,34 +189,6 @@ def test_never_yields_more_than_max_tokens(pair, references, max_tokens):
             **spec,
         )
         assert tokens == references[1][:max_tokens]
-
-
-def test_closing_early_rewinds_caches_so_generation_can_resume(pair, references):
-    target, draft, vocab, prompts = pair
-    drafter = ModelDrafter(draft)
-    cache = make_prompt_cache(target) + drafter.make_cache()
-    counters = DraftCounters()
-    kwargs = dict(
-        sampling=SamplingParams(),
-        speculation=SpeculationParams(num_draft_tokens=4, adaptive=False),
-        counters=counters,
-        vocab_size=vocab,
-        prompt_cache=cache,
-    )
-    generator = speculative_generate_step(prompts[0], target, drafter, max_tokens=30, **kwargs)
-    first = [next(generator) for _ in range(3)]
-    generator.close()
-    assert counters.accepted == sum(f for _, _, f in first)
-    target_cache, draft_cache = cache[: len(target.layers)], cache[len(target.layers) :]
-    context = prompts[0].size + len(first)
-    assert target_cache[0].offset == context - 1
-    assert draft_cache[0].offset <= context - 1
-
-    # Resume from the caches: the last yielded token is the only new input.
-    rest = speculative_generate_step(
-        mx.array([first[-1][0]]), target, drafter, max_tokens=20, **kwargs
-    )
-    assert [t for t, _, _ in first] + [t for t, _, _ in rest] == references[0][:23]
 
 
 # --- drafting policy ------------------------------------------------------------------------
@@ -260,7 +219,7 @@ def test_adaptive_schedule_grows_after_full_acceptance_and_shrinks_after_rejecti
 def test_adaptive_length_runs_within_bounds(pair, references):
     target, draft, vocab, prompts = pair
     tokens, _, counters = run(
-        target, ModelDrafter(draft), prompts[0], vocab_size=vocab, num_draft_tokens=6
+        target, draft, prompts[0], vocab_size=vocab, num_draft_tokens=6
     )
     assert tokens == references[0]
     assert set(counters.k_histogram) <= set(range(1, 7))
@@ -270,7 +229,7 @@ def test_draft_stops_below_draft_p_min(pair, references):
     target, draft, vocab, prompts = pair
     tokens, _, counters = run(
         target,
-        ModelDrafter(draft),
+        draft,
         prompts[0],
         vocab_size=vocab,
         num_draft_tokens=4,
@@ -278,11 +237,11 @@ def test_draft_stops_below_draft_p_min(pair, references):
         draft_p_min=1.01,  # no probability reaches it: never draft
     )
     assert tokens == references[0][:16]
-    assert counters.proposed == 0 and set(counters.k_histogram) == {0}
+    assert counters.draft_tokens_proposed == 0 and set(counters.k_histogram) == {0}
 
     _, _, fixed = run(
         target,
-        ModelDrafter(draft),
+        draft,
         prompts[0],
         vocab_size=vocab,
         num_draft_tokens=4,
@@ -293,22 +252,23 @@ def test_draft_stops_below_draft_p_min(pair, references):
     assert set(fixed.k_histogram) == {4}
 
 
-def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair):
+def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypatch):
     target, draft, vocab, prompts = pair
     steps = list(generate_step(prompts[1], draft, max_tokens=8))  # the draft's own greedy run
     tops = [mx.exp(logprobs.max()).item() for _, logprobs in steps]
     stop = next(j for j in range(1, 8) if tops[j] < min(tops[:j]))
     p_min = (min(tops[:stop]) + tops[stop]) / 2
-    session = ModelDrafter(draft).start(
-        prompts[1],
-        cache=None,
-        pipeline=LogitsPipeline(SamplingParams(), vocab),
-        speculation=SpeculationParams(num_draft_tokens=8, draft_p_min=p_min),
-        prefill_step_size=512,
-    )
-    proposal = session.propose(8, None)
-    assert proposal.count == stop
-    assert proposal.tokens.tolist() == [int(t) for t, _ in steps[:stop]]
+    proposals = []
+    real = decoder._draft_with_model
+
+    def spy(batch, ks):
+        result = real(batch, ks)
+        proposals.append(next(iter(result[0].values())))
+        return result
+
+    monkeypatch.setattr(decoder, "_draft_with_model", spy)
+    run(target, draft, prompts[1], max_tokens=12, num_draft_tokens=8, draft_p_min=p_min)
+    assert proposals[0].tokens == [int(t) for t, _ in steps[:stop]]
 
 
 def test_prompt_lookup_drafts_the_continuation_the_prompt_contains(pair):
@@ -320,7 +280,7 @@ def test_prompt_lookup_drafts_the_continuation_the_prompt_contains(pair):
     expected = greedy_reference(target, prompt, 20)
     tokens, flags, counters = run(
         target,
-        PromptLookupDrafter(),
+        None,
         prompt,
         vocab_size=vocab,
         max_tokens=20,
@@ -329,7 +289,7 @@ def test_prompt_lookup_drafts_the_continuation_the_prompt_contains(pair):
         adaptive=False,
     )
     assert tokens == expected
-    assert counters.proposed > 0 and counters.accepted == counters.proposed
+    assert 0 < counters.draft_tokens_accepted == counters.draft_tokens_proposed
     assert flags[:4] == [True] * 4
 
 
@@ -338,7 +298,7 @@ def test_prompt_lookup_without_a_match_drafts_nothing(pair):
     prompt = mx.array([10, 11, 12, 13, 14])
     _, flags, counters = run(
         target,
-        PromptLookupDrafter(),
+        None,
         prompt,
         vocab_size=vocab,
         max_tokens=1,
@@ -346,7 +306,7 @@ def test_prompt_lookup_without_a_match_drafts_nothing(pair):
         source="prompt_lookup",
     )
     assert flags == [False]
-    assert counters.rounds == 1 and counters.proposed == 0 and dict(counters.k_histogram) == {0: 1}
+    assert counters.draft_tokens_proposed == 0 and dict(counters.k_histogram) == {0: 1}
 
 
 # --- temperature > 0 ------------------------------------------------------------------------
@@ -354,26 +314,24 @@ def test_prompt_lookup_without_a_match_drafts_nothing(pair):
 
 def test_rejection_sampling_accepts_more_than_exact_matching(pair):
     target, draft, vocab, prompts = pair
-    sampling = SamplingParams(temperature=0.8)
     rates = {}
     for acceptance in ("exact", "rejection"):
         proposed = accepted = 0
         for prompt in prompts:
             for seed in (0, 1):
-                mx.random.seed(seed)
                 _, _, counters = run(
                     target,
-                    ModelDrafter(draft),
+                    draft,
                     prompt,
                     vocab_size=vocab,
                     max_tokens=16,
-                    sampling=sampling,
+                    sampling=SamplingParams(temperature=0.8, seed=seed),
                     num_draft_tokens=4,
                     acceptance=acceptance,
                     adaptive=False,
                 )
-                proposed += counters.proposed
-                accepted += counters.accepted
+                proposed += counters.draft_tokens_proposed
+                accepted += counters.draft_tokens_accepted
         rates[acceptance] = accepted / proposed
     assert rates["rejection"] > rates["exact"] + 0.05, rates
 
@@ -390,20 +348,19 @@ def test_verification_gets_the_target_and_draft_distributions_of_each_position(
     pipeline = LogitsPipeline(sampling, vocab)
     rounds = []
 
-    def spy(p, q, d):
-        result = verify_rejection(p, q, d)
+    def spy(p, q, d, key=None):
+        result = verify_rejection(p, q, d, key)
         rounds.append((p, q, d, result[0]))
         return result
 
-    monkeypatch.setattr(speculative, "verify_rejection", spy)
-    mx.random.seed(3)
+    monkeypatch.setattr(decoder, "verify_rejection", spy)
     tokens, _, _ = run(
         target,
-        ModelDrafter(draft),
+        draft,
         prompts[0],
         vocab_size=vocab,
         max_tokens=16,
-        sampling=sampling,
+        sampling=SamplingParams(temperature=1.0, top_k=40, top_p=0.95, seed=3),
         num_draft_tokens=3,
     )
 
@@ -515,7 +472,7 @@ BROKEN_RULES = {
 
 @pytest.mark.parametrize("rule", sorted(BROKEN_RULES))
 def test_a_broken_acceptance_rule_is_detected(small_pair, monkeypatch, rule):
-    monkeypatch.setattr(speculative, "accept_draft_tokens", BROKEN_RULES[rule])
+    monkeypatch.setattr(verification, "accept_draft_tokens", BROKEN_RULES[rule])
     mx.random.seed(0)
     first, second, p_first, p_second = simulate_two_tokens(*small_pair, SamplingParams(1.0))
     assert chi_square_p(first, p_first) < 1e-9

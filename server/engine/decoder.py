@@ -102,6 +102,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
     probs = [[] for _ in rows]
     masks: list[list | None] = [[] if r.constraint is not None else None for r in rows]
     consumed = [0] * len(rows)
+    confidence = [[] for _ in rows]  # the draft's top probability per step (draft_p_min)
     for step in range(steps):
         chosen = []
         for i, seq in enumerate(rows):
@@ -116,7 +117,10 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
                 grammar = [seq.constraint.allowed()]
                 masks[i].append(grammar[0])
             allowed = _allowed_rows_at(seq, step, grammar, vocab)
-            token, q = _choose(seq, apply_mask(processed, allowed), want_probs)
+            processed = apply_mask(processed, allowed)
+            token, q = _choose(seq, processed, want_probs)
+            if _p_min(seq) > 0:
+                confidence[i].append(_top_probability(seq, processed))
             if seq.constraint is not None:
                 mx.eval(token)
                 consumed[i] += seq.constraint.consume(token.tolist())
@@ -125,12 +129,14 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
             chosen.append(tokens[i][-1])
         if step + 1 < steps:
             logits = draft.forward(mx.concatenate(chosen)[:, None])[:, -1]
-    flat = [t for row in tokens for t in row]
+    flat = [t for row in tokens for t in row] + [c for row in confidence for c in row]
     if flat:
         mx.eval(flat)
     proposals = {}
     for i, seq in enumerate(rows):
         k = min(ks.get(id(seq), 0), steps)
+        if confidence[i]:  # stop at the first draft token the draft is not confident about
+            k = next((j for j, c in enumerate(confidence[i][:k]) if c.item() < _p_min(seq)), k)
         drafted = [int(t.item()) for t in tokens[i][:k]]
         if seq.constraint is not None:
             masks[i] = masks[i][:k]
@@ -138,6 +144,17 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
         q = mx.concatenate(probs[i][:k]) if k and probs[i][0] is not None else None
         proposals[id(seq)] = Proposal(drafted, q, masks[i])
     return proposals, steps
+
+
+def _p_min(seq: Sequence) -> float:
+    spec = seq.params.speculation
+    return spec.draft_p_min if spec.adaptive else 0.0
+
+
+def _top_probability(seq: Sequence, processed: mx.array) -> mx.array:
+    if seq.pipeline.greedy:
+        return mx.exp(normalize(processed.astype(mx.float32)).max())
+    return seq.pipeline.probs(seq.pipeline.scaled(processed)).max()
 
 
 def _allowed_rows_at(seq: Sequence, offset: int, grammar, vocab: int):
@@ -223,22 +240,26 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
     for seq, p, v in zip(rows, props, pending, strict=True):
         n, tokens = v.outcome(p.tokens)
         emit = tokens[: n + 1][: max(seq.remaining, 0)]
-        kept.append(1 + n)
-        if p.tokens:
+        if ks.get(id(seq), 0) > 0:
             seq.counters.record_round(len(p.tokens))
             seq.schedule.update(ks.get(id(seq), 0), len(p.tokens), n)
             for j in range(n):
                 seq.accepted_per_position[j] += 1
         results[id(seq)] = RoundResult(len(p.tokens), n)
-        _settle_draft(seq, draft, draft_steps, n, emit, draft_kept)
         if seq.constraint is not None:
             seq.constraint.consume(emit)
+        emitted = 0
         for j, token in enumerate(emit):
             from_draft = j < n
             if from_draft:
                 seq.counters.accepted += 1
+            emitted += 1
             if seq.emit(token, from_draft, v.logprobs[j] if v.logprobs is not None else None):
                 break
+        # The cache keeps the round's input and the emitted drafts: exactly the context but
+        # its last token (a row that stopped early drops the drafts past its end).
+        kept.append(emitted)
+        _settle_draft(seq, draft, draft_steps, n, emit[:emitted], draft_kept)
     target.keep(width + 1, kept)
     if draft_steps:
         fed = draft_steps - 1
@@ -253,7 +274,7 @@ def _settle_draft(seq, draft, draft_steps, n, emit, draft_kept) -> None:
     if draft_steps and draft is not None and seq in draft:
         # The draft's cache now holds `pending` and the drafts it fed (all but the last).
         fed = draft_steps - 1
-        keep_drafts = min(n, fed)
+        keep_drafts = min(n, fed, len(emit))
         draft_kept[id(seq)] = keep_drafts
         seq.draft_pending = (seq.draft_pending + emit)[len(seq.draft_pending) + keep_drafts:]
     else:

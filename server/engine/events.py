@@ -55,5 +55,5 @@ class GenerationStats:
 
 @dataclass(frozen=True)
 class Finished:
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" (| "cancelled": generate_events' caller stopped)
     stats: GenerationStats

@@ -38,7 +38,7 @@ def generate_events(
         scheduler.step()
         if prompt_progress is not None and seq.phase is Phase.PREFILL:
             prompt_progress(seq.prefilled, total)
-        if prompt_progress is not None and seq.phase is Phase.DECODE and len(seq.output) <= 1:
+        if prompt_progress is not None and seq.phase in (Phase.DECODE, Phase.DONE):
             prompt_progress(total, total)
             prompt_progress = None
         for event in events:
@@ -46,7 +46,9 @@ def generate_events(
                 raise event
             yield event
         events.clear()
-        if cancelled() and not seq.cancelled:
+        if seq.phase is not Phase.DONE and cancelled():
+            # The caller stopped listening: end here, with the stats of what was generated.
+            yield Finished("cancelled", seq.stats())
             scheduler.cancel(seq)
             scheduler.step()
             return

@@ -53,6 +53,27 @@ class SchedulerObserver:
 
     def on_round(self, batch_size: int, results: dict[int, RoundResult]) -> None: ...
 
+    def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None: ...
+
+
+class ObserverList(SchedulerObserver):
+    """Forwards to every registered observer (one per app serving this engine)."""
+
+    def __init__(self):
+        self.observers: list[SchedulerObserver] = []
+
+    def on_admitted(self, queue_wait_s: float) -> None:
+        for o in self.observers:
+            o.on_admitted(queue_wait_s)
+
+    def on_round(self, batch_size: int, results: dict[int, RoundResult]) -> None:
+        for o in self.observers:
+            o.on_round(batch_size, results)
+
+    def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
+        for o in self.observers:
+            o.on_prefix_lookup(queried_tokens, hit_tokens)
+
 
 class Scheduler:
     def __init__(self, kit: ModelKit, config: SchedulerConfig | None = None,
@@ -69,6 +90,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._waiting_count = 0  # submitted, not yet admitted (any thread reads it)
         self._draining = False
+        self._draft_epoch = 0
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
         self.target = ModelBatch(kit.target.model)
@@ -87,7 +109,8 @@ class Scheduler:
 
     def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
         kit = self.kit
-        draft_name = kit.draft.name if kit.draft is not None else params.speculation.source
+        source = params.speculation.source
+        draft_name = kit.draft.name if source == "model" and kit.draft is not None else source
         seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
                        sink=sink, draft_name=draft_name)
         with self._lock:
@@ -107,6 +130,9 @@ class Scheduler:
     def call(self, fn: Callable[[], object], done: Callable[[object, BaseException | None], None]):
         """Run `fn` between two steps on the MLX thread; `done(result, error)` gets the outcome."""
         self._calls.put((fn, done))
+        self._wake.set()
+
+    def wake(self) -> None:
         self._wake.set()
 
     def begin_drain(self) -> None:
@@ -130,6 +156,15 @@ class Scheduler:
         return did
 
     def run_forever(self, stop: threading.Event) -> None:
+        """Step until `stop` is set; then end whatever still runs with ShuttingDown."""
+        try:
+            self._loop(stop)
+        finally:
+            self.begin_drain()
+            self._take_incoming()
+            self._fail_all(ShuttingDown("the server stopped"))
+
+    def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 busy = self.step()
@@ -190,6 +225,9 @@ class Scheduler:
         while self.waiting and self.batch_size < self.config.max_batch_size:
             seq = self.waiting.popleft()
             self._left_queue()
+            if seq.params.max_tokens <= 0:
+                seq.finish("length")
+                continue
             try:
                 self._start(seq)
             except Exception as e:  # noqa: BLE001 - this request's own failure
@@ -209,8 +247,6 @@ class Scheduler:
         seq.target_cache = new_cache(self.kit.target.model)
         if seq.drafter == "model":
             seq.draft_cache = new_cache(self.kit.draft.model)
-        if self.prefix_cache is not None and seq.params.cache_prompt:
-            self.prefix_cache.restore(seq)
         seq.phase = Phase.PREFILL
         self.prefilling.append(seq)
 
@@ -218,23 +254,33 @@ class Scheduler:
         if not self.prefilling:
             return False
         seq = self.prefilling[0]
-        context = seq.prompt[:-1]  # the last prompt token is the first decoding input
-        chunk = context[seq.prefilled: seq.prefilled + self.config.prefill_chunk]
         try:
-            prefill(self.kit.target.model, seq.target_cache, chunk)
-            if seq.draft_cache is not None:
-                prefill(self.kit.draft.model, seq.draft_cache, chunk)
-        except Exception as e:  # noqa: BLE001
-            self.prefilling.popleft()
+            self._prefill_chunk(seq)
+        except Exception as e:  # noqa: BLE001 - this request's own failure
+            log.exception("prefill failed")
+            if self.prefilling and self.prefilling[0] is seq:
+                self.prefilling.popleft()
             seq.error = e
             seq.finish()
-            return True
-        seq.prefilled += len(chunk)
-        if seq.prefilled >= len(context):
-            self.prefilling.popleft()
-            self._join(seq)
         mx.clear_cache()
         return True
+
+    def _prefill_chunk(self, seq: Sequence) -> None:
+        context = seq.prompt[:-1]  # the last prompt token is the first decoding input
+        if seq.prefilled == 0 and self._caching(seq):
+            self._restore(seq, context)
+        chunk = context[seq.prefilled: seq.prefilled + self.config.prefill_chunk]
+        prefill(self.kit.target.model, seq.target_cache, chunk)
+        if seq.draft_cache is not None:
+            prefill(self.kit.draft.model, seq.draft_cache, chunk)
+        seq.prefilled += len(chunk)
+        if seq.prefilled < len(context):
+            return
+        if self._caching(seq):
+            self.prefix_cache.store(self._cache_key(seq), context,
+                                    [seq.target_cache, seq.draft_cache])
+        self.prefilling.popleft()
+        self._join(seq)
 
     def _join(self, seq: Sequence) -> None:
         self.target.add(seq, seq.target_cache)
@@ -259,15 +305,37 @@ class Scheduler:
     def _retire(self, done: list[Sequence]) -> None:
         if not done:
             return
-        if self.prefix_cache is not None:
-            for seq in done:
-                if seq.params.cache_prompt and seq.error is None:
-                    self.prefix_cache.store_from_batch(seq, self)
+        for seq in done:
+            if self._caching(seq) and seq.error is None:
+                caches = [self.target.extract(seq)]
+                if self.draft is not None and seq in self.draft:
+                    caches.append(self.draft.extract(seq))
+                self.prefix_cache.store(self._cache_key(seq), seq.context, caches)
         self.target.remove(done)
         if self.draft is not None:
             self.draft.remove(done)
         for seq in done:
             seq.finish()
+
+    # -- the prefix cache -----------------------------------------------------------------------
+    def _caching(self, seq: Sequence) -> bool:
+        return self.prefix_cache is not None and seq.params.cache_prompt
+
+    def _cache_key(self, seq: Sequence) -> tuple:
+        """Entries of drafting requests hold both models' caches; plain ones the target's."""
+        drafting = seq.draft_cache is not None or (self.draft is not None and seq in self.draft)
+        return ("draft", self._draft_epoch) if drafting else ("target",)
+
+    def _restore(self, seq: Sequence, context: list[int]) -> None:
+        cache, hit = self.prefix_cache.lookup(self._cache_key(seq), context)
+        self.observer.on_prefix_lookup(len(context), hit)
+        if cache is None:
+            return
+        layers = len(seq.target_cache)
+        seq.target_cache = cache[:layers]
+        if seq.draft_cache is not None:
+            seq.draft_cache = cache[layers:]
+        seq.prefilled = seq.cached_tokens = hit
 
     def _fail_all(self, error: BaseException) -> None:
         rows = list(self.target.rows) + list(self.prefilling)
@@ -288,5 +356,6 @@ class Scheduler:
                 seq.draft_cache = None
                 seq.draft_pending = []
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
+        self._draft_epoch += 1
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

@@ -15,14 +15,19 @@ from collections.abc import Callable
 from enum import Enum
 
 import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors
 
 from server.engine.drafting import DraftSchedule
 from server.engine.events import DraftCounters, Finished, GenerationStats, TokenEvent
 from server.engine.params import GenerationParams
-from server.engine.sampling import LogitsPipeline, normalize
+from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
 
 Sink = Callable[[object], None]
+
+
+class RequestCancelled(Exception):
+    """Delivered to a cancelled request's sink: its client went away or it was cancelled."""
 
 
 class Phase(Enum):
@@ -57,7 +62,7 @@ class Sequence:
         self.prefilled = 0
         self.cached_tokens = 0
         # Decoding state (decoder).
-        self.pipeline = LogitsPipeline(params.sampling, vocab_size)
+        self.pipeline = LogitsPipeline(params.sampling, vocab_size, _processors(params))
         self.key = request_key(params.sampling.seed)
         self.schedule = DraftSchedule(params.speculation)
         self.draft_name = draft_name
@@ -146,7 +151,8 @@ class Sequence:
             self.sink(self.error)
             return
         if self.cancelled and self.finish_reason is None:
-            return  # nobody is listening
+            self.sink(RequestCancelled())
+            return
         self.sink(Finished(self.finish_reason or reason or "length", self.stats()))
 
     def stats(self) -> GenerationStats:
@@ -172,6 +178,15 @@ class Sequence:
             k_histogram=dict(sorted(c.k_histogram.items())) if speculating else None,
             cached_tokens=self.cached_tokens,
         )
+
+
+def _processors(params: GenerationParams) -> list:
+    """`mlx_lm`'s logits processors for the request's penalties and logit bias."""
+    s = params.sampling
+    return make_logits_processors(
+        logit_bias=dict(s.logit_bias) or None, repetition_penalty=s.repetition_penalty,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+    )
 
 
 # JSON has no -inf: a token the processors ruled out gets OpenAI's floor instead.

@@ -22,7 +22,13 @@ from server.engine.events import Finished
 from server.engine.model_kit import LoadedModel, ModelKit, is_hub_id, load_model
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.policy import InvalidRequest, SpeculationPolicy
-from server.engine.scheduler import Scheduler, SchedulerConfig, SchedulerObserver, ShuttingDown
+from server.engine.scheduler import (
+    ObserverList,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerObserver,
+    ShuttingDown,
+)
 from server.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -76,7 +82,6 @@ class InferenceEngine:
                  model_name: str | None = None, num_draft_tokens: int = 4,
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
-                 observer: SchedulerObserver | None = None,
                  prefix_cache_bytes: int = 0):
         self._target_path = model
         self._draft_path = draft_model
@@ -86,12 +91,13 @@ class InferenceEngine:
         if spec_max_batch is not None:
             self.policy = SpeculationPolicy(num_draft_tokens, spec_max_batch)
         self.scheduler_config = scheduler or SchedulerConfig()
-        self.observer = observer
+        self.observers = ObserverList()
         self.prefix_cache_bytes = prefix_cache_bytes
         self.kit: ModelKit | None = None
         self.scheduler: Scheduler | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._parked = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
 
@@ -115,6 +121,8 @@ class InferenceEngine:
         self.scheduler.run_forever(self._stop)
         self.kit = self.scheduler = None  # the parked thread keeps no models alive
         gc.collect()
+        mx.clear_cache()
+        self._parked.set()
         # Never let this OS thread exit: MLX's thread-local compile cache calls into Python from
         # its TLS destructor, which aborts the process if the interpreter is finalizing.
         threading.Event().wait()
@@ -126,16 +134,19 @@ class InferenceEngine:
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)
-        self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observer)
+        self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
         if self.prefix_cache_bytes > 0:
             from server.engine.prefix_cache import PrefixCache
 
             self.scheduler.prefix_cache = PrefixCache(self.prefix_cache_bytes)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the current step, fail what still runs, and park the MLX thread."""
+        scheduler = self.scheduler
         self._stop.set()
-        if self.scheduler is not None:
-            self.scheduler._wake.set()
+        if scheduler is not None:
+            scheduler.wake()
+            self._parked.wait(timeout)
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: stop admitting, answer waiting requests, give running ones `grace_s` to
@@ -151,6 +162,10 @@ class InferenceEngine:
         if scheduler.has_work():
             await self._call(lambda: scheduler.fail_running(
                 ShuttingDown("the server is shutting down")))
+
+    def add_observer(self, observer: SchedulerObserver) -> None:
+        """Metrics hooks, called on the MLX thread at admission and after every round."""
+        self.observers.observers.append(observer)
 
     # -- read-only views ----------------------------------------------------------------------
     @property

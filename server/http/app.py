@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 
 from server.config import Settings
+from server.engine.prefix_cache import cache_budget_bytes
+from server.engine.scheduler import SchedulerConfig
 from server.engine.service import InferenceEngine
+from server.http.auth import log_exposure
 from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
+from server.http.openapi import install_openapi
 from server.http.routes import completions, models
 
 log = logging.getLogger(__name__)
@@ -24,16 +27,14 @@ def build_engine(settings: Settings) -> InferenceEngine:
     return InferenceEngine(
         model=m.model, draft_model=draft, model_name=m.model_name,
         num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
-        max_queue_size=settings.server.max_queue_size,
+        scheduler=SchedulerConfig(
+            max_batch_size=settings.engine.max_batch_size,
+            max_queue_size=settings.server.max_queue_size,
+            prefill_chunk=settings.engine.prefill_chunk,
+        ),
+        spec_max_batch=settings.engine.spec_max_batch,
+        prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
     )
-
-
-def access_policy(settings: Settings) -> ModelAccessPolicy:
-    m = settings.models
-    roots = m.model_roots if m.model_roots is not None else (
-        ModelAccessPolicy.default_roots([m.model, m.draft_model])
-    )
-    return ModelAccessPolicy([Path(r) for r in roots], allow_hub=m.allow_hub)
 
 
 def create_app(settings: Settings, engine: InferenceEngine | None = None) -> FastAPI:
@@ -54,9 +55,13 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app = FastAPI(title="MLX speculative decoding server", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine
-    app.state.access = access_policy(settings)
-    app.state.metrics = ServerMetrics(queue_depth=lambda: engine.worker.depth)
+    app.state.access = ModelAccessPolicy.from_settings(settings)
+    log_exposure(settings.server)
+    app.state.metrics = ServerMetrics(queue_depth=lambda: engine.queue_depth,
+                                      batch_size=lambda: engine.batch_size)
+    engine.add_observer(app.state.metrics)
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(models.health_router)

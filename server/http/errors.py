@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,8 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_schemas.openai import ErrorBody, ErrorResponse
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
-from server.engine.service import InvalidRequest
-from server.engine.worker import QueueFull
+from server.engine.policy import InvalidRequest
+from server.engine.scheduler import QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,16 @@ ERROR_TYPES = {
 }
 
 
+# An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
+
+
+def redact_paths(message: str) -> str:
+    """`cannot load /srv/models/x/model.safetensors` -> `cannot load .../model.safetensors`:
+    clients learn which file, never where the server keeps its files."""
+    return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), message)
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  code: str | None = None, headers: dict | None = None):
@@ -37,8 +48,9 @@ class APIError(Exception):
         self.headers = headers
 
     def body(self) -> dict:
-        err = ErrorBody(message=self.message, type=ERROR_TYPES.get(self.status, "error"),
-                        param=self.param, code=self.code)
+        err = ErrorBody(message=redact_paths(self.message),
+                        type=ERROR_TYPES.get(self.status, "error"), param=self.param,
+                        code=self.code)
         return ErrorResponse(error=err).model_dump()
 
     def response(self) -> JSONResponse:
@@ -51,6 +63,8 @@ def as_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, InvalidRequest):
         return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, str(exc), code="shutting_down", headers={"Retry-After": "5"})
     if isinstance(exc, QueueFull):
         return APIError(503, f"server busy: {exc}; retry shortly", code="queue_full",
                         headers={"Retry-After": "1"})
@@ -91,6 +105,7 @@ async def _api(_: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
-    for exc_type in (APIError, InvalidRequest, QueueFull, IncompatibleDraft, ModelLoadError):
+    for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, IncompatibleDraft,
+                     ModelLoadError):
         app.add_exception_handler(exc_type, _api)
     app.add_exception_handler(Exception, _api)

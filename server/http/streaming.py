@@ -5,11 +5,13 @@ One code path serves both endpoints; a `ResponseFormat` knows the shape of each.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sse_starlette import EventSourceResponse
+from starlette.responses import Response
 
 from api_schemas.openai import (
     AssistantMessage,
@@ -22,6 +24,7 @@ from api_schemas.openai import (
     CompletionLogprobs,
     CompletionResponse,
     Delta,
+    PromptTokensDetails,
     Stats,
     TokenLogprob,
     ToolCallDelta,
@@ -30,14 +33,16 @@ from api_schemas.openai import (
     response_id,
 )
 from server.engine.events import Finished, TokenEvent
-from server.engine.worker import StreamJob
+from server.engine.sequence import RequestCancelled
+from server.engine.service import RequestHandle
 from server.http.errors import as_api_error
 from server.http.tools import ToolCallParser
 
 
 def usage_of(stats) -> Usage:
     return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.generation_tokens,
-                 total_tokens=stats.prompt_tokens + stats.generation_tokens)
+                 total_tokens=stats.prompt_tokens + stats.generation_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens))
 
 
 class ResponseFormat:
@@ -176,9 +181,14 @@ def _dump(model) -> str:
 Observer = Callable[[Finished], None]
 
 
-async def collect(job: StreamJob, fmt: ResponseFormat, observe: Observer):
-    """Run a job to the end and build the non-streamed response."""
+async def collect(job: RequestHandle, fmt: ResponseFormat, observe: Observer,
+                  disconnected: Callable[[], Awaitable[bool]] | None = None):
+    """Run a job to the end and build the non-streamed response.
+
+    A client that goes away while it waits cancels its request too (`disconnected` is polled).
+    """
     events, done = [], None
+    watcher = asyncio.create_task(_watch(job, disconnected)) if disconnected else None
     try:
         async for event in job:
             if isinstance(event, Finished):
@@ -186,12 +196,25 @@ async def collect(job: StreamJob, fmt: ResponseFormat, observe: Observer):
                 observe(done)
             else:
                 events.append(event)
+    except RequestCancelled:
+        return Response(status_code=499)  # nobody is listening any more
     finally:
-        job.cancel()  # no-op when finished; stops the worker if this request was cancelled
+        if watcher is not None:
+            watcher.cancel()
+        job.cancel()  # no-op when finished; frees the row if this request was cancelled
     return fmt.response(events, done)
 
 
-async def stream_response(job: StreamJob, fmt: ResponseFormat, include_usage: bool,
+DISCONNECT_POLL_S = 0.25
+
+
+async def _watch(job: RequestHandle, disconnected: Callable[[], Awaitable[bool]]) -> None:
+    while not await disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    job.cancel()
+
+
+async def stream_response(job: RequestHandle, fmt: ResponseFormat, include_usage: bool,
                           observe: Observer):
     """Fetch the first event before answering, so an early failure is still an HTTP error."""
     events = job.__aiter__()
@@ -203,7 +226,7 @@ async def stream_response(job: StreamJob, fmt: ResponseFormat, include_usage: bo
     return EventSourceResponse(_sse(job, events, first, fmt, include_usage, observe), ping=15)
 
 
-async def _sse(job: StreamJob, events: AsyncIterator, first, fmt: ResponseFormat,
+async def _sse(job: RequestHandle, events: AsyncIterator, first, fmt: ResponseFormat,
                include_usage: bool, observe: Observer):
     try:
         event, is_first = first, True

@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 async def _complete(request: Request, body, prompt: list[int], fmt):
     state = request.app.state
     params = generation_params(body, prompt, state.engine, state.settings.defaults)
-    job = state.engine.stream(params)
+    job = state.engine.submit(params)
     endpoint = request.url.path
 
     def observe(done):
@@ -30,7 +30,7 @@ async def _complete(request: Request, body, prompt: list[int], fmt):
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return await stream_response(job, fmt, usage, observe)
-    return await collect(job, fmt, observe)
+    return await collect(job, fmt, observe, request.is_disconnected)
 
 
 @router.post("/chat/completions")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 
@@ -15,9 +17,10 @@ from api_schemas.admin import (
     ModelList,
     UnloadResponse,
 )
-from server.engine.model_kit import IncompatibleDraft
+from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 from server.http.auth import require_admin_key, require_api_key
-from server.http.errors import APIError
+from server.http.errors import APIError, redact_paths
+from server.http.model_access import local_model_path, weights_problem
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
 health_router = APIRouter(tags=["health"])
@@ -35,8 +38,8 @@ async def list_models(request: Request) -> ModelList:
 
 @router.post("/models/draft", dependencies=admin)
 async def load_draft(body: LoadDraftRequest, request: Request) -> DraftCard:
-    request.app.state.access.check(body.model)
-    card = await request.app.state.engine.load_draft(body.model, body.num_draft_tokens)
+    path = await local_model_path(request.app.state.access.check(body.model))
+    card = await request.app.state.engine.load_draft(path, body.num_draft_tokens)
     return DraftCard(**vars(card))
 
 
@@ -50,12 +53,21 @@ async def unload_draft(request: Request) -> UnloadResponse:
 
 
 @router.post("/models/draft/compatibility")
-async def draft_compatibility(body: CompatibilityRequest, request: Request):
-    request.app.state.access.check(body.model)
-    try:
-        reason = await request.app.state.engine.check_draft(body.model)
-    except IncompatibleDraft as e:
-        reason = str(e)
+async def draft_compatibility(body: CompatibilityRequest, request: Request
+                              ) -> CompatibilityResponse:
+    """Weights present and readable, then the same tokenizer as the target's."""
+    ref = request.app.state.access.check(body.model)
+    if ref.hub:  # a download: admin-key holders only, as for loading
+        require_admin_key(request)
+    path = await local_model_path(ref)
+    reason = await asyncio.to_thread(weights_problem, path)
+    if reason is None:
+        try:
+            reason = await request.app.state.engine.check_draft(path)
+        except IncompatibleDraft as e:
+            reason = str(e)
+        except ModelLoadError as e:  # a tokenizer that does not load: not a usable draft
+            reason = redact_paths(str(e))
     return CompatibilityResponse(compatible=reason is None, reason=reason)
 
 
@@ -69,4 +81,4 @@ async def metrics(request: Request) -> PlainTextResponse:
 async def health(request: Request) -> Health:
     engine = request.app.state.engine
     draft = engine.draft.name if engine.draft is not None else None
-    return Health(target=engine.model_name, draft=draft, queue_depth=engine.worker.depth)
+    return Health(target=engine.model_name, draft=draft, queue_depth=engine.queue_depth)

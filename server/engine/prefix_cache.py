@@ -1,0 +1,77 @@
+"""The prefix cache: KV states of finished prompts and conversations, reused by longest prefix.
+
+Built on `mlx_lm`'s `LRUPromptCache` (a token trie, LRU order, a byte budget, trimming a
+longer entry down to the shared prefix). An entry holds the target's cache followed by the
+draft's, both covering exactly the entry's tokens, so a drafting request resumes both models.
+Entries are made when a prompt's prefill completes (so concurrent requests that share a system
+prompt hit as soon as the first is prefilled) and when a request finishes (so the next turn of
+a chat hits its whole history). What is stored never holds rejected draft tokens: the batch
+trims them before a row can leave. Entries are dropped when the draft changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+
+MAX_DEFAULT_BYTES = 8 * 2**30
+
+
+def cache_budget_bytes(max_gb: float | None) -> int:
+    """The configured budget, else 1/8 of the machine's memory (at most 8 GiB)."""
+    if max_gb is not None:
+        return int(max_gb * 1e9)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 8 * 2**30
+    return min(memory // 8, MAX_DEFAULT_BYTES)
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._lru = LRUPromptCache(max_size=1 << 30, max_bytes=max_bytes)
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+
+    def lookup(self, key, tokens: list[int]) -> tuple[list | None, int]:
+        """A private copy of the cache of the longest stored prefix of `tokens`, and its length."""
+        self.queried_tokens += len(tokens)
+        if not tokens:
+            return None, 0
+        cache, rest = self._lru.fetch_nearest_cache(key, tokens)
+        if cache is None:
+            return None, 0
+        hit = len(tokens) - len(rest)
+        self.hit_tokens += hit
+        return cache, hit
+
+    def store(self, key, tokens: list[int], caches: list[list]) -> None:
+        """Store `caches` (target's, then draft's) cut to a common length over `tokens`."""
+        caches = [c for c in caches if c]
+        length = min([len(tokens)] + [c[0].offset for c in caches])
+        if length <= 0:
+            return
+        entry = []
+        for part in caches:
+            part = list(part)
+            excess = part[0].offset - length
+            if excess > 0:
+                part = copy.deepcopy(part)
+                trim_prompt_cache(part, excess)
+            entry.extend(part)
+        if sum(c.nbytes for c in entry) > self.max_bytes:
+            return
+        self._lru.insert_cache(key, list(tokens[:length]), entry)
+
+    def clear(self) -> int:
+        entries = len(self._lru)
+        self._lru = LRUPromptCache(max_size=1 << 30, max_bytes=self.max_bytes)
+        return entries
+
+    def info(self) -> dict:
+        return {"entries": len(self._lru), "bytes": self._lru.nbytes,
+                "max_bytes": self.max_bytes}

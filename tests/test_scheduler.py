@@ -1,0 +1,255 @@
+"""The scheduler and the batched decoder: batching changes no request's output.
+
+Engine-level tests drive a `Scheduler` on the test's thread (no HTTP), so every request's
+tokens can be compared with the same request run alone and with `mlx_lm`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import pytest
+from conftest import chat_body, served
+from mlx_lm.generate import generate_step
+
+from server.engine.events import Finished, TokenEvent
+from server.engine.generation import generate_events
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.policy import SpeculationPolicy
+from server.engine.scheduler import QueueFull, Scheduler, SchedulerConfig
+from server.engine.sequence import Phase
+
+TEXTS = [
+    "def hello(world):\n    return",
+    "import os\nclass Foo:",
+    "x = 1\n" * 25,
+    "Once upon a time",
+    "for i in range(10):\n    print(i)\n" * 4,
+    "a",
+    "The quick brown fox jumps",
+    "while True:\n    pass\n" * 3,
+]
+NEAR_TIE = 1e-4
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def kit(tiny_pair) -> ModelKit:
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(tiny_pair[1]))
+    return kit
+
+
+def params(kit, i: int, *, k: int = 0, max_tokens: int | None = None, **sampling):
+    tokens = tuple(kit.target.tokenizer.encode(TEXTS[i % len(TEXTS)]))
+    return GenerationParams(tokens, 20 + 3 * i if max_tokens is None else max_tokens,
+                            sampling=SamplingParams(**sampling),
+                            speculation=SpeculationParams(num_draft_tokens=k))
+
+
+def alone(kit, p: GenerationParams) -> list[int]:
+    return [e.token for e in generate_events(kit, p) if isinstance(e, TokenEvent)]
+
+
+def run_batch(kit, requests, *, spec_max_batch=8, prefill_chunk=16, cancel_after=None):
+    """Run `requests` concurrently; returns each one's events."""
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=prefill_chunk),
+                          SpeculationPolicy(4, spec_max_batch))
+    events = [[] for _ in requests]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(requests)]
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+        for i, n in (cancel_after or {}).items():
+            if len(seqs[i].output) >= n:
+                scheduler.cancel(seqs[i])
+    return events, seqs
+
+
+def tokens_of(events) -> list[int]:
+    return [e.token for e in events if isinstance(e, TokenEvent)]
+
+
+def assert_same_or_near_tie(kit, p: GenerationParams, got: list[int], expected: list[int]):
+    """Equal, or the first difference is a near-tie of the target's logits (fp32 batching)."""
+    if got == expected:
+        return
+    j = next(i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b)
+    context = mx.array(list(p.prompt_tokens) + expected[:j])
+    logits = kit.target.model(context[None])[0, -1]
+    gap = (logits[expected[j]] - logits[got[j]]).item()
+    assert abs(gap) < NEAR_TIE, f"token {j} differs with a logit gap of {gap}"
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("k", [0, 4], ids=["no-draft", "draft-k4"])
+def test_concurrent_greedy_requests_equal_each_alone(kit, n, k):
+    requests = [params(kit, i, k=k if i % 2 == 0 else 0) for i in range(n)]
+    events, seqs = run_batch(kit, requests)
+    for p, ev in zip(requests, events, strict=True):
+        assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
+        assert isinstance(ev[-1], Finished)
+    if k:  # the drafting rows really drafted, in a batch
+        assert sum(s.counters.proposed for s in seqs) > 0
+
+
+def test_alone_equals_mlx_lm(kit):
+    p = params(kit, 0, k=4)
+    expected = [int(t) for t, _ in generate_step(mx.array(p.prompt_tokens), kit.target.model,
+                                                 max_tokens=p.max_tokens)]
+    assert alone(kit, p) == expected
+
+
+def test_batched_speculation_accepts_different_lengths_per_row(kit):
+    """Rows with different acceptance in the same round stay exact (the ragged trim)."""
+    requests = [params(kit, i, k=4, max_tokens=40) for i in range(4)]
+    events, seqs = run_batch(kit, requests)
+    for p, ev in zip(requests, events, strict=True):
+        assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
+    rates = {round(s.counters.accepted / max(s.counters.proposed, 1), 3) for s in seqs}
+    assert len(rates) > 1  # the rows did accept at different rates
+
+
+def test_sampled_and_greedy_rows_do_not_affect_each_other(kit):
+    greedy = params(kit, 0, k=4)
+    sampled = params(kit, 1, k=4, temperature=0.9, top_p=0.95, seed=11)
+    plain_sampled = params(kit, 2, temperature=0.7, seed=5, repetition_penalty=1.2)
+    events, _ = run_batch(kit, [greedy, sampled, plain_sampled])
+    assert tokens_of(events[0]) == alone(kit, greedy)
+    assert tokens_of(events[1]) == alone(kit, sampled)  # seeded: the same alone and batched
+    assert tokens_of(events[2]) == alone(kit, plain_sampled)
+    assert alone(kit, sampled) == alone(kit, sampled)
+
+
+def test_unseeded_rows_draw_their_own_randomness(kit):
+    p = params(kit, 1, temperature=1.0, max_tokens=24)
+    events, _ = run_batch(kit, [p, p])
+    assert tokens_of(events[0]) != tokens_of(events[1])
+
+
+def test_cancelling_one_row_leaves_the_others_unchanged(kit):
+    requests = [params(kit, i, k=4 if i % 2 else 0, max_tokens=30) for i in range(4)]
+    events, seqs = run_batch(kit, requests, cancel_after={1: 3})
+    assert len(seqs[1].output) <= 3 + 5  # stops within one round (k + 1 tokens)
+    for i in (0, 2, 3):
+        assert tokens_of(events[i]) == alone(kit, requests[i])
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_decoding_rounds(kit):
+    short = params(kit, 0, max_tokens=40)
+    long = GenerationParams(tuple(range(3, 3 + 200)), 5)
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=32), SpeculationPolicy(4, 8))
+    out = []
+    first = scheduler.submit(short, out.append)
+    while first.phase is not Phase.DECODE:
+        scheduler.step()
+    second = scheduler.submit(long, lambda e: None)
+    produced_during_prefill = 0
+    while second.phase is not Phase.DECODE:
+        before = len(first.output)
+        scheduler.step()
+        produced_during_prefill += len(first.output) - before
+    assert produced_during_prefill >= 200 // 32 - 1  # one round per prefill chunk
+
+
+def test_queue_overflow_is_refused(kit):
+    scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=1, max_queue_size=2))
+    for i in range(2):
+        scheduler.submit(params(kit, i), lambda e: None)
+    with pytest.raises(QueueFull):
+        scheduler.submit(params(kit, 3), lambda e: None)
+
+
+def test_max_tokens_zero_finishes_at_once(kit):
+    events = list(generate_events(kit, params(kit, 0, max_tokens=0)))
+    assert len(events) == 1 and events[0].finish_reason == "length"
+
+
+def test_ignore_eos_and_min_tokens(kit):
+    eos = next(iter(kit.target.tokenizer.eos_token_ids))
+    bias = ((eos, 100.0),)  # EOS would be the argmax at every step
+    p = GenerationParams(params(kit, 0).prompt_tokens, 6,
+                         sampling=SamplingParams(logit_bias=bias))
+    assert tokens_of(list(generate_events(kit, p))) == [eos]
+    for k in (0, 4):
+        forced = GenerationParams(p.prompt_tokens, 6, sampling=p.sampling, ignore_eos=True,
+                                  speculation=SpeculationParams(num_draft_tokens=k))
+        out = tokens_of(list(generate_events(kit, forced)))
+        assert len(out) == 6 and eos not in out
+        at_least = GenerationParams(p.prompt_tokens, 6, sampling=p.sampling, min_tokens=3,
+                                    speculation=SpeculationParams(num_draft_tokens=k))
+        out = tokens_of(list(generate_events(kit, at_least)))
+        assert len(out) == 4 and out[-1] == eos and eos not in out[:3]
+
+
+# -- through HTTP ----------------------------------------------------------------------------
+
+
+async def test_concurrent_http_requests_equal_sequential_ones(tiny_pair):
+    bodies = [chat_body(TEXTS[i], max_tokens=16, num_draft_tokens=4 if i % 2 else 0)
+              for i in range(6)]
+    async with served(*tiny_pair) as (client, _):
+        sequential = [(await client.post("/v1/chat/completions", json=b)).json() for b in bodies]
+        concurrent = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=b) for b in bodies))
+    for one, many in zip(sequential, concurrent, strict=True):
+        assert many.status_code == 200
+        assert many.json()["choices"][0]["message"] == one["choices"][0]["message"]
+
+
+async def test_full_queue_is_503_with_retry_after(tiny_pair):
+    async with served(*tiny_pair, max_queue_size=1, engine={"max_batch_size": 1}) as (c, e):
+        running = asyncio.create_task(c.post("/v1/chat/completions",
+                                             json=chat_body(max_tokens=3000, use_draft=False)))
+        while e.batch_size < 1:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(c.post("/v1/chat/completions",
+                                             json=chat_body(max_tokens=2)))
+        while e.queue_depth < 1:
+            await asyncio.sleep(0.01)
+        r = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "queue_full"
+        running.cancel()
+        assert (await waiting).status_code == 200
+
+
+async def test_a_cancelled_request_frees_its_row(tiny_pair):
+    async with served(*tiny_pair) as (_, engine):
+        job = engine.submit(GenerationParams(prompt_tokens=(1, 2, 3), max_tokens=100_000))
+        seen = 0
+        async for _ in job:
+            seen += 1
+            if seen == 3:
+                job.cancel()
+                break
+        for _ in range(500):
+            if engine.batch_size == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.batch_size == 0
+        assert len(job.sequence.output) <= 3 + 5  # at most one more round
+
+
+async def test_draft_unload_during_a_running_batch(tiny_pair):
+    async with served(*tiny_pair) as (client, engine):
+        bodies = [chat_body(TEXTS[i], max_tokens=60) for i in range(3)]
+        expected = [(await client.post("/v1/chat/completions", json={**b, "use_draft": False}))
+                    .json()["choices"][0]["message"]["content"] for b in bodies]
+        tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b))
+                 for b in bodies]
+        while engine.batch_size < 3:
+            await asyncio.sleep(0.01)
+        assert (await client.delete("/v1/models/draft")).status_code == 200
+        results = await asyncio.gather(*tasks)
+        for r, text in zip(results, expected, strict=True):
+            assert r.status_code == 200
+            assert r.json()["choices"][0]["message"]["content"] == text
+        # A request that did not ask for the draft is served without one...
+        r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
+        assert r.status_code == 200 and r.json()["stats"]["draft_model"] is None
+        # ...one that asked for it is told why not.
+        r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4,
+                                                                     num_draft_tokens=2))
+        assert r.status_code == 400
