@@ -1,0 +1,167 @@
+"""What agent and extraction frameworks send, against a real `python -m server` process.
+
+The OpenAI SDK's `parse()` with pydantic models (response format and function tools), and
+langchain-openai's `with_structured_output` (json_schema, json_mode, function_calling) and
+`bind_tools`, invoked and streamed; the tiny test pair with its draft, so the grammar runs inside
+speculative rounds. Greedy, so every run is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Literal
+
+import httpx
+import jsonschema
+import pytest
+from conftest import free_port
+from pydantic import BaseModel, Field
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")  # dev extras; `make test` installs them
+langchain_openai = pytest.importorskip("langchain_openai")
+
+
+class Pet(BaseModel):
+    """A pet."""
+
+    name: str = Field(max_length=8)
+    kind: Literal["cat", "dog", "fish"]
+    age: int = Field(ge=0, le=30)
+
+
+class GetWeather(BaseModel):
+    """Current weather in a city."""
+
+    city: str = Field(max_length=12)
+    unit: Literal["C", "F"]
+
+
+WEATHER_SCHEMA = GetWeather.model_json_schema()
+MESSAGES = [{"role": "user", "content": "Make up a pet."}]
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_pair, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("clients") / "server.log"
+    cmd = [sys.executable, "-m", "server", "--model", str(tiny_pair[0]),
+           "--draft-model", str(tiny_pair[1]), "--num-draft-tokens", "3", "--port", str(port)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {log.read_text()}")
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"server did not start: {log.read_text()}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def sdk(server_url):
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def llm(server_url, tiny_pair):
+    return langchain_openai.ChatOpenAI(base_url=f"{server_url}/v1", api_key="unused",
+                                       model=str(tiny_pair[0]), temperature=0, max_tokens=200,
+                                       max_retries=0)
+
+
+# --- the OpenAI SDK --------------------------------------------------------------------------
+
+
+def test_sdk_parse_with_a_pydantic_model(sdk, tiny_pair):
+    r = sdk.chat.completions.parse(model=str(tiny_pair[0]), messages=MESSAGES,
+                                   response_format=Pet, temperature=0, max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, Pet)
+    assert r.model_extra["stats"]["draft_tokens_proposed"] > 0
+
+
+def test_sdk_parse_with_a_function_tool(sdk, tiny_pair):
+    r = sdk.chat.completions.parse(model=str(tiny_pair[0]), messages=MESSAGES,
+                                   tools=[openai.pydantic_function_tool(GetWeather)],
+                                   tool_choice="required", parallel_tool_calls=False,
+                                   temperature=0, max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "GetWeather"
+    assert isinstance(call.function.parsed_arguments, GetWeather)
+
+
+def test_sdk_streamed_tool_call_equals_the_whole_one(sdk, tiny_pair):
+    kwargs = dict(model=str(tiny_pair[0]), messages=MESSAGES, temperature=0, max_tokens=200,
+                  tools=[openai.pydantic_function_tool(GetWeather)],
+                  tool_choice={"type": "function", "function": {"name": "GetWeather"}})
+    whole = sdk.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    with sdk.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in streamed] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+    assert isinstance(streamed[0].function.parsed_arguments, GetWeather)
+
+
+# --- langchain-openai --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output(llm, method):
+    pet = llm.with_structured_output(Pet, method=method).invoke("Make up a pet.")
+    assert isinstance(pet, Pet)
+
+
+def test_langchain_json_mode(llm):
+    out = llm.with_structured_output(method="json_mode").invoke("Answer in JSON.")
+    assert isinstance(out, dict)
+
+
+def test_langchain_bind_tools_invoke_and_stream(llm):
+    def get_weather(city: str, unit: Literal["C", "F"]) -> str:
+        """Current weather in a city."""
+        return f"sunny in {city}"
+
+    bound = llm.bind_tools([get_weather], tool_choice="any", parallel_tool_calls=False)
+    message = bound.invoke("Weather in Paris?")
+    (call,) = message.tool_calls
+    assert call["name"] == "get_weather"
+    assert set(call["args"]) == {"city", "unit"} and call["args"]["unit"] in ("C", "F")
+    assert not message.invalid_tool_calls
+    streamed = None
+    for chunk in bound.stream("Weather in Paris?"):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(call["name"], call["args"])]
+
+
+def test_langchain_tool_history_round_trip(llm):
+    """A second turn with the call and its result in the history, as an agent loop sends."""
+    bound = llm.bind_tools([GetWeather], tool_choice="GetWeather")
+    first = bound.invoke("Weather in Paris?")
+    (call,) = first.tool_calls
+    jsonschema.validate(call["args"], WEATHER_SCHEMA)
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    history = [HumanMessage("Weather in Paris?"), first,
+               ToolMessage(json.dumps({"sky": "sunny"}), tool_call_id=call["id"])]
+    answer = llm.invoke(history)
+    assert isinstance(answer.content, str)
+    assert answer.response_metadata["finish_reason"] in ("stop", "length")

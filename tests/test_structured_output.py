@@ -1,0 +1,399 @@
+"""Grammar constraints (server.engine.grammar): alone, under mlx_lm, the decoder and HTTP.
+
+The unit tests drive a `GrammarConstraint` with `mlx_lm.stream_generate` and a logits processor
+that applies `allowed()`, so they need no engine; every finished output must validate with the
+`jsonschema` package. The engine tests check what the decoder promises: greedy constrained
+output is the same with a draft, prompt lookup or none, and equals the mlx_lm reference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import chat_body, served
+from mlx_lm import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from server.engine.constraints import TokenConstraint
+from server.engine.grammar import MAX_PARALLEL_TOOL_CALLS, GrammarError, Grammars, grammars_for
+
+PROMPTS = ("Give me a JSON record", "def parse(data):\n    return")
+MAX_TOKENS = 120
+
+# Bounded schemas: a random model must finish each within MAX_TOKENS, so every run validates.
+SCHEMAS = {
+    "person": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"], "additionalProperties": False},
+    "enum_array": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 4},
+    "tags": {"type": "object", "properties": {
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3}},
+        "required": ["ok", "tags"], "additionalProperties": False},
+    "nested_refs": {"$defs": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -9, "maximum": 9},
+        "y": {"type": "integer", "minimum": -9, "maximum": 9}},
+        "required": ["x", "y"], "additionalProperties": False}},
+        "type": "object", "properties": {"path": {
+            "type": "array", "items": {"$ref": "#/$defs/point"}, "minItems": 1, "maxItems": 3}},
+        "required": ["path"], "additionalProperties": False},
+    "any_of": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 99},
+                         {"type": "object", "properties": {"err": {"type": "string",
+                                                                   "maxLength": 6}},
+                          "required": ["err"], "additionalProperties": False}]},
+    "nullable_enum": {"type": "object", "properties": {
+        "unit": {"anyOf": [{"enum": ["kg", "lb"]}, {"type": "null"}]},
+        "n": {"type": "number", "minimum": 0, "maximum": 10}},
+        "required": ["unit", "n"], "additionalProperties": False},
+    "pattern": {"type": "object", "properties": {
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{2}$"}},
+        "required": ["zip", "code"], "additionalProperties": False},
+    "const_bool": {"type": "object", "properties": {"v": {"const": 3}, "b": {"type": "boolean"}},
+                   "required": ["v", "b"], "additionalProperties": False},
+    "tuple": {"type": "array", "prefixItems": [{"type": "boolean"},
+                                               {"type": "integer", "minimum": 0, "maximum": 5}],
+              "items": False, "minItems": 2},
+    "optional_props": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 9},
+        "b": {"type": "boolean"}}, "additionalProperties": False},
+    "string_length": {"type": "string", "minLength": 2, "maxLength": 6},
+    "date": {"type": "object", "properties": {"when": {"type": "string", "format": "date"}},
+             "required": ["when"], "additionalProperties": False},
+}
+# (temperature, seed): greedy and sampled.
+MODES = ((0.0, 0), (1.0, 1), (1.0, 2))
+
+
+@pytest.fixture(scope="module")
+def grammars(loaded_pair) -> Grammars:
+    return grammars_for(loaded_pair[1])
+
+
+def grammar_processor(constraint: TokenConstraint, prompt_len: int):
+    """An mlx_lm logits processor: consume what was sampled, then mask to `allowed()`."""
+    consumed = 0
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal consumed
+        new = tokens[prompt_len + consumed:].tolist()
+        if new:
+            assert constraint.consume(new) == len(new), f"sampled a refused token: {new}"
+            consumed += len(new)
+        mask = constraint.allowed()
+        full = np.zeros(logits.shape[-1], dtype=bool)
+        full[: len(mask)] = mask[: logits.shape[-1]]
+        return mx.where(mx.array(full), logits, -mx.inf)
+
+    return process
+
+
+def constrained_generate(model, tokenizer, grammar, prompt: str, *, temperature=0.0, seed=0,
+                         max_tokens=MAX_TOKENS) -> tuple[str, list[int], str]:
+    """(text, tokens, finish_reason) of mlx_lm under `grammar`: the reference for the engine."""
+    prompt_tokens = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  add_generation_prompt=True)
+    mx.random.seed(seed)
+    text, tokens, last = "", [], None
+    for last in stream_generate(model, tokenizer, prompt_tokens, max_tokens=max_tokens,
+                                sampler=make_sampler(temperature),
+                                logits_processors=[grammar_processor(grammar(),
+                                                                     len(prompt_tokens))]):
+        text += last.text
+        tokens.append(last.token)
+    return text, tokens, last.finish_reason
+
+
+# --- under mlx_lm: every output validates -----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_constrained_output_validates(loaded_pair, grammars, name):
+    model, tokenizer, _ = loaded_pair
+    schema = SCHEMAS[name]
+    grammar = grammars.json_schema(schema)
+    for prompt in PROMPTS:
+        for temperature, seed in MODES:
+            text, _, finish = constrained_generate(model, tokenizer, grammar, prompt,
+                                                   temperature=temperature, seed=seed)
+            assert finish == "stop", (name, temperature, text)
+            jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_is_an_object_whenever_it_finishes(loaded_pair, grammars):
+    model, tokenizer, _ = loaded_pair
+    finished = 0
+    for prompt in PROMPTS:
+        for temperature, seed in MODES:
+            text, _, finish = constrained_generate(model, tokenizer, grammars.json_object(),
+                                                   prompt, temperature=temperature, seed=seed)
+            assert text.startswith("{")
+            if finish == "stop":
+                assert isinstance(json.loads(text), dict)
+                finished += 1
+    assert finished >= 3
+
+
+def test_forced_tool_call_arguments_validate(loaded_pair, grammars):
+    model, tokenizer, _ = loaded_pair
+    params = SCHEMAS["person"]
+    grammar = grammars.tool_calls([{"name": "add_person", "parameters": params},
+                                   {"name": "ping"}], parallel=False)
+    for temperature, seed in MODES:
+        text, _, finish = constrained_generate(model, tokenizer, grammar, PROMPTS[0],
+                                               temperature=temperature, seed=seed)
+        assert finish == "stop"
+        assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
+        call = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+        assert call["name"] in ("add_person", "ping")
+        if call["name"] == "add_person":
+            jsonschema.validate(call["arguments"], params)
+        else:
+            assert call["arguments"] == {}
+
+
+# --- the TokenConstraint contract ----------------------------------------------------------------
+
+
+def tokens_of(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def eos_of(grammars: Grammars) -> int:
+    return min(grammars.eos_token_ids)
+
+
+def test_is_a_token_constraint_with_a_mask_over_the_vocabulary(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    constraint = grammars.json_object()()
+    assert isinstance(constraint, TokenConstraint)
+    mask = constraint.allowed()
+    assert mask.dtype == bool and mask.shape == (len(tokenizer),)
+    allowed = {tokenizer.decode([t]) for t in np.flatnonzero(mask)}
+    assert allowed and all(s.startswith("{") for s in allowed)
+    assert not mask[eos_of(grammars)]
+
+
+def test_consume_stops_at_the_first_refused_token(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    good, bad = tokens_of(tokenizer, '{"a": 12}'), tokens_of(tokenizer, '{"b": 12}')
+    prefix = next(i for i, (g, b) in enumerate(zip(good, bad, strict=False)) if g != b)
+    constraint = grammars.json_schema(schema)()
+    assert constraint.consume(bad) == prefix
+    assert constraint.consume(good[prefix:]) == len(good) - prefix
+    assert constraint.is_finished()
+
+
+def test_eos_is_consumed_and_rolled_back_like_any_token(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    eos = eos_of(grammars)
+    schema = {"type": "integer"}
+    constraint = grammars.json_schema(schema)()
+    assert constraint.consume([eos]) == 0  # not before the grammar accepts
+    digits = tokens_of(tokenizer, "42")
+    assert constraint.consume(digits) == len(digits)
+    assert not constraint.is_finished() and constraint.allowed()[eos]
+    assert constraint.consume([eos, *digits]) == 1  # nothing after EOS
+    assert constraint.is_finished()
+    assert np.flatnonzero(constraint.allowed()).tolist() == [eos]
+    constraint.rollback(2)  # EOS and the last digit token
+    assert not constraint.is_finished()
+    assert constraint.consume(digits[-1:] + [eos]) == 2
+
+
+def test_rollback_restores_every_mask(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    tokens = tokens_of(tokenizer, '{"name": "Ada", "age": 36}')
+    constraint = grammars.json_schema(SCHEMAS["person"])()
+    masks = []
+    for token in tokens:
+        masks.append(constraint.allowed().copy())
+        assert constraint.consume([token]) == 1
+    assert constraint.is_finished()
+    for back in range(1, len(tokens) + 1):
+        constraint.rollback(1)
+        assert np.array_equal(constraint.allowed(), masks[-back])
+    with pytest.raises(ValueError):
+        constraint.rollback(1)
+
+
+def test_speculative_rounds_leave_the_same_state_as_plain_decoding(loaded_pair, grammars):
+    """Draft k (consume), roll back, consume accepted + one: the decoder's use, at random."""
+    tokenizer = loaded_pair[1]
+    text = '{"path": [{"x": 1, "y": -2}, {"x": 3, "y": 4}]}'
+    tokens = tokens_of(tokenizer, text) + [eos_of(grammars)]
+    grammar = grammars.json_schema(SCHEMAS["nested_refs"])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        constraint, plain, done = grammar(), grammar(), 0
+        while done < len(tokens):
+            k = int(rng.integers(0, 5))
+            draft = tokens[done: done + k]
+            masks = []
+            for token in draft:  # drafting: mask, then consume each token
+                masks.append(constraint.allowed())
+                assert masks[-1][token] and constraint.consume([token]) == 1
+            masks.append(constraint.allowed())
+            constraint.rollback(len(draft))
+            accepted = int(rng.integers(0, len(draft) + 1))
+            emit = tokens[done: done + accepted + 1]
+            for j, token in enumerate(emit):  # the verification rows' masks, seen along the draft
+                assert masks[j][token]
+            assert constraint.consume(emit) == len(emit)
+            for token in emit:
+                plain.consume([token])
+            done += len(emit)
+            assert np.array_equal(constraint.allowed(), plain.allowed())
+        assert constraint.is_finished() and plain.is_finished()
+
+
+def test_strict_refuses_what_it_cannot_enforce_and_lenient_ignores_it(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(GrammarError, match="uniqueItems"):
+        grammars.json_schema(schema, strict=True)
+    constraint = grammars.json_schema(schema)()
+    tokens = tokens_of(tokenizer, "[1, 1]")
+    assert constraint.consume(tokens) == len(tokens)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+    {"type": "objekt"},
+    ["not", "an", "object"],
+])
+def test_bad_schemas_are_grammar_errors(grammars, schema):
+    with pytest.raises(GrammarError):
+        grammars.json_schema(schema)
+
+
+def test_grammars_are_cached_per_schema_and_tokenizer(loaded_pair, grammars):
+    assert grammars_for(loaded_pair[1]) is grammars
+    schema = dict(SCHEMAS["person"])
+    assert grammars.json_schema(schema) is grammars.json_schema(dict(schema))
+    first, second = grammars.json_schema(schema)(), grammars.json_schema(schema)()
+    assert first is not second  # one state per request
+    first.consume(tokens_of(loaded_pair[1], '{"name"'))
+    assert not np.array_equal(first.allowed(), second.allowed())
+
+
+def test_tool_call_grammar(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    functions = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}, {"name": "ping"}]
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    ping = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+    def accepts(grammar, text):
+        constraint = grammar()
+        tokens = tokens_of(tokenizer, text) + [eos_of(grammars)]
+        return constraint.consume(tokens) == len(tokens)
+
+    parallel = grammars.tool_calls(functions)
+    single = grammars.tool_calls(functions, parallel=False)
+    assert accepts(parallel, one) and accepts(single, one) and accepts(single, ping)
+    assert accepts(parallel, "\n".join([one, ping]))
+    assert not accepts(single, "\n".join([one, ping]))
+    assert accepts(parallel, "\n".join([ping] * MAX_PARALLEL_TOOL_CALLS))
+    assert not accepts(parallel, "\n".join([ping] * (MAX_PARALLEL_TOOL_CALLS + 1)))
+    assert not accepts(parallel, one.replace("get_weather", "get_time"))
+    assert not accepts(parallel, one.replace('"city"', '"town"'))
+    with pytest.raises(GrammarError):
+        grammars.tool_calls([])
+    with pytest.raises(GrammarError):
+        grammars.tool_calls([{"name": "f", "parameters": {"type": "object", "properties": {
+            "a": {"$ref": "#/nowhere"}}}}])
+
+
+# --- the engine: speculation stays on under a grammar ----------------------------------------
+
+
+def schema_body(schema: dict, **extra) -> dict:
+    extra = {"max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+    return chat_body(PROMPTS[0], **extra,
+                     response_format={"type": "json_schema",
+                                      "json_schema": {"name": "out", "schema": schema}})
+
+
+@pytest.mark.anyio
+async def test_greedy_constrained_output_is_the_same_with_and_without_drafts(tiny_pair,
+                                                                            loaded_pair):
+    model, tokenizer, _ = loaded_pair
+    grammars = grammars_for(tokenizer)
+    async with served(*tiny_pair) as (client, _):
+        for name in ("person", "tags", "nested_refs", "pattern"):
+            schema = SCHEMAS[name]
+            expected, tokens, _ = constrained_generate(model, tokenizer,
+                                                       grammars.json_schema(schema), PROMPTS[0])
+            runs = {}
+            for label, extra in {"none": {"use_draft": False},
+                                 "draft": {"num_draft_tokens": 4, "adaptive": False},
+                                 "lookup": {"draft": "prompt_lookup", "num_draft_tokens": 3}
+                                 }.items():
+                r = await client.post("/v1/chat/completions", json=schema_body(schema, **extra))
+                assert r.status_code == 200, r.text
+                runs[label] = r.json()
+                assert runs[label]["choices"][0]["message"]["content"] == expected, (name, label)
+                assert runs[label]["choices"][0]["finish_reason"] == "stop"
+                assert runs[label]["usage"]["completion_tokens"] == len(tokens) - 1  # no EOS
+            assert runs["draft"]["stats"]["draft_tokens_proposed"] > 0
+            assert runs["draft"]["stats"]["draft_tokens_accepted"] > 0
+
+
+@pytest.mark.anyio
+async def test_sampled_constrained_output_validates_with_a_draft(tiny_pair):
+    async with served(*tiny_pair) as (client, _):
+        for name in ("person", "any_of", "tuple", "date"):
+            schema = SCHEMAS[name]
+            for seed in range(3):
+                body = schema_body(schema, temperature=1.0, seed=seed, num_draft_tokens=3)
+                r = await client.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+                choice = r.json()["choices"][0]
+                assert choice["finish_reason"] == "stop", choice
+                jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
+@pytest.mark.anyio
+async def test_json_object_and_errors_over_http(client):
+    body = chat_body(max_tokens=40, temperature=0, response_format={"type": "json_object"})
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].startswith("{")
+    unsupported = {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": {"type": "array", "uniqueItems": True}}}
+    r = await client.post("/v1/chat/completions", json=chat_body(response_format=unsupported))
+    assert r.status_code == 400 and "uniqueItems" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "response_format"
+    broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/no"}}}
+    r = await client.post("/v1/chat/completions", json=chat_body(response_format=broken))
+    assert r.status_code == 400
+    r = await client.post("/v1/chat/completions",
+                          json=chat_body(response_format={"type": "json_schema"}))
+    assert r.status_code == 400
+
+
+@pytest.mark.anyio
+async def test_ignore_eos_and_min_tokens(client, loaded_pair):
+    eos = min(grammars_for(loaded_pair[1]).eos_token_ids)
+    # A grammar that is complete after one token would stop at once; min_tokens is about EOS.
+    body = chat_body(max_tokens=12, temperature=0, logit_bias={str(eos): 100},
+                     use_draft=False)
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.json()["usage"]["completion_tokens"] == 0 or r.json()["choices"][0][
+        "finish_reason"] == "stop"
+    for extra in ({"ignore_eos": True}, {"min_tokens": 12}, {"ignore_eos": True,
+                                                              "num_draft_tokens": 3}):
+        r = await client.post("/v1/chat/completions", json={**body, **extra})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 12, extra
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = await client.post("/v1/chat/completions", json={**body, "min_tokens": 13})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
