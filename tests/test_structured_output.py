@@ -397,3 +397,45 @@ async def test_ignore_eos_and_min_tokens(client, loaded_pair):
         assert r.json()["choices"][0]["finish_reason"] == "length"
     r = await client.post("/v1/chat/completions", json={**body, "min_tokens": 13})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+
+
+@pytest.mark.anyio
+async def test_rejection_sampling_under_a_grammar_follows_the_masked_target(tiny_pair,
+                                                                            loaded_pair):
+    """The first token of a drafted round, sampled many times, against the target's masked law."""
+    import asyncio
+
+    from scipy.stats import chisquare
+
+    model, tokenizer, _ = loaded_pair
+    schema = {"type": "integer"}  # the first token: any of the digit and minus tokens
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[1]}],
+                                           add_generation_prompt=True)
+    mask = grammars_for(tokenizer).json_schema(schema)().allowed()
+    logits = model(mx.array(prompt)[None])[0, -1].astype(mx.float32)
+    probs = np.array(mx.softmax(logits), dtype=np.float64)[: len(mask)] * mask
+    probs /= probs.sum()
+    ids = {tokenizer.decode([t]): int(t) for t in np.flatnonzero(mask)}
+    assert len(ids) == mask.sum() > 5
+    samples, proposed = 1000, 0
+    counts = np.zeros(len(mask))
+    async with served(*tiny_pair) as (client, _):
+        body = schema_body(schema, temperature=1.0, max_tokens=2, num_draft_tokens=1,
+                           adaptive=False, acceptance="rejection", logprobs=True)
+        body["messages"][0]["content"] = PROMPTS[1]
+        for start in range(0, samples, 50):
+            replies = await asyncio.gather(*[
+                client.post("/v1/chat/completions", json={**body, "seed": seed})
+                for seed in range(start, start + 50)])
+            for r in replies:
+                assert r.status_code == 200, r.text
+                first = r.json()["choices"][0]["logprobs"]["content"][0]["token"]
+                counts[ids[first]] += 1
+                proposed += r.json()["stats"]["draft_tokens_proposed"]
+    assert counts[~mask].sum() == 0
+    assert proposed >= samples  # every first token came out of a speculative round
+    keep = probs * samples >= 5
+    expected = probs[keep] * samples
+    observed = counts[keep]
+    expected *= observed.sum() / expected.sum()
+    assert chisquare(observed, expected).pvalue > 1e-3
