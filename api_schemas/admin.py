@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from api_schemas.openai import OpenAIBaseModel
+from api_schemas.openai import OpenAIBaseModel, RequestModel
 
 
 class ModelEntry(OpenAIBaseModel):
@@ -24,12 +24,12 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelEntry]
 
 
-class LoadDraftRequest(OpenAIBaseModel):
+class LoadDraftRequest(RequestModel):
     model: str = Field(..., min_length=1, description="Local mlx_lm folder or hub id.")
     num_draft_tokens: int | None = Field(None, ge=1, le=64)
 
 
-class CompatibilityRequest(OpenAIBaseModel):
+class CompatibilityRequest(RequestModel):
     model: str = Field(..., min_length=1)
 
 
@@ -54,4 +54,11 @@ class Health(OpenAIBaseModel):
     status: Literal["ok"] = "ok"
     target: str
     draft: str | None
-    queue_depth: int
+    queue_depth: int = Field(description="Requests waiting for a batch slot.")
+    batch_size: int = Field(0, description="Requests prefilling or decoding now.")
+    cache_entries: int = Field(0, description="Prefix-cache entries.")
+    cache_bytes: int = Field(0, description="Bytes the prefix cache holds.")
+
+
+class CacheCleared(OpenAIBaseModel):
+    entries: int = Field(description="Prefix-cache entries removed.")

@@ -201,6 +201,9 @@ class SamplingRequest(RequestModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)
     ignore_eos: bool | None = Field(None, description="vLLM's: never stop at EOS.")
+    cache_prompt: bool | None = Field(
+        None, description="llama.cpp's: reuse (and store) the prefix cache; default true."
+    )
     min_tokens: NonNegInt | None = Field(
         None, le=1_000_000, description="vLLM's: EOS and stop strings wait this many tokens."
     )

@@ -16,7 +16,7 @@ from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
 from server.http.openapi import install_openapi
-from server.http.routes import completions, models
+from server.http.routes import cache, completions, models
 
 log = logging.getLogger(__name__)
 
@@ -65,4 +65,5 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(models.health_router)
+    app.include_router(cache.router)
     return app

@@ -66,6 +66,7 @@ def generation_params(
     engine: InferenceEngine,
     defaults: GenerationDefaults,
 ) -> GenerationParams:
+    max_tokens = enforce_model_limits(body, prompt, engine, defaults)
     speculation_defaults = SpeculationParams(
         source=body.draft or defaults.draft,
         acceptance=body.acceptance or defaults.acceptance,
@@ -82,13 +83,14 @@ def generation_params(
         logprobs, top = body.logprobs is not None, body.logprobs or 0
     return GenerationParams(
         prompt_tokens=tuple(prompt),
-        max_tokens=body.token_limit() or defaults.max_tokens,
+        max_tokens=max_tokens,
         sampling=sampling_params(body, defaults, engine.target.vocab_size),
         speculation=speculation,
         stop=tuple(body.stop_list()),
         logprobs=logprobs,
         top_logprobs=top,
         **eos_controls(body),
+        cache_prompt=body.cache_prompt is not False,
         constraint=output_constraint(body, engine),
     )
 
@@ -126,3 +128,42 @@ def output_constraint(body: SamplingRequest, engine: InferenceEngine):
         return grammars.json_schema(spec.schema_ or {}, strict=bool(spec.strict))
     except GrammarError as e:
         raise APIError(400, f"{param}: {e}", param=param, code="invalid_schema") from e
+
+
+# ---------------------------------------------------------------- bounds of the loaded model
+# The schema checks what it can alone; these bounds depend on the model that is loaded.
+def enforce_model_limits(
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: list[int],
+    engine: InferenceEngine,
+    defaults: GenerationDefaults,
+) -> int:
+    """400 for what the loaded model cannot do; return the number of tokens to generate.
+
+    A prompt must leave room for one token; an explicit max_tokens must fit the context left
+    after the prompt (OpenAI's 400, naming the numbers); the default is cut to that room.
+    `top_k` may be at most the vocabulary size (equal to it keeps every token, like 0).
+    """
+    vocab = engine.target.vocab_size
+    if body.top_k is not None and body.top_k > vocab:
+        raise APIError(400, f"top_k must be in [0, {vocab}] (the vocabulary size), "
+                       f"got {body.top_k}", param="top_k", code="invalid_value")
+    requested = body.token_limit()
+    context = engine.context_length  # the target config's max_position_embeddings
+    if context is None:
+        return requested or defaults.max_tokens
+    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    if len(prompt) >= context:
+        raise APIError(400, f"this model's maximum context length is {context} tokens, but the "
+                       f"prompt has {len(prompt)} tokens; shorten the {prompt_param}",
+                       param=prompt_param, code="context_length_exceeded")
+    room = context - len(prompt)
+    if requested is None:
+        return min(defaults.max_tokens, room)
+    if requested > room:
+        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
+            else "max_tokens"
+        raise APIError(400, f"this model's maximum context length is {context} tokens; the "
+                       f"prompt has {len(prompt)}, so {name} may be at most {room} "
+                       f"(got {requested})", param=name, code="context_length_exceeded")
+    return requested

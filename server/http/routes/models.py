@@ -81,4 +81,7 @@ async def metrics(request: Request) -> PlainTextResponse:
 async def health(request: Request) -> Health:
     engine = request.app.state.engine
     draft = engine.draft.name if engine.draft is not None else None
-    return Health(target=engine.model_name, draft=draft, queue_depth=engine.queue_depth)
+    cache = engine.cache_info()
+    return Health(target=engine.model_name, draft=draft, queue_depth=engine.queue_depth,
+                  batch_size=engine.batch_size, cache_entries=cache["entries"],
+                  cache_bytes=cache["bytes"])

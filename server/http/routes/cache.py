@@ -1,0 +1,15 @@
+"""DELETE /v1/cache: empty the prefix cache (admin)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from api_schemas.admin import CacheCleared
+from server.http.auth import require_admin_key, require_api_key
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["cache"])
+
+
+@router.delete("/cache", dependencies=[Depends(require_admin_key)])
+async def clear_cache(request: Request) -> CacheCleared:
+    return CacheCleared(entries=await request.app.state.engine.clear_cache())

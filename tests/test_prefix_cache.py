@@ -1,0 +1,164 @@
+"""The prefix cache: a hit changes no output, only the work done; bounded; dropped on change."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import served
+
+from server.engine.events import Finished, TokenEvent
+from server.engine.generation import generate_events
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.prefix_cache import PrefixCache
+from server.engine.scheduler import Scheduler, SchedulerConfig
+from server.engine.sequence import Phase
+
+pytestmark = pytest.mark.anyio
+SYSTEM = "You are a careful assistant. " * 12
+
+
+@pytest.fixture(scope="module")
+def kit(tiny_pair) -> ModelKit:
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(tiny_pair[1]))
+    return kit
+
+
+def cached_scheduler(kit, budget=1 << 30) -> Scheduler:
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=32))
+    scheduler.prefix_cache = PrefixCache(budget)
+    return scheduler
+
+
+def run(scheduler, p: GenerationParams):
+    events = []
+    seq = scheduler.submit(p, events.append)
+    while seq.phase is not Phase.DONE:
+        scheduler.step()
+    assert isinstance(events[-1], Finished), events[-1]
+    return [e.token for e in events if isinstance(e, TokenEvent)], events[-1].stats
+
+
+def request(kit, text, *, k=0, max_tokens=16, **sampling):
+    return GenerationParams(tuple(kit.target.tokenizer.encode(text)), max_tokens,
+                            sampling=SamplingParams(**sampling),
+                            speculation=SpeculationParams(num_draft_tokens=k))
+
+
+def uncached(kit, p):
+    return [e.token for e in generate_events(kit, p) if isinstance(e, TokenEvent)]
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_full_and_partial_hits_change_no_output(kit, k):
+    scheduler = cached_scheduler(kit)
+    first = request(kit, SYSTEM + "Question one?", k=k)
+    tokens, stats = run(scheduler, first)
+    assert stats.cached_tokens == 0 and tokens == uncached(kit, first)
+
+    again, stats = run(scheduler, first)  # full hit: the prompt but its last token, less one
+    # (mlx_lm's LRUPromptCache leaves one token to process when it trims a longer entry)
+    assert again == tokens and stats.cached_tokens >= len(first.prompt_tokens) - 2
+
+    other = request(kit, SYSTEM + "A different question, longer than the first?", k=k)
+    out, stats = run(scheduler, other)  # partial hit: the shared system prompt
+    assert out == uncached(kit, other)
+    shared = len(kit.target.tokenizer.encode(SYSTEM))
+    assert shared - 2 <= stats.cached_tokens < len(other.prompt_tokens) - 1
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_next_turn_hits_the_whole_history_inside_the_chat_template(kit, k):
+    tokenizer = kit.target.tokenizer
+    scheduler = cached_scheduler(kit)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi there"}]
+    turn1 = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    p1 = GenerationParams(tuple(turn1), 12, speculation=SpeculationParams(num_draft_tokens=k))
+    answer, _ = run(scheduler, p1)
+    messages += [{"role": "assistant", "content": tokenizer.decode(answer)},
+                 {"role": "user", "content": "And then?"}]
+    turn2 = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    p2 = GenerationParams(tuple(turn2), 12, speculation=SpeculationParams(num_draft_tokens=k))
+    out, stats = run(scheduler, p2)
+    assert out == uncached(kit, p2)
+    common = next((i for i, (a, b) in enumerate(zip(turn1, turn2, strict=False)) if a != b),
+                  len(turn1))
+    assert stats.cached_tokens >= common - 1  # up to where the template's tail differs
+    assert stats.cached_tokens >= len(turn1) - 8
+
+
+def test_seeded_sampling_equals_the_uncached_output(kit):
+    scheduler = cached_scheduler(kit)
+    p = request(kit, SYSTEM + "Tell me more", k=4, temperature=0.9, seed=3)
+    first, _ = run(scheduler, p)
+    second, stats = run(scheduler, p)
+    assert stats.cached_tokens > 0
+    assert first == second == uncached(kit, p)
+
+
+def test_cache_prompt_false_skips_reuse(kit):
+    scheduler = cached_scheduler(kit)
+    p = request(kit, SYSTEM + "Q?")
+    run(scheduler, p)
+    from dataclasses import replace
+
+    _, stats = run(scheduler, replace(p, cache_prompt=False))
+    assert stats.cached_tokens == 0
+
+
+def test_eviction_keeps_bytes_under_the_budget(kit):
+    probe = cached_scheduler(kit)
+    run(probe, request(kit, SYSTEM + "one"))
+    one_entry = probe.prefix_cache.info()["bytes"]
+    budget = int(one_entry * 2.5)
+    scheduler = cached_scheduler(kit, budget)
+    for i in range(6):
+        run(scheduler, request(kit, f"Prompt number {i}: " + "words " * 40))
+        assert scheduler.prefix_cache.info()["bytes"] <= budget
+    assert 1 <= scheduler.prefix_cache.info()["entries"] < 6  # some were evicted
+
+
+def test_concurrent_requests_sharing_a_prefix_do_not_corrupt_each_other(kit):
+    scheduler = cached_scheduler(kit)
+    requests = [request(kit, SYSTEM + f"Question {i}?", k=4 if i % 2 else 0) for i in range(4)]
+    events = [[] for _ in requests]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(requests)]
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, ev in zip(requests, events, strict=True):
+        assert [e.token for e in ev if isinstance(e, TokenEvent)] == uncached(kit, p)
+    # The first prefilled request's prompt served the ones after it.
+    assert sum(s.cached_tokens > 0 for s in seqs) >= 2
+
+
+async def test_http_usage_health_and_admin_clear(tiny_pair, padded_draft):
+    body = {"messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": "hello"}],
+            "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
+    async with served(*tiny_pair, model_roots=[padded_draft.parent]) as (client, engine):
+        await client.post("/v1/chat/completions", json={**body, "stream": False})
+        r = await client.post("/v1/chat/completions", json={**body, "stream": False})
+        cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == r.json()["stats"]["cached_tokens"] > 0
+        async with client.stream("POST", "/v1/chat/completions", json=body) as s:
+            lines = [x async for x in s.aiter_lines() if x.startswith("data: {")]
+        import json
+
+        usage = json.loads(lines[-1][6:])["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == cached
+        health = (await client.get("/health")).json()
+        assert health["cache_entries"] >= 1 and health["cache_bytes"] > 0
+        metrics = (await client.get("/metrics")).text
+        assert "mlx_spec_prefix_cache_hits_total" in metrics
+
+        # Replacing the draft drops every entry.
+        r = await client.post("/v1/models/draft", json={"model": str(padded_draft)})
+        assert r.status_code == 200
+        assert (await client.get("/health")).json()["cache_entries"] == 0
+        await client.post("/v1/chat/completions", json={**body, "stream": False})
+        r = await client.delete("/v1/cache")
+        assert r.status_code == 200 and r.json()["entries"] >= 1
+        assert (await client.get("/health")).json()["cache_bytes"] == 0
+        await asyncio.sleep(0)
