@@ -243,7 +243,7 @@ def measure(engine, hf_tokenizer, reps: int) -> dict:
         accepted, times = walk(engine, matcher, tokens)
         for _ in range(reps - 1):
             _, more = walk(engine, engine.compile(schema), tokens)
-            times = [min(a, b) for a, b in zip(times, more)]
+            times = [min(a, b) for a, b in zip(times, more, strict=False)]
         if not accepted:
             row["failures"].append(f"{name}: valid instance refused")
             continue
