@@ -1,0 +1,109 @@
+"""The OpenAPI document, made true: the statuses each route really answers, in OpenAI's error
+shape, and `text/event-stream` beside JSON for the completions. FastAPI's 422 never happens here
+(a body that fails validation is a 400), so it is not listed.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+
+from api_schemas.openai import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionResponse,
+    ErrorResponse,
+)
+
+REF = "#/components/schemas/{model}"
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: a field out of range, a prompt longer than the context, bad JSON.",
+    401: "Missing or wrong bearer key.",
+    403: "Not allowed: a path outside the model roots, hub ids disabled, or model changes"
+         " disabled on a server bound beyond loopback without an admin key.",
+    404: "No such model, path or loaded draft.",
+    409: "The draft's tokenizer does not match the target's.",
+    503: "The request queue is full; retry after `Retry-After` seconds.",
+}
+# What each operation can answer besides 200. An operation missing here (a newer route) gets
+# 400 when it takes a body and 401 under /v1.
+ROUTE_ERRORS = {
+    ("/v1/chat/completions", "post"): (400, 401, 404, 503),
+    ("/v1/completions", "post"): (400, 401, 404, 503),
+    ("/v1/models", "get"): (401,),
+    ("/v1/models/draft", "post"): (400, 401, 403, 404, 409),
+    ("/v1/models/draft", "delete"): (401, 403, 404),
+    ("/v1/models/draft/compatibility", "post"): (400, 401, 403, 404),
+    ("/v1/cache", "delete"): (401, 403),
+    ("/health", "get"): (),
+    ("/metrics", "get"): (),
+}
+# Streamed (`"stream": true`) operations: the JSON body otherwise, and the chunk each event holds.
+STREAMED = {
+    "/v1/chat/completions": (ChatCompletionResponse, ChatCompletionChunk),
+    "/v1/completions": (CompletionResponse, CompletionResponse),
+}
+
+
+def install_openapi(app: FastAPI) -> None:
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                 description=app.description)
+            describe(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def describe(schema: dict) -> None:
+    """Rewrite FastAPI's responses in place: real statuses, error schema, event streams."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    extra = [(m, "serialization") for m in
+             (ErrorResponse, ChatCompletionResponse, ChatCompletionChunk, CompletionResponse)]
+    refs, defs = models_json_schema(extra, ref_template=REF)
+    for name, definition in defs.get("$defs", {}).items():
+        components.setdefault(name, definition)
+    error_ref = refs[(ErrorResponse, "serialization")]
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for code in _errors_of(path, method, operation):
+                responses[str(code)] = _error_response(code, error_ref)
+            if path in STREAMED and method == "post":
+                body, chunk = STREAMED[path]
+                responses["200"] = _streamed_ok(refs[(body, "serialization")],
+                                                refs[(chunk, "serialization")].get("$ref"))
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+
+
+def _errors_of(path: str, method: str, operation: dict) -> tuple[int, ...]:
+    if (path, method) in ROUTE_ERRORS:
+        return ROUTE_ERRORS[(path, method)]
+    codes = [400] if "requestBody" in operation else []
+    return tuple(codes + ([401] if path.startswith("/v1") else []))
+
+
+def _error_response(code: int, error_ref: dict) -> dict:
+    response = {"description": ERROR_DESCRIPTIONS[code],
+                "content": {"application/json": {"schema": error_ref}}}
+    if code == 503:
+        response["headers"] = {"Retry-After": {"description": "Seconds to wait.",
+                                               "schema": {"type": "integer"}}}
+    return response
+
+
+def _streamed_ok(body_ref: dict, chunk_ref: str) -> dict:
+    return {
+        "description": "The completion: one JSON body, or with `\"stream\": true` Server-Sent"
+                       f" Events, each `data:` a chunk ({chunk_ref.rsplit('/', 1)[-1]}), then"
+                       " `data: [DONE]`.",
+        "content": {
+            "application/json": {"schema": body_ref},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
