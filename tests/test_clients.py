@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -45,12 +47,14 @@ WEATHER_SCHEMA = GetWeather.model_json_schema()
 MESSAGES = [{"role": "user", "content": "Make up a pet."}]
 
 
-@pytest.fixture(scope="module")
-def server_url(tiny_pair, tmp_path_factory):
+# The default target, once converted (first start of the server, or tests/test_default_model).
+DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
+
+
+@contextmanager
+def running_server(cmd: list[str], log: Path):
     port = free_port()
-    log = tmp_path_factory.mktemp("clients") / "server.log"
-    cmd = [sys.executable, "-m", "server", "--model", str(tiny_pair[0]),
-           "--draft-model", str(tiny_pair[1]), "--num-draft-tokens", "3", "--port", str(port)]
+    cmd = [sys.executable, "-m", "server", *cmd, "--port", str(port)]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
@@ -70,6 +74,24 @@ def server_url(tiny_pair, tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_pair, tmp_path_factory):
+    log = tmp_path_factory.mktemp("clients") / "server.log"
+    with running_server(["--model", str(tiny_pair[0]), "--draft-model", str(tiny_pair[1]),
+                         "--num-draft-tokens", "3"], log) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def default_model_url(tmp_path_factory):
+    """The default target with prompt-lookup drafts (its distilled draft may not be here)."""
+    if not (DEFAULT_TARGET / "config.json").exists():
+        pytest.skip(f"{DEFAULT_TARGET} not converted yet")
+    log = tmp_path_factory.mktemp("clients") / "default.log"
+    with running_server(["--model", str(DEFAULT_TARGET), "--draft-model", "none"], log) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +187,35 @@ def test_langchain_tool_history_round_trip(llm):
     answer = llm.invoke(history)
     assert isinstance(answer.content, str)
     assert answer.response_metadata["finish_reason"] in ("stop", "length")
+
+
+# --- the default model (SmolLM2-135M-Instruct), drafting by prompt lookup ----------------------
+
+LOOKUP = {"draft": "prompt_lookup", "num_draft_tokens": 4}
+
+
+def test_default_model_sdk_parse_and_tool_call(default_model_url):
+    sdk = openai.OpenAI(base_url=f"{default_model_url}/v1", api_key="unused", max_retries=0)
+    r = sdk.chat.completions.parse(model="", messages=MESSAGES, response_format=Pet,
+                                   temperature=0, max_tokens=60, extra_body=LOOKUP)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(r.choices[0].message.parsed, Pet)
+    assert r.model_extra["stats"]["draft_tokens_proposed"] > 0
+    r = sdk.chat.completions.parse(model="", messages=[{"role": "user",
+                                                         "content": "Weather in Paris?"}],
+                                   tools=[openai.pydantic_function_tool(GetWeather)],
+                                   tool_choice="required", parallel_tool_calls=False,
+                                   temperature=0, max_tokens=60, extra_body=LOOKUP)
+    (call,) = r.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, GetWeather)
+
+
+def test_default_model_langchain(default_model_url):
+    llm = langchain_openai.ChatOpenAI(base_url=f"{default_model_url}/v1", api_key="unused",
+                                      model="", temperature=0, max_tokens=60, max_retries=0,
+                                      extra_body=LOOKUP)
+    assert isinstance(llm.with_structured_output(Pet).invoke("Make up a pet."), Pet)
+    message = llm.bind_tools([GetWeather], tool_choice="any", parallel_tool_calls=False).invoke(
+        "Weather in Paris?")
+    (call,) = message.tool_calls
+    jsonschema.validate(call["args"], WEATHER_SCHEMA)
