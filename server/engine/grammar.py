@@ -127,7 +127,6 @@ class Grammars:
         except ValueError as e:  # not a fast (Rust) tokenizer
             raise GrammarError(f"structured output is not supported for this tokenizer: {e}") \
                 from e
-        self._hf = hf
         self.vocab_size = self._tokenizer.vocab_size
         self.eos_token_ids = frozenset(eos)
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
