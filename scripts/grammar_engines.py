@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -268,9 +267,9 @@ def main(argv=None):
     parser.add_argument("--engines", default="llguidance,xgrammar,outlines-core")
     args = parser.parse_args(argv)
 
-    from mlx_lm.utils import load_tokenizer
+    from transformers import PreTrainedTokenizerFast  # not AutoTokenizer: no model config
 
-    hf = load_tokenizer(Path(args.tokenizer))._tokenizer
+    hf = PreTrainedTokenizerFast.from_pretrained(args.tokenizer)
     print(f"tokenizer {args.tokenizer}: {len(hf)} tokens; {len(CASES)} schemas")
     kinds = {"llguidance": Llguidance, "xgrammar": XGrammar, "outlines-core": OutlinesCore}
     for name in args.engines.split(","):
