@@ -177,11 +177,16 @@ class Grammars:
     # ------------------------------------------------------------------ compiling
     def _compile_schema(self, schema: dict, strict: bool, to_lark) -> Grammar:
         try:
-            return self._compile(to_lark(_with_options(schema, lenient=False)))
-        except GrammarError as e:
-            if strict or "nimplemented" not in str(e):
+            try:
+                return self._compile(to_lark(_with_options(schema, lenient=False)))
+            except GrammarError as e:
+                if strict or "nimplemented" not in str(e):
+                    raise
+            return self._compile(to_lark(_with_options(schema, lenient=True)))
+        except (ValueError, TypeError, RuntimeError, RecursionError) as e:
+            if isinstance(e, GrammarError):
                 raise
-        return self._compile(to_lark(_with_options(schema, lenient=True)))
+            raise GrammarError(f"cannot compile this schema: {e}") from e
 
     def _compile(self, lark: str) -> Grammar:
         with self._lock:
