@@ -69,6 +69,8 @@ def describe(schema: dict) -> None:
     error_ref = refs[(ErrorResponse, "serialization")]
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
+            if operation.get("security"):  # keys are optional in the configuration
+                operation["security"] = [{}, *operation["security"]]
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             for code in _errors_of(path, method, operation):
@@ -76,7 +78,7 @@ def describe(schema: dict) -> None:
             if path in STREAMED and method == "post":
                 body, chunk = STREAMED[path]
                 responses["200"] = _streamed_ok(refs[(body, "serialization")],
-                                                refs[(chunk, "serialization")].get("$ref"))
+                                                refs[(chunk, "serialization")], error_ref)
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
 
@@ -97,13 +99,32 @@ def _error_response(code: int, error_ref: dict) -> dict:
     return response
 
 
-def _streamed_ok(body_ref: dict, chunk_ref: str) -> dict:
+def _streamed_ok(body_ref: dict, chunk_ref: dict, error_ref: dict) -> dict:
+    name = chunk_ref["$ref"].rsplit("/", 1)[-1]
     return {
         "description": "The completion: one JSON body, or with `\"stream\": true` Server-Sent"
-                       f" Events, each `data:` a chunk ({chunk_ref.rsplit('/', 1)[-1]}), then"
-                       " `data: [DONE]`.",
+                       f" Events, each `data:` a JSON chunk ({name}; an error that happens after"
+                       " the stream started comes as an ErrorResponse), then `data: [DONE]`.",
         "content": {
             "application/json": {"schema": body_ref},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": _sse_event(chunk_ref, error_ref)},
+        },
+    }
+
+
+def _sse_event(chunk_ref: dict, error_ref: dict) -> dict:
+    """One event of the stream (OpenAPI 3.1 style: the schema applies to each event)."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "data": {
+                "type": "string",
+                "if": {"const": "[DONE]"},
+                "else": {"contentMediaType": "application/json",
+                         "contentSchema": {"anyOf": [chunk_ref, error_ref]}},
+            },
         },
     }

@@ -1,0 +1,129 @@
+"""Schemathesis against the app in process (issue 12): every operation of /openapi.json, with
+data that fits the schema and data that does not; no 5xx, every response as the document says.
+
+Bounded for CI: FUZZ_EXAMPLES cases per operation and mode (default 50) within FUZZ_BUDGET_S
+seconds in all (default 120). `max_tokens` is kept small, so the cost is HTTP, not generation.
+A longer run: `FUZZ_EXAMPLES=500 FUZZ_BUDGET_S=1800 pytest tests/test_fuzz.py -s`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from conftest import chat_body, make_settings
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis.errors import Unsatisfiable  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.core.failures import FailureGroup  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "50"))
+BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "120"))
+MAX_TOKENS = 3
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_headers_conformance, response_schema_conformance, negative_data_rejection]
+
+
+@dataclass
+class Tally:
+    cases: int = 0
+    per_operation: Counter = field(default_factory=Counter)
+    statuses: Counter = field(default_factory=Counter)
+    server_errors: list = field(default_factory=list)
+    violations: list = field(default_factory=list)
+
+    def report(self) -> str:
+        codes = ", ".join(f"{code}: {n}" for code, n in sorted(self.statuses.items()))
+        return (f"schemathesis: {self.cases} cases, {len(self.server_errors)} 5xx, "
+                f"{len(self.violations)} schema violations; statuses {codes}")
+
+
+def keep_small(case) -> None:
+    """Generation is not what is under test: cap the token budget of completions."""
+    body = case.body
+    if not isinstance(body, dict) or "completions" not in case.path:
+        return
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
+            body[name] = MAX_TOKENS
+    body.setdefault("max_tokens", MAX_TOKENS)  # not required: adding it keeps a bad body bad
+
+
+@pytest.fixture()
+def fuzz_app(tiny_pair, model_dir):
+    """A fresh engine: the fuzzer unloads the draft. No keys, loopback: every route reachable."""
+    from server.http.app import build_engine, create_app
+
+    settings = make_settings(*tiny_pair)
+    settings.models.model_roots = [str(model_dir)]
+    engine = build_engine(settings)
+    engine.start()
+    try:
+        yield create_app(settings, engine)
+    finally:
+        engine.stop()
+
+
+def _fuzz(operation, mode, tally: Tally, deadline: float) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case):
+        if time.monotonic() > deadline:
+            return
+        keep_small(case)
+        response = case.call()
+        tally.cases += 1
+        tally.per_operation[operation.label] += 1
+        tally.statuses[response.status_code] += 1
+        label = f"{operation.label} {mode.value} -> {response.status_code}"
+        if response.status_code >= 500:
+            tally.server_errors.append(f"{label}: {case.body!r:.300} {response.text[:300]}")
+        try:
+            case.validate_response(response, checks=CHECKS)
+        except (AssertionError, FailureGroup) as failure:  # a check failed: count it, go on
+            if response.status_code < 500:
+                tally.violations.append(f"{label}: {case.body!r:.300}: {failure!s:.500}")
+
+    try:
+        run()
+    except Unsatisfiable:  # nothing to get wrong: no parameters, no body (GET /health)
+        assert mode == GenerationMode.NEGATIVE, operation.label
+
+
+@pytest.mark.slow
+def test_fuzz_every_operation(fuzz_app, capsys):
+    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 8, [op.label for op in operations]
+    tally, deadline = Tally(), time.monotonic() + BUDGET_S
+    for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            _fuzz(operation, mode, tally, deadline)
+    with capsys.disabled():
+        print("\n" + tally.report())
+    assert set(tally.per_operation) == {op.label for op in operations}, tally.per_operation
+    assert tally.server_errors == [], "\n".join(tally.server_errors[:10])
+    assert tally.violations == [], "\n".join(tally.violations[:10])
+
+    from starlette.testclient import TestClient
+
+    with TestClient(fuzz_app) as client:  # still serving, and serving normally
+        r = client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert client.get("/health").json()["status"] == "ok"
