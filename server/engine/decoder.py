@@ -246,10 +246,10 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
             for j in range(n):
                 seq.accepted_per_position[j] += 1
         results[id(seq)] = RoundResult(len(p.tokens), n)
-        if seq.constraint is not None:
-            seq.constraint.consume(emit)
         emitted = 0
         for j, token in enumerate(emit):
+            if seq.constraint is not None:  # before `emit`, which asks if the grammar is done
+                seq.constraint.consume([token])
             from_draft = j < n
             if from_draft:
                 seq.counters.accepted += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import uvicorn
 from fastapi import FastAPI
@@ -18,6 +19,7 @@ from server.engine.scheduler import ShuttingDown
 
 log = logging.getLogger(__name__)
 BACKSTOP_S = 5.0
+FLUSH_S = 0.3
 
 
 class DrainingServer(uvicorn.Server):
@@ -31,23 +33,30 @@ class DrainingServer(uvicorn.Server):
         self._draining = False
 
     def handle_exit(self, sig, frame) -> None:
-        if not self._draining:
-            self._draining = True
-            self._begin_drain()
-        super().handle_exit(sig, frame)
-
-    def _begin_drain(self) -> None:
+        # sse-starlette ends every open stream abruptly once uvicorn starts to exit, so uvicorn
+        # is told only after the drain: streams end first, with their final chunk or error.
         scheduler = self.app.state.engine.scheduler
-        if scheduler is None:
+        if self._draining or scheduler is None:
+            super().handle_exit(sig, frame)  # a second signal: exit now
             return
+        self._draining = True
         log.info("shutting down: no new requests; running ones have %.0f s to finish",
                  self.drain_timeout_s)
         scheduler.begin_drain()
+        threading.Thread(target=self._drain_then_exit, args=(scheduler, sig, frame),
+                         name="drain", daemon=True).start()
 
-        def cut_running():
+    def _drain_then_exit(self, scheduler, sig, frame) -> None:
+        self._wait_idle(scheduler, self.drain_timeout_s)
+        if scheduler.has_work():
             scheduler.call(lambda: scheduler.fail_running(
                 ShuttingDown("the server is shutting down")), lambda result, error: None)
+            self._wait_idle(scheduler, BACKSTOP_S)
+        time.sleep(FLUSH_S)  # let the event loop send the last chunks
+        super().handle_exit(sig, frame)
 
-        timer = threading.Timer(self.drain_timeout_s, cut_running)
-        timer.daemon = True
-        timer.start()
+    @staticmethod
+    def _wait_idle(scheduler, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while scheduler.has_work() and time.monotonic() < deadline:
+            time.sleep(0.05)

@@ -1,0 +1,96 @@
+"""A real `python -m server` process: SIGTERM drains, and a non-streamed client that leaves
+frees its row."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def start_server(tiny_pair, log_path, *extra) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", "--model", str(tiny_pair[0]),
+           "--draft-model", str(tiny_pair[1]), "--port", str(port), *extra]
+    out = open(log_path, "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {open(log_path).read()}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail("server did not start")
+
+
+def stream_lines(url, body, lines, done):
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+    except httpx.HTTPError as e:
+        lines.append(f"transport error: {e}")
+    finally:
+        done.set()
+
+
+def test_sigterm_with_three_active_streams_ends_them_cleanly_and_exits(tiny_pair, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("engine:\n  drain_timeout_s: 1.0\n")
+    proc, url = start_server(tiny_pair, tmp_path / "log.txt", "--config", str(config))
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 1000,
+            "stream": True, "ignore_eos": True}
+    streams = [([], threading.Event()) for _ in range(3)]
+    for lines, done in streams:
+        threading.Thread(target=stream_lines, args=(url, body, lines, done), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not all(len(lines) >= 3 for lines, _ in streams):
+        assert time.monotonic() < deadline, [lines[:2] for lines, _ in streams]
+        time.sleep(0.05)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    # uvicorn re-raises the signal after its graceful shutdown: -SIGTERM is a clean exit.
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    elapsed = time.monotonic() - started
+    assert elapsed < 15, elapsed  # drain_timeout_s (1 s) + uvicorn's backstop (5 s) + exit
+    for lines, done in streams:
+        assert done.wait(5)
+        assert lines[-1] == "[DONE]", lines[-3:]
+        error = json.loads(lines[-2])["error"]
+        assert error["code"] == "shutting_down" or "shutting down" in error["message"]
+
+
+def test_a_non_streamed_client_that_leaves_frees_its_row(tiny_pair, tmp_path):
+    proc, url = start_server(tiny_pair, tmp_path / "log.txt")
+    try:
+        body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 1000,
+                "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1.5)
+        for _ in range(100):
+            if httpx.get(f"{url}/health").json()["batch_size"] == 0:
+                break
+            time.sleep(0.1)
+        assert httpx.get(f"{url}/health").json()["batch_size"] == 0
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
