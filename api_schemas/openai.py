@@ -40,6 +40,36 @@ class RequestModel(OpenAIBaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        # JSON's "\ud800" decodes to a lone surrogate, which no tokenizer or UTF-8 encoder takes.
+        where = _lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"strings must be valid Unicode: a lone surrogate in {where}")
+        return data
+
+
+def _lone_surrogate(data) -> str | None:
+    """The dotted path of the first string holding a lone UTF-16 surrogate, or None.
+
+    A loop, not recursion: bodies nest as deep as the JSON parser allows."""
+    stack = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path or "body"
+        elif isinstance(value, dict):
+            if any(_SURROGATE.search(str(k)) for k in value):
+                return f"{path or 'body'} (a key)"
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value))
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Below this a temperature's 1/T overflows float32 and sampling returns garbage: a 400.
 MIN_TEMPERATURE = 1e-5
@@ -162,7 +192,7 @@ NonNegInt = Annotated[int, Field(ge=0)]
 class SamplingRequest(RequestModel):
     """Fields shared by chat and text completions."""
 
-    model: str | None = None
+    model: str | None = Field(None, max_length=1024)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     max_tokens: int | None = Field(

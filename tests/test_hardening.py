@@ -71,6 +71,19 @@ GENERATION_INPUTS = [
     ("max_tokens 4.0", CHAT, sampled(max_tokens=4.0), 400, "max_tokens"),
     ("logprobs 1 (chat takes a bool)", CHAT, sampled(logprobs=1), 400, "logprobs"),
     ("top_k 4.5", CHAT, sampled(top_k=4.5), 400, "top_k"),
+    ("lone surrogate in a message", CHAT,
+     b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 3}', 400, None),
+    ("lone surrogate in a prompt", TEXT, b'{"prompt": "a\\udfff", "max_tokens": 3}', 400, None),
+    ("lone surrogate in a logit_bias key", CHAT,
+     b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"\\udc00": 1}}', 400,
+     None),
+    ("model name of 100,000 characters", CHAT, sampled(model="m" * 100_000), 400, "model"),
+    ("prompt token id -1", TEXT, {"prompt": [-1], "max_tokens": 3}, 400, "prompt"),
+    ("JSON nested 5,000 deep", CHAT, b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400,
+     None),
+    ("max_tokens of 5,000 digits", CHAT,
+     b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1' + b"0" * 5000 + b"}",
+     400, None),
 ]
 
 

@@ -89,7 +89,7 @@ async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
     if first.get("type") == "json_invalid":
         return APIError(400, "request body is not valid JSON", code="invalid_json").response()
     param = _loc_param(first.get("loc", ()))
-    msg = first.get("msg", "invalid request")
+    msg = first.get("msg", "invalid request").removeprefix("Value error, ")
     message = f"{param}: {msg}" if param else msg
     return APIError(400, message, param=param, code="invalid_value").response()
 
