@@ -51,7 +51,7 @@ class RequestModel(OpenAIBaseModel):
 
 
 def _lone_surrogate(data) -> str | None:
-    """The dotted path of the first string holding a lone UTF-16 surrogate, or None.
+    """The dotted path of a string holding a lone UTF-16 surrogate, or None.
 
     A loop, not recursion: bodies nest as deep as the JSON parser allows."""
     stack = [("", data)]
@@ -75,7 +75,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 MIN_TEMPERATURE = 1e-5
 # OpenAI sends this for a token the model gives no probability (log 0 = -inf is not JSON).
 LOGPROB_FLOOR = -9999.0
-_TOKEN_ID = re.compile(r"[0-9]{1,10}")
+_TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
 
 
 def _json_logprob(value: float) -> float:
@@ -189,23 +189,40 @@ class ResponseFormat(RequestModel):
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
+def _documented(json_type: str, **keywords):
+    """json_schema_extra: add what a validator below enforces to the `json_type` branch of an
+    optional field's schema, so the OpenAPI document describes what is accepted."""
+
+    def patch(schema: dict) -> None:
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") == json_type:
+                branch.update(keywords)
+
+    return patch
+
+
 class SamplingRequest(RequestModel):
     """Fields shared by chat and text completions."""
 
     model: str | None = Field(None, max_length=1024)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra=_documented(
+        "object", propertyNames={"pattern": _TOKEN_ID.pattern},
+        additionalProperties={"type": "number", "minimum": -100, "maximum": 100}))
     max_tokens: int | None = Field(
         None, ge=1, description="At most the model's context length minus the prompt's tokens."
     )
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=0, lt=2**64)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(
+        None, json_schema_extra=_documented("array", maxItems=4))
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}."
+        None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.",
+        json_schema_extra=_documented("number", anyOf=[{"const": 0},
+                                                       {"minimum": MIN_TEMPERATURE}]),
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
