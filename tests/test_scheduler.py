@@ -253,3 +253,34 @@ async def test_draft_unload_during_a_running_batch(tiny_pair):
         r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4,
                                                                      num_draft_tokens=2))
         assert r.status_code == 400
+
+
+def test_penalties_see_the_prompt_with_and_without_a_draft(kit):
+    """A prompt token that is the unpenalised argmax: penalised, every path must avoid it."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    model = kit.target.model
+    base = list(kit.target.tokenizer.encode(TEXTS[0]))
+    for extra in range(200):
+        prompt = base + [extra + 5]
+        logits = model(mx.array(prompt)[None])[0, -1]
+        argmax = int(mx.argmax(logits).item())
+        if argmax in prompt[-20:]:  # mlx_lm's repetition window
+            break
+    else:
+        pytest.fail("no prompt whose next greedy token repeats a prompt token")
+    processors = make_logits_processors(repetition_penalty=2.0)
+    expected = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12,
+                                                 logits_processors=processors)]
+    assert expected[0] != argmax  # the penalty on the prompt changed the first token
+    for k in (0, 1, 4):
+        p = GenerationParams(tuple(prompt), 12, sampling=SamplingParams(repetition_penalty=2.0),
+                             speculation=SpeculationParams(num_draft_tokens=k))
+        assert alone(kit, p) == expected
+
+
+def test_top_k_of_any_size_is_served(kit):
+    vocab = kit.target.vocab_size
+    for top_k in (1, vocab - 1, vocab, vocab + 10):
+        p = params(kit, 0, k=4, max_tokens=5, temperature=0.8, top_k=top_k, seed=1)
+        assert len(alone(kit, p)) == 5
