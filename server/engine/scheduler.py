@@ -251,36 +251,43 @@ class Scheduler:
         self.prefilling.append(seq)
 
     def _prefill_step(self) -> bool:
+        """Prefill up to `prefill_chunk` prompt tokens, oldest request first (several short
+        prompts share one step, so a burst of new requests does not wait a round each)."""
         if not self.prefilling:
             return False
-        seq = self.prefilling[0]
-        try:
-            self._prefill_chunk(seq)
-        except Exception as e:  # noqa: BLE001 - this request's own failure
-            log.exception("prefill failed")
-            if self.prefilling and self.prefilling[0] is seq:
-                self.prefilling.popleft()
-            seq.error = e
-            seq.finish()
+        budget = self.config.prefill_chunk
+        while self.prefilling and budget > 0:
+            seq = self.prefilling[0]
+            try:
+                budget -= self._prefill_chunk(seq, budget)
+            except Exception as e:  # noqa: BLE001 - this request's own failure
+                log.exception("prefill failed")
+                if self.prefilling and self.prefilling[0] is seq:
+                    self.prefilling.popleft()
+                seq.error = e
+                seq.finish()
+                budget -= 1
         mx.clear_cache()
         return True
 
-    def _prefill_chunk(self, seq: Sequence) -> None:
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
+        """Prefill at most `budget` more tokens of `seq`; join the batch when done."""
         context = seq.prompt[:-1]  # the last prompt token is the first decoding input
         if seq.prefilled == 0 and self._caching(seq):
             self._restore(seq, context)
-        chunk = context[seq.prefilled: seq.prefilled + self.config.prefill_chunk]
+        chunk = context[seq.prefilled: seq.prefilled + budget]
         prefill(self.kit.target.model, seq.target_cache, chunk)
         if seq.draft_cache is not None:
             prefill(self.kit.draft.model, seq.draft_cache, chunk)
         seq.prefilled += len(chunk)
         if seq.prefilled < len(context):
-            return
+            return len(chunk)
         if self._caching(seq):
             self.prefix_cache.store(self._cache_key(seq), context,
                                     [seq.target_cache, seq.draft_cache])
         self.prefilling.popleft()
         self._join(seq)
+        return max(len(chunk), 1)
 
     def _join(self, seq: Sequence) -> None:
         self.target.add(seq, seq.target_cache)
