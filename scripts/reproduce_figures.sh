@@ -79,5 +79,24 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
     --concurrency 1,2,4,8,16 --max-tokens 96 --results-dir "$OUT" --tag load-vs-mlx-lm
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load}
+run_prefix() {  # issue 9: a 3-turn chat with a long system prompt, ours vs mlx_lm.server
+  # (both with the draft), then 8 clients sharing the system prompt with and without the cache.
+  $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/prefix-ours.log" 2>&1 &
+  local ours=$!
+  $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8101 \
+    >"$OUT/prefix-mlx.log" 2>&1 &
+  local theirs=$!
+  trap 'kill $ours $theirs 2>/dev/null || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  wait_up http://127.0.0.1:8101/health
+  $PY -m server.bench.chat_turns --server ours=http://127.0.0.1:8100 \
+    --compare mlx_lm=http://127.0.0.1:8101 --system-chars 4500 --clients 8 \
+    --output "$OUT/prefix-cache.json" | tee "$OUT/prefix-cache.txt"
+}
+run_stall() {  # issue 8: the longest gap a 2048-token prompt causes in a running stream
+  $PY -m server.bench.stall --prompt-tokens 2048 --chunks 64,128,256,1024,0 \
+    | tee "$OUT/stall.txt"
+}
+
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load prefix stall}
 for s in $sections; do echo "=== $s"; "run_$s"; done
