@@ -2,7 +2,8 @@
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
-#                                   demo_server temp adaptive lookup load; default: all)
+#                                   demo_server temp adaptive lookup load prefix stall;
+#                                   default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
