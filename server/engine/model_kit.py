@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
@@ -77,6 +78,13 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> Lo
         raise ModelNotFound(f"cannot load {path}: {e}") from e
     except Exception as e:  # corrupt weights, unknown architecture, hub errors ...
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    unsupported = sorted({type(c).__name__ for c in make_prompt_cache(model)
+                          if type(c) is not KVCache})
+    if unsupported:
+        # The scheduler batches, trims and reuses plain KV caches; rotating or recurrent
+        # (SSM) caches cannot be trimmed back after a rejected draft: refuse, never guess.
+        raise ModelLoadError(f"cannot serve {path}: its cache kinds {unsupported} cannot be"
+                             " batched and trimmed (only plain KV caches are supported)")
     target_dtype = resolve_dtype(dtype)
     if target_dtype is not None:
         model.set_dtype(target_dtype)
