@@ -360,3 +360,22 @@ async def test_openapi_lists_real_statuses_and_event_streams(client):
     chat = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     seed = next(s for s in chat["seed"]["anyOf"] if s.get("type") == "integer")
     assert seed["minimum"] == 0 and seed["exclusiveMaximum"] == 2**64
+
+
+# ------------------------------------------------------- one request cannot break the next
+@pytest.mark.parametrize("asked", [{"use_draft": False}, {}],
+                         ids=["use_draft false", "draft by default"])
+async def test_request_that_did_not_ask_for_the_draft_survives_its_unload(tiny_pair, asked):
+    import asyncio
+
+    async with served(*tiny_pair) as (client, engine):
+        body = chat_body(max_tokens=2000, ignore_eos=True, **asked)
+        running = asyncio.create_task(client.post(CHAT, json=body))
+        while engine.batch_size == 0:  # decoding has started
+            await asyncio.sleep(0.005)
+        assert (await client.delete(LOAD)).status_code == 200
+        assert not running.done()  # the unload came mid-generation
+        r = await running
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 2000
+        assert (await client.post(CHAT, json=chat_body(max_tokens=2))).status_code == 200
