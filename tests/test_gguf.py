@@ -253,3 +253,26 @@ def test_resolve_model_path_converts_once(source, tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.partial"))
     with pytest.raises(FileNotFoundError):
         gguf.resolve_model_path(str(tmp_path / "missing.gguf"), cache_dir=tmp_path)
+
+
+@pytest.mark.anyio
+async def test_admin_endpoints_accept_a_gguf_draft(source, tiny_pair, model_dir, tmp_path,
+                                                   monkeypatch):
+    from conftest import served
+
+    monkeypatch.setattr(gguf, "CACHE_DIR", tmp_path / "cache")
+    bad = model_dir / "pair" / "k_quant.gguf"
+    write_header_only_gguf(bad, {"token_embd.weight": 12})
+    url = "/v1/models/draft"
+    async with served(tiny_pair[0], None, model_roots=[model_dir]) as (client, _):
+        r = await client.post(f"{url}/compatibility", json={"model": str(source[3])})
+        assert r.json() == {"compatible": True, "reason": None}
+        r = await client.post(f"{url}/compatibility", json={"model": str(bad)})
+        assert r.json()["compatible"] is False and "Q4_K" in r.json()["reason"]
+        r = await client.post(url, json={"model": str(bad)})
+        assert r.status_code == 400 and "Q4_K" in r.json()["error"]["message"]
+        r = await client.post(url, json={"model": str(source[3])})
+        assert r.status_code == 200, r.text
+        draft = [m for m in (await client.get("/v1/models")).json()["data"]
+                 if m["role"] == "draft"]
+        assert Path(draft[0]["path"]).parent == tmp_path / "cache"

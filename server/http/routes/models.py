@@ -21,6 +21,7 @@ from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 from server.http.auth import require_admin_key, require_api_key
 from server.http.errors import APIError, redact_paths
 from server.http.model_access import local_model_path, weights_problem
+from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
 health_router = APIRouter(tags=["health"])
@@ -39,8 +40,20 @@ async def list_models(request: Request) -> ModelList:
 @router.post("/models/draft", dependencies=admin)
 async def load_draft(body: LoadDraftRequest, request: Request) -> DraftCard:
     path = await local_model_path(request.app.state.access.check(body.model))
+    path, problem = await _gguf_folder(path)
+    if problem:
+        raise APIError(400, problem, param="model", code="unsupported_model")
     card = await request.app.state.engine.load_draft(path, body.num_draft_tokens)
     return DraftCard(**vars(card))
+
+
+async def _gguf_folder(path: str) -> tuple[str, str | None]:
+    """(a .gguf file's converted folder, converted once off the event loop, or why it cannot
+    be); any other path as is."""
+    try:
+        return await asyncio.to_thread(resolve_model_path, path), None
+    except (UnsupportedGGUF, ValueError, RuntimeError) as e:
+        return path, redact_paths(f"cannot import this GGUF file: {e}")
 
 
 @router.delete("/models/draft", dependencies=admin)
@@ -61,6 +74,8 @@ async def draft_compatibility(body: CompatibilityRequest, request: Request
         require_admin_key(request)
     path = await local_model_path(ref)
     reason = await asyncio.to_thread(weights_problem, path)
+    if reason is None:
+        path, reason = await _gguf_folder(path)
     if reason is None:
         try:
             reason = await request.app.state.engine.check_draft(path)
