@@ -19,9 +19,12 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
-# Measured on the generated fp32 pair (scripts/reproduce_figures.sh load): above this many
-# decoding rows, batched plain decoding beats batched speculative rounds on a 2-core CPU.
-DEFAULT_SPEC_MAX_BATCH = 4
+# Measured on the generated fp32 pair (`scripts/reproduce_figures.sh load`, RESULTS/load-*):
+# on a 2-core CPU one stream decodes ~3x faster with the draft, but from 2 concurrent streams
+# on, batched plain decoding already matches or beats batched speculative rounds (a CPU's
+# matmuls grow with the rows fed, so verifying k + 1 tokens per row stops being nearly free).
+# On a GPU the crossover is higher: raise `engine.spec_max_batch`.
+DEFAULT_SPEC_MAX_BATCH = 1
 
 
 @dataclass(frozen=True)
