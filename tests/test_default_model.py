@@ -15,10 +15,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_gguf import source  # noqa: F401  (the tiny GGUF fixture)
 
 from server.config import Settings
 from server.model_files import bundled, default_model
-from tests.test_gguf import source  # noqa: F401  (the tiny GGUF fixture)
 
 
 @pytest.fixture
