@@ -1,0 +1,547 @@
+"""Run every command README.md shows and capture what it prints.
+
+    python scripts/readme_examples.py [--config config.yaml] [--model P] [--draft-model P]
+        [--out RESULTS/readme] [--write-readme | --check]
+
+Starts `python -m server` (the models `config.yaml` serves unless `--model/--draft-model` say
+otherwise), runs each example against it (the curl commands as httpx calls with the same JSON
+bodies, the OpenAI SDK snippet, `python -m server.demo`, the bench smoke), and writes each output
+to `OUT/<name>.json|txt` plus `OUT/meta.json` (date, machine, cores, models, commit).
+
+- `--write-readme` replaces what lies between `<!-- readme-example: NAME -->` and
+  `<!-- /readme-example -->` in README.md with the command and its captured output; the text
+  around the markers stays hand-written.
+- `--check` compares each captured output with the README's block of the same name by shape
+  (JSON keys, line structure; not numbers or generated text) and exits 1 on any difference, or
+  when the README and this script do not name the same examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOWN_URL = "http://127.0.0.1:8000"  # what the README's commands say
+MARKER = re.compile(r"<!-- readme-example: ([\w-]+) -->\n(.*?)<!-- /readme-example -->",
+                    re.DOTALL)
+# A code block; its fence is longer than any run of backticks inside (model output may hold ```).
+FENCE = re.compile(r"^(`{3,})(\w*)\n(.*?)\n\1[ \t]*$", re.DOTALL | re.MULTILINE)
+STARTUP_TIMEOUT_S = 600  # the first start of the default model converts it
+REQUEST_TIMEOUT_S = 300
+
+CHAT_BODY = {
+    "messages": [{"role": "user", "content": "Write a Python function `is_palindrome(s)`"}],
+    "max_tokens": 128,
+}
+STREAM_BODY = {
+    "messages": [{"role": "user", "content": "Write a Python function `add(a, b)`"}],
+    "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True},
+}
+COMPLETION_BODY = {"prompt": "def fibonacci(n):", "max_tokens": 32}
+DEMO_PROMPT = "Write a Python function `is_palindrome(s)`"
+SDK_SNIPPET = '''\
+from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+r = client.chat.completions.create(
+    model={model},
+    messages=[{{"role": "user", "content": "Write a Python function `fib(n)`"}}],
+    max_tokens=64,
+    extra_body={{"num_draft_tokens": 4}},          # our extensions go in extra_body
+)
+print(r.choices[0].message.content)
+print(r.model_extra["stats"]["acceptance_rate"])
+
+for chunk in client.chat.completions.create(
+    model={model}, stream=True, max_tokens=8,
+    messages=[{{"role": "user", "content": "Write a Python function `fib(n)`"}}],
+):
+    if chunk.choices and chunk.choices[0].finish_reason is None:
+        print(repr(chunk.choices[0].delta.content), chunk.choices[0].model_extra["from_draft"])
+'''
+METRICS_SHOWN = (  # the excerpt of GET /metrics the README shows (no HELP/TYPE lines)
+    "mlx_spec_completions_total", "mlx_spec_generated_tokens_total",
+    "mlx_spec_prompt_tokens_total", "mlx_spec_time_to_first_token_seconds_count",
+    "mlx_spec_spec_decode_num_drafts_total", "mlx_spec_spec_decode_num_draft_tokens_total",
+    "mlx_spec_spec_decode_num_accepted_tokens_total",
+    "mlx_spec_spec_decode_num_accepted_tokens_per_pos_total",
+    "mlx_spec_prefix_cache_queries_total", "mlx_spec_prefix_cache_hits_total",
+    "mlx_spec_queue_depth", "mlx_spec_running_requests",
+)
+
+
+# -- shapes: what must stay the same between the README and a fresh run ------------------------
+def json_shape(value):
+    """Keys all the way down; scalars reduced to nothing; maps keyed by numbers to 'map'."""
+    if isinstance(value, dict):
+        if value and all(re.fullmatch(r"\d+", str(k)) for k in value):
+            return "map"
+        return {k: json_shape(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        shapes = []
+        for item in value:
+            s = json_shape(item)
+            if s not in shapes:
+                shapes.append(s)
+        return ["list", *shapes] if shapes and shapes != [None] else ["list"]
+    return None
+
+
+def shape_of_json(text: str):
+    return json_shape(json.loads(text))
+
+
+def shape_of_sse(text: str):
+    """One entry per shown line: the JSON keys of a chunk, '[DONE]', or '...'."""
+    out = []
+    for line in text.strip().splitlines():
+        if line == "...":
+            out.append("...")
+        elif line == "data: [DONE]":
+            out.append("[DONE]")
+        else:
+            out.append(json_shape(json.loads(line.removeprefix("data: "))))
+    return out
+
+
+def shape_of_labels(text: str):
+    """The loading lines before the text and the stats lines after it, without their numbers
+    and paths; the generated text in between (which may hold any line) does not count."""
+    lines = text.splitlines()
+    loading = re.compile(r"(Loading (?:draft )?model from|Model loaded|Draft model loaded)")
+    head = []
+    for line in lines:
+        m = loading.match(line)
+        if not m:
+            break
+        head.append(m.group(1))
+    starts = [i for i, line in enumerate(lines) if line == "Generation stats:"]
+    tail = [re.sub(r":.*", ":", line) for line in lines[starts[-1]:]] if starts else []
+    return head + tail
+
+
+def shape_of_metrics(text: str):
+    """The metric names shown (which labels and how many series depend on the traffic)."""
+    return sorted({re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line})
+
+
+def shape_of_bench(text: str):
+    """The table's header, its row labels (kind, k) and the verdict ids."""
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("kind"))
+    rows = []
+    for line in lines[header + 2:]:
+        if not line.strip():
+            break
+        rows.append(line.split()[:2])
+    verdicts = [line.split()[0] for line in lines if re.match(r"P\d ", line)]
+    return [re.split(r"\s{2,}", lines[header]), rows, verdicts]
+
+
+def shape_of_sdk(text: str):
+    """A float (or None) line for the acceptance rate, then `'token' True|False` lines."""
+    lines = text.rstrip("\n").splitlines()
+    streamed = [line for line in lines if re.fullmatch(r"'.*' (True|False)", line)]
+    rate = [line for line in lines if re.fullmatch(r"\d+(\.\d+)?|None", line)]
+    return {"acceptance line": len(rate) >= 1, "streamed lines": len(streamed) >= 1}
+
+
+# -- examples -------------------------------------------------------------------------------
+@dataclass
+class Context:
+    url: str
+    client: httpx.Client
+    target: str  # the served target: its id and path
+    target_path: str
+    draft: str | None
+    out: Path
+    python: str
+
+
+@dataclass
+class Example:
+    name: str
+    command: Callable[[Context], str]  # what the README shows
+    command_lang: str
+    run: Callable[[Context], str]  # what it printed
+    lang: str  # "json" or "text"
+    shape: Callable[[str], object]
+
+
+def curl(path: str, body: dict | None = None, method: str | None = None, stream=False) -> str:
+    flags = "-sN" if stream else "-s"
+    parts = [f"curl {flags}"] + ([f"-X {method}"] if method else []) + [f"{SHOWN_URL}{path}"]
+    if body is None:
+        return " ".join(parts)
+    parts.append("-H 'Content-Type: application/json'")
+    fields = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in body.items())
+    return " ".join(parts) + " -d '{\n" + fields + "\n}'"
+
+
+def pretty(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def post(ctx: Context, path: str, body: dict) -> dict:
+    r = ctx.client.post(ctx.url + path, json=body)
+    r.raise_for_status()
+    return r.json()
+
+
+def chat(ctx: Context) -> str:
+    return pretty(post(ctx, "/v1/chat/completions", CHAT_BODY))
+
+
+CACHED_FILTER = "{usage, cached_tokens: .stats.cached_tokens, ttft_s: .stats.ttft_s}"
+
+
+def chat_cached(ctx: Context) -> str:
+    r = post(ctx, "/v1/chat/completions", CHAT_BODY)
+    return pretty({"usage": r["usage"], "cached_tokens": r["stats"]["cached_tokens"],
+                   "ttft_s": r["stats"]["ttft_s"]})
+
+
+def stream(ctx: Context) -> str:
+    lines = []
+    with ctx.client.stream("POST", ctx.url + "/v1/chat/completions", json=STREAM_BODY) as r:
+        r.raise_for_status()
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    (ctx.out / "stream-full.txt").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines[:2] + ["..."] + lines[-3:])
+
+
+def completion(ctx: Context) -> str:
+    return pretty(post(ctx, "/v1/completions", COMPLETION_BODY))
+
+
+def sdk_code(ctx: Context) -> str:
+    return SDK_SNIPPET.format(model=json.dumps(ctx.target))
+
+
+def sdk(ctx: Context) -> str:
+    code = sdk_code(ctx).replace(SHOWN_URL, ctx.url)
+    p = subprocess.run([ctx.python, "-c", code], capture_output=True, text=True,
+                       timeout=REQUEST_TIMEOUT_S, check=False)
+    if p.returncode:
+        raise RuntimeError(f"the SDK snippet failed:\n{p.stderr}")
+    return p.stdout.rstrip("\n")
+
+
+def get(ctx: Context, path: str) -> httpx.Response:
+    r = ctx.client.get(ctx.url + path)
+    r.raise_for_status()
+    return r
+
+
+def metrics(ctx: Context) -> str:
+    lines = get(ctx, "/metrics").text.splitlines()
+    return "\n".join(line for line in lines
+                     if re.split(r"[{ ]", line, maxsplit=1)[0] in METRICS_SHOWN)
+
+
+def admin(method: str, path: str, body: Callable[[Context], dict] | None = None):
+    def run(ctx: Context) -> str:
+        r = ctx.client.request(method, ctx.url + path,
+                               json=body(ctx) if body else None)
+        r.raise_for_status()
+        return pretty(r.json())
+    return run
+
+
+def draft_body(ctx: Context, k: int | None = None) -> dict:
+    return {"model": ctx.draft, **({"num_draft_tokens": k} if k else {})}
+
+
+def demo_argv(ctx: Context) -> list[str]:
+    argv = ["--model", ctx.target_path]
+    if ctx.draft:
+        argv += ["--draft-model", ctx.draft, "--num-draft-tokens", "4"]
+    return argv + ["--chat", "--prompt", DEMO_PROMPT, "--max-tokens", "128"]
+
+
+def demo(ctx: Context) -> str:
+    p = subprocess.run([ctx.python, "-m", "server.demo", *demo_argv(ctx)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=REQUEST_TIMEOUT_S, check=False)
+    if p.returncode:
+        raise RuntimeError(f"server.demo failed:\n{p.stdout}")
+    return p.stdout.rstrip("\n")
+
+
+def bench_argv(ctx: Context) -> list[str]:
+    argv = ["--smoke", "--target-model", ctx.target_path]
+    if ctx.draft:
+        argv += ["--draft-model", ctx.draft]
+    return argv + ["--results-dir", shown_path(ctx.out / "bench"), "--tag", "smoke"]
+
+
+def bench(ctx: Context) -> str:
+    p = subprocess.run([ctx.python, "-m", "server.bench", *bench_argv(ctx)],
+                       capture_output=True, text=True, timeout=2 * REQUEST_TIMEOUT_S,
+                       check=False)
+    if p.returncode:
+        raise RuntimeError(f"server.bench --smoke failed:\n{p.stderr}")
+    return p.stdout.strip("\n")
+
+
+def shown_path(path: Path | str) -> str:
+    """Repository-relative when inside the repository (as a reader would type it)."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def py_command(module: str, argv: list[str]) -> str:
+    return f".venv/bin/python -m {module} " + shlex.join(argv)
+
+
+EXAMPLES = [
+    Example("chat", lambda c: curl("/v1/chat/completions", CHAT_BODY), "bash", chat, "json",
+            shape_of_json),
+    Example("chat-cached",
+            lambda c: curl("/v1/chat/completions", CHAT_BODY) + f" | jq '{CACHED_FILTER}'",
+            "bash", chat_cached, "json", shape_of_json),
+    Example("stream", lambda c: curl("/v1/chat/completions", STREAM_BODY, stream=True), "bash",
+            stream, "text", shape_of_sse),
+    Example("completion", lambda c: curl("/v1/completions", COMPLETION_BODY), "bash",
+            completion, "json", shape_of_json),
+    Example("sdk", sdk_code, "python", sdk, "text", shape_of_sdk),
+    Example("models", lambda c: curl("/v1/models"), "bash",
+            lambda c: pretty(get(c, "/v1/models").json()), "json", shape_of_json),
+    Example("health", lambda c: curl("/health"), "bash",
+            lambda c: pretty(get(c, "/health").json()), "json", shape_of_json),
+    Example("metrics",
+            lambda c: curl("/metrics") + " | grep -E '^mlx_spec_(completions|generated_tokens|"
+            "prompt_tokens|time_to_first_token_seconds_count|spec_decode|prefix_cache|"
+            "queue_depth|running)'",
+            "bash", metrics, "text", shape_of_metrics),
+    Example("cache-clear", lambda c: curl("/v1/cache", method="DELETE"), "bash",
+            admin("DELETE", "/v1/cache"), "json", shape_of_json),
+    Example("compatibility",
+            lambda c: curl("/v1/models/draft/compatibility", draft_body(c)), "bash",
+            admin("POST", "/v1/models/draft/compatibility", draft_body), "json", shape_of_json),
+    Example("unload", lambda c: curl("/v1/models/draft", method="DELETE"), "bash",
+            admin("DELETE", "/v1/models/draft"), "json", shape_of_json),
+    Example("load", lambda c: curl("/v1/models/draft", draft_body(c, 4)), "bash",
+            admin("POST", "/v1/models/draft", lambda c: draft_body(c, 4)), "json",
+            shape_of_json),
+    Example("demo", lambda c: py_command("server.demo", demo_argv(c)), "bash", demo, "text",
+            shape_of_labels),
+    Example("bench-smoke", lambda c: py_command("server.bench", bench_argv(c)), "bash", bench,
+            "text", shape_of_bench),
+]
+NEEDS_DRAFT = {"compatibility", "unload", "load"}
+
+
+# -- the server -----------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "server", "--config", str(args.config), "--port", str(port)]
+    if args.model:
+        argv += ["--model", args.model]
+    if args.draft_model:
+        argv += ["--draft-model", args.draft_model]
+    log = log_path.open("w")
+    return subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n"
+                               f"{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not answer /health in {STARTUP_TIMEOUT_S}s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def machine() -> dict:
+    def git(*a: str) -> str | None:
+        p = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=False)
+        return p.stdout.strip() or None
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": platform.machine(), "cores": os.cpu_count(),
+            "os": platform.platform(), "python": platform.python_version(),
+            "git_commit": git("rev-parse", "--short", "HEAD")}
+
+
+# -- README ---------------------------------------------------------------------------------
+def readme_regions(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in MARKER.finditer(text)}
+
+
+def fenced(text: str, lang: str) -> str:
+    longest = max((len(run) for run in re.findall(r"`{3,}", text)), default=2)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text.rstrip()}\n{fence}\n"
+
+
+def region_text(command: str, command_lang: str, output: str, lang: str) -> str:
+    return fenced(command, command_lang) + "\n" + fenced(output, lang)
+
+
+def captured_text(meta: dict) -> str:
+    draft = f"`{meta['draft']}`" if meta["draft"] else "no draft"
+    return (f"Captured {meta['date']} on {meta['machine']} ({meta['cores']} cores, "
+            f"{meta['device']}), commit {meta['git_commit']}: target `{meta['target']}`, "
+            f"draft {draft}. `scripts/readme_examples.py --write-readme` reruns every example "
+            f"below and rewrites these blocks; the raw outputs are in `RESULTS/readme/`.\n")
+
+
+def write_readme(path: Path, regions: dict[str, str]) -> None:
+    def replace(m: re.Match) -> str:
+        name = m.group(1)
+        body = regions.get(name, m.group(2))
+        return f"<!-- readme-example: {name} -->\n{body}<!-- /readme-example -->"
+
+    path.write_text(MARKER.sub(replace, path.read_text()))
+
+
+def check_readme(path: Path, outputs: dict[str, str]) -> list[str]:
+    """Differences between the README's output blocks and fresh outputs, by shape."""
+    regions = readme_regions(path.read_text())
+    problems = []
+    shown = set(regions) - {"captured"}
+    for name in sorted(shown - set(outputs)):
+        problems.append(f"{name}: marked in the README but not run by this script")
+    for name in sorted(set(outputs) - shown):
+        problems.append(f"{name}: run by this script but not marked in the README")
+    examples = {e.name: e for e in EXAMPLES}
+    for name in sorted(shown & set(outputs)):
+        blocks = FENCE.findall(regions[name])
+        if len(blocks) != 2:
+            problems.append(f"{name}: expected a command block and an output block")
+            continue
+        example = examples[name]
+        try:
+            expected = example.shape(blocks[1][2])
+        except Exception as e:  # noqa: BLE001 - a README block that no longer parses
+            problems.append(f"{name}: the README's block does not parse: {e!r}")
+            continue
+        got = example.shape(outputs[name])
+        if got != expected:
+            problems.append(f"{name}: shape differs\n  README: {expected}\n  now:    {got}")
+    return problems
+
+
+# -- main -----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=Path("config.yaml"))
+    p.add_argument("--model", help="Target model (default: what the config serves).")
+    p.add_argument("--draft-model", help="Draft model ('none' for none).")
+    p.add_argument("--out", type=Path, default=Path("RESULTS/readme"),
+                   help="Where the captured outputs go.")
+    p.add_argument("--readme", type=Path, default=Path("README.md"))
+    p.add_argument("--only", help="Comma-separated example names (default: all).")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write-readme", action="store_true",
+                      help="Replace the marked blocks in the README with the outputs.")
+    mode.add_argument("--check", action="store_true",
+                      help="Compare the outputs' shapes with the README's blocks; exit 1 if any"
+                           " differs.")
+    return p.parse_args(argv)
+
+
+def run_examples(ctx: Context, names: set[str] | None, log) -> dict[str, tuple[str, str]]:
+    """{name: (command, output)} for each example that applies to the served models."""
+    done = {}
+    for ex in EXAMPLES:
+        if (names and ex.name not in names) or (ex.name in NEEDS_DRAFT and not ctx.draft):
+            continue
+        started = time.monotonic()
+        output = ex.run(ctx)
+        suffix = "json" if ex.lang == "json" else "txt"
+        command = ex.command(ctx)
+        (ctx.out / f"{ex.name}.{suffix}").write_text(output + "\n")
+        done[ex.name] = (command, output)
+        print(f"{ex.name:14s} {time.monotonic() - started:6.1f}s  {command.splitlines()[0][:70]}",
+              file=log, flush=True)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.chdir(ROOT)
+    args.out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = args.out / "server.log"
+    proc = start_server(args, port, log_path)
+    try:
+        wait_ready(url, proc, log_path)
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            models = client.get(url + "/v1/models").json()["data"]
+            target = next(m for m in models if m["role"] == "target")
+            draft = next((m for m in models if m["role"] == "draft"), None)
+            ctx = Context(url=url, client=client, target=target["id"],
+                          target_path=shown_path(target["path"]),
+                          draft=shown_path(draft["path"]) if draft else None,
+                          out=args.out, python=sys.executable)
+            names = set(args.only.split(",")) if args.only else None
+            done = run_examples(ctx, names, sys.stderr)
+    finally:
+        stop_server(proc)
+    import mlx.core as mx
+
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    meta = {**machine(), "device": device, "target": ctx.target_path, "draft": ctx.draft,
+            "examples": {name: command for name, (command, _) in done.items()}}
+    (args.out / "meta.json").write_text(pretty(meta) + "\n")
+    outputs = {name: output for name, (_, output) in done.items()}
+    if args.check:
+        problems = check_readme(args.readme, outputs)
+        for problem in problems:
+            print(f"README mismatch: {problem}", file=sys.stderr)
+        print(f"{len(outputs)} examples ran; {len(problems)} README mismatch(es)")
+        return 1 if problems else 0
+    if args.write_readme:
+        examples = {e.name: e for e in EXAMPLES}
+        regions = {name: region_text(cmd, examples[name].command_lang, out, examples[name].lang)
+                   for name, (cmd, out) in done.items()}
+        regions["captured"] = captured_text(meta)
+        write_readme(args.readme, regions)
+        print(f"rewrote {len(regions)} blocks in {args.readme}")
+    print(f"{len(outputs)} examples ran; outputs in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
