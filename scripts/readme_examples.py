@@ -27,6 +27,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path("RESULTS/readme")
 SHOWN_URL = "http://127.0.0.1:8000"  # what the README's commands say
 MARKER = re.compile(r"<!-- readme-example: ([\w-]+) -->\n(.*?)<!-- /readme-example -->",
                     re.DOTALL)
@@ -467,8 +469,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, default=Path("config.yaml"))
     p.add_argument("--model", help="Target model (default: what the config serves).")
     p.add_argument("--draft-model", help="Draft model ('none' for none).")
-    p.add_argument("--out", type=Path, default=Path("RESULTS/readme"),
-                   help="Where the captured outputs go.")
+    p.add_argument("--out", type=Path,
+                   help="Where the captured outputs go (default RESULTS/readme; with --check,"
+                        " a temporary folder).")
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     p.add_argument("--only", help="Comma-separated example names (default: all).")
     mode = p.add_mutually_exclusive_group()
@@ -500,6 +503,8 @@ def run_examples(ctx: Context, names: set[str] | None, log) -> dict[str, tuple[s
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.chdir(ROOT)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="readme-")) if args.check else RESULTS_DIR
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -93,3 +93,12 @@ def test_shapes_ignore_numbers_and_text_but_not_lines():
         demo.replace("12.5", "900.01").replace("some text", "a\nb"))
     assert script.shape_of_labels(demo) != script.shape_of_labels(
         demo.replace(" - Tokens per second: 12.5\n", ""))
+
+
+def test_a_block_whose_output_holds_a_fence_reads_back_whole():
+    script = _script()
+    output = "Model loaded\n```python\ndef f():\n    pass\n```\nGeneration stats:"
+    region = script.region_text("python -m server.demo", "bash", output, "text")
+    blocks = script.FENCE.findall(region)
+    assert [(lang, body) for _, lang, body in blocks] == [
+        ("bash", "python -m server.demo"), ("text", output)]
