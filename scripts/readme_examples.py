@@ -292,6 +292,8 @@ def bench_argv(ctx: Context) -> list[str]:
 
 
 def bench(ctx: Context) -> str:
+    for old in (ctx.out / "bench").glob("bench-*-smoke.*"):  # keep only this capture's files
+        old.unlink()
     p = subprocess.run([ctx.python, "-m", "server.bench", *bench_argv(ctx)],
                        capture_output=True, text=True, timeout=2 * REQUEST_TIMEOUT_S,
                        check=False)
