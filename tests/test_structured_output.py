@@ -419,7 +419,8 @@ async def test_rejection_sampling_under_a_grammar_follows_the_masked_target(tiny
     assert len(ids) == mask.sum() > 5
     samples, proposed = 1000, 0
     counts = np.zeros(len(mask))
-    async with served(*tiny_pair) as (client, _):
+    # Concurrent requests: let every one of them speculate (batched verification).
+    async with served(*tiny_pair, engine={"spec_max_batch": 64}) as (client, _):
         body = schema_body(schema, temperature=1.0, max_tokens=2, num_draft_tokens=1,
                            adaptive=False, acceptance="rejection", logprobs=True)
         body["messages"][0]["content"] = PROMPTS[1]
