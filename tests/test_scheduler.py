@@ -122,6 +122,18 @@ def test_sampled_and_greedy_rows_do_not_affect_each_other(kit):
     assert alone(kit, sampled) == alone(kit, sampled)
 
 
+def test_a_seeded_request_gives_the_same_text_alone_and_in_a_batch_that_stops_speculating(kit):
+    """With the default policy a batch stops speculating; a seeded drafting request does not,
+    so its sampled text is the same whatever else runs."""
+    seeded = params(kit, 1, k=4, temperature=0.9, seed=21, max_tokens=24)
+    others = [params(kit, i, k=4) for i in (0, 2, 3)]
+    events, seqs = run_batch(kit, [seeded, *others], spec_max_batch=1)
+    assert tokens_of(events[0]) == alone(kit, seeded)
+    assert seqs[0].counters.proposed > 0
+    for p, ev in zip(others, events[1:], strict=True):
+        assert tokens_of(ev) == alone(kit, p)
+
+
 def test_unseeded_rows_draw_their_own_randomness(kit):
     p = params(kit, 1, temperature=1.0, max_tokens=24)
     events, _ = run_batch(kit, [p, p])

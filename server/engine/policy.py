@@ -51,7 +51,17 @@ class SpeculationPolicy:
         return replace(defaults, num_draft_tokens=k, required=required)
 
     def for_round(self, rows) -> dict[int, int]:
-        """Draft length per row this round (keyed by id): 0 for all once the batch is large."""
-        if len(rows) > self.spec_max_batch:
-            return {}
-        return {id(r): r.schedule.next(r.remaining) for r in rows if r.drafter is not None}
+        """Draft length per row this round (keyed by id): none once the batch is large.
+
+        Except seeded sampled requests: speculative sampling draws its randomness differently
+        from plain sampling, so they always speculate, and their text does not depend on
+        what else runs (greedy output is the same either way).
+        """
+        large = len(rows) > self.spec_max_batch
+        return {id(r): r.schedule.next(r.remaining) for r in rows
+                if r.drafter is not None and (not large or _seeded_sampling(r))}
+
+
+def _seeded_sampling(row) -> bool:
+    sampling = row.params.sampling
+    return sampling.seed is not None and not sampling.greedy
