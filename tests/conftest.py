@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -129,3 +129,41 @@ async def served(target, draft, *, model_roots=None, engine=None, cache=None, **
             yield client, engine
     finally:
         engine.stop()
+
+
+def start_server(args: list[str], log: Path):
+    """`python -m server ARGS --port P` in a subprocess, once /health answers: (proc, url)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", *args, "--port", str(port)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {log.read_text()}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"server did not start: {log.read_text()}")
+
+
+@contextmanager
+def running_server(args: list[str], log: Path):
+    """`start_server`, terminated on exit."""
+    proc, url = start_server(args, log)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

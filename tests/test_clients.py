@@ -9,18 +9,12 @@ speculative rounds. Greedy, so every run is the same.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-import httpx
 import jsonschema
 import pytest
-from conftest import free_port
+from conftest import running_server
 from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.slow
@@ -49,31 +43,6 @@ MESSAGES = [{"role": "user", "content": "Make up a pet."}]
 
 # The default target, once converted (first start of the server, or tests/test_default_model).
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
-
-
-@contextmanager
-def running_server(cmd: list[str], log: Path):
-    port = free_port()
-    cmd = [sys.executable, "-m", "server", *cmd, "--port", str(port)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {log.read_text()}")
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"server did not start: {log.read_text()}")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

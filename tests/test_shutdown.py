@@ -4,38 +4,19 @@ frees its row."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import start_server
 
 pytestmark = pytest.mark.slow
 
 
-def start_server(tiny_pair, log_path, *extra) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "server", "--model", str(tiny_pair[0]),
-           "--draft-model", str(tiny_pair[1]), "--port", str(port), *extra]
-    out = open(log_path, "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {open(log_path).read()}")
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail("server did not start")
+def pair_args(tiny_pair, *extra) -> list[str]:
+    return ["--model", str(tiny_pair[0]), "--draft-model", str(tiny_pair[1]), *extra]
 
 
 def stream_lines(url, body, lines, done):
@@ -53,7 +34,7 @@ def stream_lines(url, body, lines, done):
 def test_sigterm_with_three_active_streams_ends_them_cleanly_and_exits(tiny_pair, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("engine:\n  drain_timeout_s: 1.0\n")
-    proc, url = start_server(tiny_pair, tmp_path / "log.txt", "--config", str(config))
+    proc, url = start_server(pair_args(tiny_pair, "--config", str(config)), tmp_path / "log.txt")
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 1000,
             "stream": True, "ignore_eos": True}
     streams = [([], threading.Event()) for _ in range(3)]
@@ -77,7 +58,7 @@ def test_sigterm_with_three_active_streams_ends_them_cleanly_and_exits(tiny_pair
 
 
 def test_a_non_streamed_client_that_leaves_frees_its_row(tiny_pair, tmp_path):
-    proc, url = start_server(tiny_pair, tmp_path / "log.txt")
+    proc, url = start_server(pair_args(tiny_pair), tmp_path / "log.txt")
     try:
         body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 1000,
                 "ignore_eos": True}

@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import running_server
 from mlx_lm import generate
 
 
 @pytest.fixture(scope="module")
 def server_url(tiny_pair, tmp_path_factory):
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "server", "--model", str(tiny_pair[0]),
-           "--draft-model", str(tiny_pair[1]), "--num-draft-tokens", "3", "--port", str(port)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {log.read_text()}")
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"server did not start: {log.read_text()}")
+    with running_server(["--model", str(tiny_pair[0]), "--draft-model", str(tiny_pair[1]),
+                         "--num-draft-tokens", "3"], log) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
