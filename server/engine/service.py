@@ -58,10 +58,24 @@ class RequestHandle:
         self._engine = engine
         self._events: asyncio.Queue = asyncio.Queue()
         self._loop = loop
+        self._pending: list = []
+        self._lock = threading.Lock()
         self.sequence: Sequence | None = None
 
     def sink(self, event: object) -> None:  # MLX thread
-        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        # A speculative round emits a burst of tokens: wake the event loop once per burst,
+        # not once per token, so it competes less with the MLX thread for the GIL.
+        with self._lock:
+            self._pending.append(event)
+            first = len(self._pending) == 1
+        if first:
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:  # event loop
+        with self._lock:
+            events, self._pending = self._pending, []
+        for event in events:
+            self._events.put_nowait(event)
 
     def cancel(self) -> None:
         if self.sequence is not None:
