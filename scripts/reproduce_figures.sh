@@ -2,8 +2,8 @@
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
-#                                   demo_server temp adaptive lookup load prefix stall;
-#                                   default: all)
+#                                   demo_server temp adaptive lookup load prefix stall
+#                                   before structured; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -99,5 +99,24 @@ run_stall() {  # issue 8: the longest gap a 2048-token prompt causes in a runnin
     | tee "$OUT/stall.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load prefix stall}
+run_before() {  # issue 8: one stream, this engine vs the one before the scheduler (fe2139d)
+  local old=${OLD_TREE:-/tmp/mlx-spec-before}
+  [ -d "$old" ] || git worktree add -f "$old" fe2139d >/dev/null
+  $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/before-new.log" 2>&1 &
+  local new=$!
+  (cd "$old" && "$OLDPWD/$PY" -m server --model "$OLDPWD/$GEN_T" --draft-model "$OLDPWD/$GEN_D" \
+    --port 8104 >"$OLDPWD/$OUT/before-old.log" 2>&1) &
+  local before=$!
+  trap 'kill $new $before 2>/dev/null; pkill -f "port 8104" || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  wait_up http://127.0.0.1:8104/health
+  $PY -m server.bench.load --server new=http://127.0.0.1:8100 \
+    --compare before=http://127.0.0.1:8104 --concurrency 1,1 --requests-per-client 3 \
+    --results-dir "$OUT" --tag single-stream-vs-before
+}
+run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
+  $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
+}
+
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load prefix stall before structured}
 for s in $sections; do echo "=== $s"; "run_$s"; done
