@@ -100,12 +100,13 @@ run_stall() {  # issue 8: the longest gap a 2048-token prompt causes in a runnin
 }
 
 run_before() {  # issue 8: one stream, this engine vs the one before the scheduler (fe2139d)
-  local old=${OLD_TREE:-/tmp/mlx-spec-before}
+  local old=${OLD_TREE:-/tmp/mlx-spec-before} root=$PWD out
+  out=$(cd "$OUT" && pwd)
   [ -d "$old" ] || git worktree add -f "$old" fe2139d >/dev/null
   $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/before-new.log" 2>&1 &
   local new=$!
-  (cd "$old" && "$OLDPWD/$PY" -m server --model "$OLDPWD/$GEN_T" --draft-model "$OLDPWD/$GEN_D" \
-    --port 8104 >"$OLDPWD/$OUT/before-old.log" 2>&1) &
+  (cd "$old" && "$root/$PY" -m server --model "$root/$GEN_T" --draft-model "$root/$GEN_D" \
+    --port 8104 >"$out/before-old.log" 2>&1) &
   local before=$!
   trap 'kill $new $before 2>/dev/null; pkill -f "port 8104" || true' RETURN
   wait_up http://127.0.0.1:8100/health
