@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.engine.params import Acceptance, DraftSource
 from server.engine.policy import DEFAULT_SPEC_MAX_BATCH
+from server.engine.scheduler import DEFAULT_PREFILL_CHUNK
 
 
 class ServerSettings(BaseModel):
@@ -73,7 +74,7 @@ class EngineSettings(BaseModel):
         16, ge=1, le=256, description="Requests prefilling or decoding at once; more wait."
     )
     prefill_chunk: int = Field(
-        256, ge=16, le=8192,
+        DEFAULT_PREFILL_CHUNK, ge=16, le=8192,
         description="Prompt tokens prefilled per scheduler step, between decoding rounds: the"
         " most a new prompt stalls the running streams.",
     )
