@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.engine.params import Acceptance, DraftSource
-from server.engine.policy import DEFAULT_SPEC_MAX_BATCH
+from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_SPEC_MAX_BATCH
 from server.engine.scheduler import DEFAULT_PREFILL_CHUNK
 
 
@@ -45,7 +45,8 @@ class ModelSettings(BaseModel):
         "models/demo/draft", description="Draft model path or hub id; null or 'none' for none."
     )
     num_draft_tokens: int = Field(
-        4, ge=1, le=64, description="Draft tokens per round (the maximum when adaptive)."
+        DEFAULT_NUM_DRAFT_TOKENS, ge=1, le=64,
+        description="Draft tokens per round (the maximum when adaptive)."
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU (16-bit matmuls are slow there)."

@@ -20,6 +20,7 @@ from typing import TextIO
 
 from server.config import ModelSettings
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.prompts import chat_tokens, text_tokens
 
 DEFAULT_PROMPT = "Write a Python function `binary_search(items, target)` and explain it."
 DEFAULT_MAX_TOKENS = 256
@@ -75,13 +76,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:
     """Token ids as the server makes them: the chat template (or a plain fallback), or raw."""
     if chat:
-        messages = [{"role": "user", "content": text}]
-        if tokenizer.has_chat_template:
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-        return list(tokenizer.encode(f"user: {text}\nassistant: "))
-    bos = tokenizer.bos_token
-    return list(tokenizer.encode(text, add_special_tokens=bos is None
-                                 or not text.startswith(bos)))
+        return chat_tokens(tokenizer, [{"role": "user", "content": text}])
+    return text_tokens(tokenizer, text)
 
 
 def speculation_from_args(args: argparse.Namespace) -> SpeculationParams:

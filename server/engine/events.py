@@ -53,6 +53,10 @@ class GenerationStats:
         return asdict(self)
 
 
+class RequestCancelled(Exception):
+    """Delivered to a cancelled request's sink: its client went away or it was cancelled."""
+
+
 @dataclass(frozen=True)
 class Finished:
     finish_reason: str  # "stop" | "length" (| "cancelled": generate_events' caller stopped)

@@ -25,11 +25,12 @@ class InvalidRequest(ValueError):
 # matmuls grow with the rows fed, so verifying k + 1 tokens per row stops being nearly free).
 # On a GPU the crossover is higher: raise `engine.spec_max_batch`.
 DEFAULT_SPEC_MAX_BATCH = 1
+DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most, when adaptive)
 
 
 @dataclass(frozen=True)
 class SpeculationPolicy:
-    num_draft_tokens: int = 4  # the server's default k (the draft model's, changeable at load)
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # the server's k (changeable at load)
     spec_max_batch: int = DEFAULT_SPEC_MAX_BATCH  # speculate only while the batch is this small
 
     def for_request(self, *, use_draft: bool | None, num_draft_tokens: int | None,

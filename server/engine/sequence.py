@@ -18,16 +18,18 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
 from server.engine.drafting import DraftSchedule
-from server.engine.events import DraftCounters, Finished, GenerationStats, TokenEvent
+from server.engine.events import (
+    DraftCounters,
+    Finished,
+    GenerationStats,
+    RequestCancelled,
+    TokenEvent,
+)
 from server.engine.params import GenerationParams
 from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
 
 Sink = Callable[[object], None]
-
-
-class RequestCancelled(Exception):
-    """Delivered to a cancelled request's sink: its client went away or it was cancelled."""
 
 
 class Phase(Enum):

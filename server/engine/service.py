@@ -21,9 +21,10 @@ import mlx.core as mx
 from server.engine.events import Finished
 from server.engine.model_kit import LoadedModel, ModelKit, is_hub_id, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.policy import InvalidRequest, SpeculationPolicy
+from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, InvalidRequest, SpeculationPolicy
 from server.engine.scheduler import (
     ObserverList,
+    QueueFull,
     Scheduler,
     SchedulerConfig,
     SchedulerObserver,
@@ -33,7 +34,9 @@ from server.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InferenceEngine", "InvalidRequest", "ModelCard", "RequestHandle"]
+# What HTTP may import from the engine besides params, events and model-kit errors.
+__all__ = ["InferenceEngine", "InvalidRequest", "ModelCard", "QueueFull", "RequestHandle",
+           "SchedulerConfig", "SchedulerObserver", "ShuttingDown"]
 
 # CPython hands the GIL to a waiting thread only every `switchinterval` (default 5 ms). The
 # event loop wakes for every streamed token while the MLX thread builds the next graph; the
@@ -93,7 +96,8 @@ class RequestHandle:
 
 class InferenceEngine:
     def __init__(self, *, model: str, draft_model: str | None = None,
-                 model_name: str | None = None, num_draft_tokens: int = 4,
+                 model_name: str | None = None,
+                 num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
                  prefix_cache_bytes: int = 0):

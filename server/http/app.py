@@ -9,8 +9,7 @@ from fastapi import FastAPI
 
 from server.config import Settings
 from server.engine.prefix_cache import cache_budget_bytes
-from server.engine.scheduler import SchedulerConfig
-from server.engine.service import InferenceEngine
+from server.engine.service import InferenceEngine, SchedulerConfig
 from server.http.auth import log_exposure
 from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics

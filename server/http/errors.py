@@ -12,8 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_schemas.openai import ErrorBody, ErrorResponse
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
-from server.engine.policy import InvalidRequest
-from server.engine.scheduler import QueueFull, ShuttingDown
+from server.engine.service import InvalidRequest, QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from api_schemas.openai import ChatCompletionRequest, CompletionRequest, Samplin
 from server.config import GenerationDefaults
 from server.engine.grammar import GrammarError, grammars_for
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.prompts import text_tokens
 from server.engine.service import InferenceEngine
 from server.http.errors import APIError
 from server.http.tools import render_chat
@@ -28,13 +29,10 @@ def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[in
 
 def completion_prompt(engine: InferenceEngine, body: CompletionRequest) -> list[int]:
     if isinstance(body.prompt, str):
-        tokenizer = engine.tokenizer
-        bos = tokenizer.bos_token
-        tokens = tokenizer.encode(body.prompt,
-                                  add_special_tokens=bos is None or not body.prompt.startswith(bos))
+        tokens = text_tokens(engine.tokenizer, body.prompt)
         if not tokens:
             raise APIError(400, "prompt encodes to no tokens", param="prompt")
-        return list(tokens)
+        return tokens
     vocab = engine.target.vocab_size
     bad = [t for t in body.prompt if not 0 <= t < vocab]
     if bad:

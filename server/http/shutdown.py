@@ -15,7 +15,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from server.engine.scheduler import ShuttingDown
+from server.engine.service import ShuttingDown
 
 log = logging.getLogger(__name__)
 BACKSTOP_S = 5.0

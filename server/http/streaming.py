@@ -32,8 +32,7 @@ from api_schemas.openai import (
     Usage,
     response_id,
 )
-from server.engine.events import Finished, TokenEvent
-from server.engine.sequence import RequestCancelled
+from server.engine.events import Finished, RequestCancelled, TokenEvent
 from server.engine.service import RequestHandle
 from server.http.errors import as_api_error
 from server.http.tools import ToolCallParser

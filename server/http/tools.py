@@ -25,6 +25,7 @@ from typing import Any
 from mlx_lm.tool_parsers import json_tools
 
 from server.engine.grammar import TOOL_CALL_END, TOOL_CALL_START
+from server.engine.prompts import chat_tokens
 
 
 @dataclass(frozen=True)
@@ -82,18 +83,15 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None) -> li
                 for m in messages]
     if tools and not native_tools:
         messages = with_tools_system_prompt(messages, tools)
-    if not tokenizer.has_chat_template:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return list(tokenizer.encode(text))
     kwargs = {"tools": tools} if native_tools else {}
     try:
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
+        return chat_tokens(tokenizer, messages, **kwargs)
     except Exception:
         if not any(m["role"] == "tool" for m in messages):
             raise
     # A template that refuses the `tool` role: results go back as user turns (Hermes style).
     messages = [tool_result_as_user(m) if m["role"] == "tool" else m for m in messages]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
+    return chat_tokens(tokenizer, messages, **kwargs)
 
 
 def template_message(message: dict, *, native_calls: bool) -> dict:
