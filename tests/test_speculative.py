@@ -153,7 +153,11 @@ def test_target_as_its_own_draft_accepts_every_draft_like_mlx_lm(pair, k):
             )
         )
         assert tokens == [int(t) for t, _, _ in theirs]
-        assert flags == [f for _, _, f in theirs]
+        # Every draft accepted: rounds of k drafts and the target's bonus token. Our first token
+        # comes from the prefill's logits (mlx_lm's speculative loop drafts it), so our rounds
+        # start one token later than theirs.
+        assert flags == ([False] + ([True] * k + [False]) * MAX_TOKENS)[:MAX_TOKENS]
+        assert [f for _, _, f in theirs] == (([True] * k + [False]) * MAX_TOKENS)[:MAX_TOKENS]
         assert counters.draft_tokens_accepted == counters.draft_tokens_proposed > 0
 
 
@@ -254,7 +258,10 @@ def test_draft_stops_below_draft_p_min(pair, references):
 
 def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypatch):
     target, draft, vocab, prompts = pair
-    steps = list(generate_step(prompts[1], draft, max_tokens=8))  # the draft's own greedy run
+    # The first token comes from the prefill; the first draft follows it.
+    first = greedy_reference(target, prompts[1], 1)
+    context = mx.concatenate([prompts[1], mx.array(first, mx.uint32)])
+    steps = list(generate_step(context, draft, max_tokens=8))  # the draft's own greedy run
     tops = [mx.exp(logprobs.max()).item() for _, logprobs in steps]
     stop = next(j for j in range(1, 8) if tops[j] < min(tops[:j]))
     p_min = (min(tops[:stop]) + tops[stop]) / 2
@@ -290,7 +297,7 @@ def test_prompt_lookup_drafts_the_continuation_the_prompt_contains(pair):
     )
     assert tokens == expected
     assert 0 < counters.draft_tokens_accepted == counters.draft_tokens_proposed
-    assert flags[:4] == [True] * 4
+    assert flags[:5] == [False] + [True] * 4  # the first token comes from the prefill
 
 
 def test_prompt_lookup_without_a_match_drafts_nothing(pair):
@@ -301,11 +308,11 @@ def test_prompt_lookup_without_a_match_drafts_nothing(pair):
         None,
         prompt,
         vocab_size=vocab,
-        max_tokens=1,
+        max_tokens=2,
         num_draft_tokens=4,
         source="prompt_lookup",
     )
-    assert flags == [False]
+    assert flags == [False, False]
     assert counters.draft_tokens_proposed == 0 and dict(counters.k_histogram) == {0: 1}
 
 

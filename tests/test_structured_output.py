@@ -402,39 +402,53 @@ async def test_ignore_eos_and_min_tokens(client, loaded_pair):
 @pytest.mark.anyio
 async def test_rejection_sampling_under_a_grammar_follows_the_masked_target(tiny_pair,
                                                                             loaded_pair):
-    """The first token of a drafted round, sampled many times, against the target's masked law."""
+    """A token verified by rejection sampling under a grammar, sampled many times, against the
+    target's masked law. The first token comes from the prefill; among the samples whose first
+    token is the likeliest one, d0, the second token was drafted (k = 1) and verified, so it
+    must follow the target's distribution after prompt + d0, masked by the grammar after d0."""
     import asyncio
 
     from scipy.stats import chisquare
 
     model, tokenizer, _ = loaded_pair
-    schema = {"type": "integer"}  # the first token: any of the digit and minus tokens
+    schema = {"type": "integer"}
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[1]}],
                                            add_generation_prompt=True)
-    mask = grammars_for(tokenizer).json_schema(schema)().allowed()
+    grammar = grammars_for(tokenizer).json_schema(schema)()
+    first_mask = grammar.allowed()
     logits = model(mx.array(prompt)[None])[0, -1].astype(mx.float32)
+    first_probs = np.array(mx.softmax(logits), dtype=np.float64)[: len(first_mask)] * first_mask
+    d0 = int(np.argmax(first_probs))
+    assert grammar.consume([d0]) == 1
+    mask = grammar.allowed()
+    logits = model(mx.array([*prompt, d0])[None])[0, -1].astype(mx.float32)
     probs = np.array(mx.softmax(logits), dtype=np.float64)[: len(mask)] * mask
     probs /= probs.sum()
     ids = {tokenizer.decode([t]): int(t) for t in np.flatnonzero(mask)}
     assert len(ids) == mask.sum() > 5
-    samples, proposed = 1000, 0
+    samples, proposed, requests = 0, 0, 0
     counts = np.zeros(len(mask))
     # Concurrent requests: let every one of them speculate (batched verification).
     async with served(*tiny_pair, engine={"spec_max_batch": 64}) as (client, _):
         body = schema_body(schema, temperature=1.0, max_tokens=2, num_draft_tokens=1,
                            adaptive=False, acceptance="rejection", logprobs=True)
         body["messages"][0]["content"] = PROMPTS[1]
-        for start in range(0, samples, 50):
+        while samples < 600 and requests < 6000:
             replies = await asyncio.gather(*[
                 client.post("/v1/chat/completions", json={**body, "seed": seed})
-                for seed in range(start, start + 50)])
+                for seed in range(requests, requests + 50)])
+            requests += 50
             for r in replies:
                 assert r.status_code == 200, r.text
-                first = r.json()["choices"][0]["logprobs"]["content"][0]["token"]
-                counts[ids[first]] += 1
+                content = r.json()["choices"][0]["logprobs"]["content"]
+                if len(content) < 2 or content[0]["token"] != tokenizer.decode([d0]):
+                    continue
+                counts[ids[content[1]["token"]]] += 1
+                samples += 1
                 proposed += r.json()["stats"]["draft_tokens_proposed"]
+    assert samples >= 600
     assert counts[~mask].sum() == 0
-    assert proposed >= samples  # every first token came out of a speculative round
+    assert proposed >= samples  # every second token came out of a speculative round
     keep = probs * samples >= 5
     expected = probs[keep] * samples
     observed = counts[keep]

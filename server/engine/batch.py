@@ -91,9 +91,12 @@ class ModelBatch:
             c.finalize()
 
 
-def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> None:
-    """Feed `tokens` into a single request's cache (one chunk; the caller chunks)."""
+def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> mx.array | None:
+    """Feed `tokens` into a single request's cache (one chunk; the caller chunks).
+
+    Returns the logits (V,) after the last token, evaluated with the cache."""
     if not tokens:
-        return
-    model(mx.array(tokens, mx.uint32)[None], cache=cache)
-    mx.eval([c.state for c in cache])
+        return None
+    logits = model(mx.array(tokens, mx.uint32)[None], cache=cache)[0, -1]
+    mx.eval(logits, [c.state for c in cache])
+    return logits

@@ -267,6 +267,17 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
     return results
 
 
+def first_token(seq: Sequence, logits: mx.array) -> bool:
+    """The request's first token from its prefill's last logits (V,); True when finished."""
+    verified = _verify_row(seq, Proposal(), logits[None])
+    mx.eval(verified.arrays())
+    _, tokens = verified.outcome([])
+    if seq.constraint is not None:
+        seq.constraint.consume(tokens[:1])
+    logprobs = verified.logprobs[0] if verified.logprobs is not None else None
+    return seq.emit(tokens[0], False, logprobs)
+
+
 def _settle_draft(seq, draft, draft_steps, n, emit, draft_kept) -> None:
     """Bring the row's draft bookkeeping up to date with what the round emitted."""
     if seq.drafter != "model":

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
 
 from server.engine.batch import ModelBatch, new_cache, prefill
-from server.engine.decoder import RoundResult, decode_round
+from server.engine.decoder import RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
 from server.engine.policy import InvalidRequest, SpeculationPolicy
@@ -275,11 +276,11 @@ class Scheduler:
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
         """Prefill at most `budget` more tokens of `seq`; join the batch when done."""
-        context = seq.prompt[:-1]  # the last prompt token is the first decoding input
+        context = seq.prompt
         if seq.prefilled == 0 and self._caching(seq):
             self._restore(seq, context)
         chunk = context[seq.prefilled: seq.prefilled + budget]
-        prefill(self.kit.target.model, seq.target_cache, chunk)
+        logits = prefill(self.kit.target.model, seq.target_cache, chunk)
         if seq.draft_cache is not None:
             prefill(self.kit.draft.model, seq.draft_cache, chunk)
         seq.prefilled += len(chunk)
@@ -289,7 +290,12 @@ class Scheduler:
             self.prefix_cache.store(self._cache_key(seq), context,
                                     [seq.target_cache, seq.draft_cache])
         self.prefilling.popleft()
-        self._join(seq)
+        # The first token comes straight from the prefill's last logits (as in mlx_lm), through
+        # the same pipeline as every other token; the request then joins the batch.
+        if first_token(seq, logits):
+            seq.finish()
+        else:
+            self._join(seq)
         return max(len(chunk), 1)
 
     def _join(self, seq: Sequence) -> None:
@@ -298,7 +304,7 @@ class Scheduler:
             if self.draft is None:
                 self.draft = ModelBatch(self.kit.draft.model)
             self.draft.add(seq, seq.draft_cache)
-            seq.draft_pending = [seq.prompt[-1]]
+            seq.draft_pending = [seq.output[-1]]
         seq.target_cache = seq.draft_cache = None
         seq.phase = Phase.DECODE
 
@@ -341,6 +347,9 @@ class Scheduler:
         self.observer.on_prefix_lookup(len(context), hit)
         if cache is None:
             return
+        if hit == len(context):  # keep one token to prefill: its logits give the first token
+            trim_prompt_cache(cache, 1)
+            hit -= 1
         layers = len(seq.target_cache)
         seq.target_cache = cache[:layers]
         if seq.draft_cache is not None:
