@@ -403,7 +403,9 @@ def machine() -> dict:
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": platform.machine(), "cores": os.cpu_count(),
             "os": platform.platform(), "python": platform.python_version(),
-            "git_commit": git("rev-parse", "--short", "HEAD")}
+            "git_commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted": (git("status", "--porcelain", "--", "server", "api_schemas")
+                            or "").splitlines()}
 
 
 # -- README ---------------------------------------------------------------------------------
@@ -424,8 +426,12 @@ def region_text(command: str, command_lang: str, output: str, lang: str) -> str:
 def captured_text(meta: dict) -> str:
     draft = f"`{meta['draft']}`" if meta["draft"] else "no draft"
     return (f"Captured {meta['date']} on {meta['machine']} ({meta['cores']} cores, "
-            f"{meta['device']}), commit {meta['git_commit']}: target `{meta['target']}`, "
-            f"draft {draft}. `scripts/readme_examples.py --write-readme` reruns every example "
+            f"{meta['device']}), commit {meta['git_commit']}"
+            f"{' with uncommitted changes to the server' if meta.get('uncommitted') else ''}"
+            f": target `{meta['target']}`, "
+            f"draft {draft}; requests that name no drafter use "
+            f"`{meta.get('default_drafter', 'model')}`. "
+            f"`scripts/readme_examples.py --write-readme` reruns every example "
             f"below and rewrites these blocks; the raw outputs are in `RESULTS/readme/`.\n")
 
 
@@ -528,8 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         stop_server(proc)
     import mlx.core as mx
 
+    from server.config import Settings
+
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     meta = {**machine(), "device": device, "target": ctx.target_path, "draft": ctx.draft,
+            "default_drafter": Settings.load(args.config).defaults.draft,
             "examples": {name: command for name, (command, _) in done.items()}}
     (args.out / "meta.json").write_text(pretty(meta) + "\n")
     outputs = {name: output for name, (_, output) in done.items()}
