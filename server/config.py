@@ -6,6 +6,7 @@ defaults a request gets when it leaves a field out. Each default lives here and 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -116,8 +117,11 @@ class GenerationDefaults(BaseModel):
     )
 
 
+ENV_PREFIX = "MLX_SPEC_"
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MLX_SPEC_", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__")
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
@@ -127,10 +131,19 @@ class Settings(BaseSettings):
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides) -> Settings:
-        """Read YAML (if any), then apply `overrides` as {"section": {"field": value}}."""
+        """Read YAML (if any), let `MLX_SPEC_*` variables win over it, then apply `overrides`
+        (the CLI flags) as {"section": {"field": value}}: flags > environment > file."""
         data: dict = {}
         if path is not None:
             data = yaml.safe_load(Path(path).read_text()) or {}
+        for section, values in list(data.items()):
+            if isinstance(values, dict):  # a key set in the environment is left to it
+                data[section] = {k: v for k, v in values.items()
+                                 if _env_name(section, k) not in os.environ}
         for section, values in overrides.items():
             data.setdefault(section, {}).update(values)
         return cls(**data)
+
+
+def _env_name(section: str, key: str) -> str:
+    return f"{ENV_PREFIX}{section}__{key}".upper()
