@@ -49,9 +49,11 @@ class RoundResult:
 # -- masks -----------------------------------------------------------------------------------
 
 
-def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: int):
-    """(positions, V) bool mask, or None: grammar masks and EOS held back (ignore_eos...)."""
-    start = len(seq.output)
+def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: int,
+                  ahead: int = 0):
+    """(positions, V) bool mask, or None: grammar masks and EOS held back (ignore_eos...),
+    for the positions that start `ahead` tokens after the output so far."""
+    start = len(seq.output) + ahead
     eos_banned = [not seq.eos_allowed_at(start + j) for j in range(positions)]
     if grammar is None and not any(eos_banned):
         return None
@@ -62,7 +64,7 @@ def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: in
             rows[j, : len(g)] = g
             rows[j, len(g):] = False
         if eos_banned[j]:
-            for e in seq._eos:
+            for e in seq.eos_ids:
                 if e < vocab:
                     rows[j, e] = False
     return mx.array(rows)
@@ -116,7 +118,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
             if seq.constraint is not None:
                 grammar = [seq.constraint.allowed()]
                 masks[i].append(grammar[0])
-            allowed = _allowed_rows_at(seq, step, grammar, vocab)
+            allowed = _allowed_rows(seq, 1, grammar, vocab, ahead=step)
             processed = apply_mask(processed, allowed)
             token, q = _choose(seq, processed, want_probs)
             if _p_min(seq) > 0:
@@ -155,24 +157,6 @@ def _top_probability(seq: Sequence, processed: mx.array) -> mx.array:
     if seq.pipeline.greedy:
         return mx.exp(normalize(processed.astype(mx.float32)).max())
     return seq.pipeline.probs(seq.pipeline.scaled(processed)).max()
-
-
-def _allowed_rows_at(seq: Sequence, offset: int, grammar, vocab: int):
-    """`_allowed_rows` for the single draft position `offset` tokens ahead."""
-    start = len(seq.output) + offset
-    eos_banned = not seq.eos_allowed_at(start)
-    if grammar is None and not eos_banned:
-        return None
-    row = np.ones((1, vocab), dtype=bool)
-    if grammar is not None and grammar[0] is not None:
-        g = grammar[0][:vocab]
-        row[0, : len(g)] = g
-        row[0, len(g):] = False
-    if eos_banned:
-        for e in seq._eos:
-            if e < vocab:
-                row[0, e] = False
-    return mx.array(row)
 
 
 def _lookup(seq: Sequence, k: int) -> Proposal:

@@ -103,6 +103,10 @@ class Sequence:
         self.key, sub = mx.random.split(self.key)
         return sub
 
+    @property
+    def eos_ids(self) -> set[int]:
+        return self._eos
+
     def eos_allowed_at(self, position: int) -> bool:
         """May the token at output index `position` be EOS (ignore_eos, min_tokens)?"""
         return not self.params.ignore_eos and position >= self.params.min_tokens

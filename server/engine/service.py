@@ -166,21 +166,6 @@ class InferenceEngine:
             scheduler.wake()
             self._parked.wait(timeout)
 
-    async def drain(self, grace_s: float) -> None:
-        """SIGTERM: stop admitting, answer waiting requests, give running ones `grace_s` to
-        finish, then end them with an error; returns when nothing runs any more."""
-        scheduler = self.scheduler
-        if scheduler is None:
-            return
-        scheduler.begin_drain()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
-        while scheduler.has_work() and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        if scheduler.has_work():
-            await self._call(lambda: scheduler.fail_running(
-                ShuttingDown("the server is shutting down")))
-
     def add_observer(self, observer: SchedulerObserver) -> None:
         """Metrics hooks, called on the MLX thread at admission and after every round."""
         self.observers.observers.append(observer)
