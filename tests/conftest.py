@@ -167,3 +167,26 @@ def running_server(args: list[str], log: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live_server(engine, tiny_pair):
+    """Our app (the shared tiny-pair engine) served by uvicorn in a thread: its URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from server.http.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(*tiny_pair), engine),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)

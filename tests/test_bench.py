@@ -8,12 +8,9 @@ import json
 import math
 import subprocess
 import sys
-import threading
-import time
 
 import httpx
 import pytest
-from conftest import free_port
 
 from server.bench.cells import PROMPT_KINDS, Cell, plan_cells
 from server.bench.cli import main, parse_args
@@ -232,27 +229,6 @@ def test_smoke_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     assert doc["metadata"]["cost_ratio"] > 0
     assert doc["metadata"]["runners"][0]["models"]["draft"]["path"] == str(draft)
     assert "structured  base" in capsys.readouterr().out
-
-
-@pytest.fixture(scope="module")
-def live_server(engine, tiny_pair):
-    """Our app (the shared tiny-pair engine) served by uvicorn in a thread."""
-    import uvicorn
-    from conftest import make_settings
-
-    from server.http.app import create_app
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(*tiny_pair), engine),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import csv
 import itertools
 import json
 import re
-import threading
 import time
 
 import httpx
@@ -259,27 +258,6 @@ def test_errors_are_counted_and_the_run_ends():
 
 
 # ------------------------------------------------------------------------------ our app
-@pytest.fixture(scope="module")
-def live_server(engine, tiny_pair):
-    """Our app (the shared tiny-pair engine) served by uvicorn in a thread."""
-    import uvicorn
-    from conftest import make_settings
-
-    from server.http.app import create_app
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(*tiny_pair), engine),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-
-
 @pytest.mark.slow
 def test_against_our_app_on_the_tiny_pair(live_server, tmp_path, capsys):
     url = live_server
