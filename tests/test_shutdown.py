@@ -36,7 +36,7 @@ def test_sigterm_with_three_active_streams_ends_them_cleanly_and_exits(tiny_pair
     config = tmp_path / "config.yaml"
     config.write_text("engine:\n  drain_timeout_s: 1.0\n")
     proc, url = start_server(pair_args(tiny_pair, "--config", str(config)), tmp_path / "log.txt")
-    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 1000,
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 4000,
             "stream": True, "ignore_eos": True}
     streams = [([], threading.Event()) for _ in range(3)]
     for lines, done in streams:
