@@ -134,6 +134,26 @@ def test_a_seeded_request_gives_the_same_text_alone_and_in_a_batch_that_stops_sp
         assert tokens_of(ev) == alone(kit, p)
 
 
+def test_rows_joining_a_large_batch_skip_the_draft_until_they_can_draft(kit):
+    """A batch too large to speculate does not prefill the draft; a row left alone catches the
+    draft up on its whole context and drafts, with the same greedy text."""
+    requests = [params(kit, i, k=4, max_tokens=12 + 20 * (i == 2)) for i in range(3)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), SpeculationPolicy(4, 1))
+    events = [[] for _ in requests]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(requests)]
+    scheduler.step()  # all three admitted: a batch of 3 does not draft
+    assert all(s.draft_cache is None for s in seqs)
+    while scheduler.prefilling:
+        scheduler.step()
+    assert len(scheduler.draft) == 0
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    assert [s.counters.proposed for s in seqs[:2]] == [0, 0]
+    assert seqs[2].counters.proposed > 0 and seqs[2].counters.accepted > 0
+    for p, ev in zip(requests, events, strict=True):
+        assert tokens_of(ev) == alone(kit, p)
+
+
 def test_unseeded_rows_draw_their_own_randomness(kit):
     p = params(kit, 1, temperature=1.0, max_tokens=24)
     events, _ = run_batch(kit, [p, p])

@@ -264,9 +264,9 @@ def first_token(seq: Sequence, logits: mx.array) -> bool:
 
 def _settle_draft(seq, draft, draft_steps, n, emit, draft_kept) -> None:
     """Bring the row's draft bookkeeping up to date with what the round emitted."""
-    if seq.drafter != "model":
-        return
-    if draft_steps and draft is not None and seq in draft:
+    if seq.drafter != "model" or draft is None or seq not in draft:
+        return  # the draft never saw this row: it catches up on the whole context if it drafts
+    if draft_steps:
         # The draft's cache now holds `pending` and the drafts it fed (all but the last).
         fed = draft_steps - 1
         keep_drafts = min(n, fed, len(emit))

@@ -51,16 +51,22 @@ class SpeculationPolicy:
         k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
         return replace(defaults, num_draft_tokens=k, required=required)
 
-    def for_round(self, rows) -> dict[int, int]:
+    def for_round(self, rows, batch_size: int) -> dict[int, int]:
         """Draft length per row this round (keyed by id): none once the batch is large.
+
+        `batch_size` counts the requests still prefilling too: they join within a few rounds.
 
         Except seeded sampled requests: speculative sampling draws its randomness differently
         from plain sampling, so they always speculate, and their text does not depend on
         what else runs (greedy output is the same either way).
         """
-        large = len(rows) > self.spec_max_batch
         return {id(r): r.schedule.next(r.remaining) for r in rows
-                if r.drafter is not None and (not large or _seeded_sampling(r))}
+                if self.drafts(r, batch_size)}
+
+    def drafts(self, row, batch_size: int) -> bool:
+        """Whether `row` drafts in a round of `batch_size` rows."""
+        large = batch_size > self.spec_max_batch
+        return row.drafter is not None and (not large or _seeded_sampling(row))
 
 
 def _seeded_sampling(row) -> bool:

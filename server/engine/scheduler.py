@@ -249,8 +249,6 @@ class Scheduler:
             seq.params = replace(seq.params, speculation=replace(spec, num_draft_tokens=0))
         seq.started_at = time.perf_counter()
         seq.target_cache = new_cache(self.kit.target.model)
-        if seq.drafter == "model":
-            seq.draft_cache = new_cache(self.kit.draft.model)
         seq.phase = Phase.PREFILL
         self.prefilling.append(seq)
 
@@ -277,8 +275,11 @@ class Scheduler:
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
         """Prefill at most `budget` more tokens of `seq`; join the batch when done."""
         context = seq.prompt
-        if seq.prefilled == 0 and self._caching(seq):
-            self._restore(seq, context)
+        if seq.prefilled == 0:
+            if seq.drafter == "model" and self.policy.drafts(seq, self.batch_size):
+                seq.draft_cache = new_cache(self.kit.draft.model)
+            if self._caching(seq):
+                self._restore(seq, context)
         chunk = context[seq.prefilled: seq.prefilled + budget]
         logits = prefill(self.kit.target.model, seq.target_cache, chunk)
         if seq.draft_cache is not None:
@@ -311,12 +312,35 @@ class Scheduler:
     def _decode_step(self) -> bool:
         if not len(self.target):
             return False
-        ks = self.policy.for_round(self.target.rows)
+        ks = self.policy.for_round(self.target.rows, self.batch_size)
+        self._catch_up_drafts(ks)
         draft = self.draft if self.draft is not None and len(self.draft) else None
         results = decode_round(self.target, draft, ks)
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
+
+    def _catch_up_drafts(self, ks: dict[int, int]) -> None:
+        """Rows about to draft whose draft never saw their context get it now.
+
+        A request that joins a batch too large to speculate skips the draft's prefill (at 8
+        streams that prefill cost ~7% of throughput for drafts nobody used); if the batch
+        shrinks enough for it to draft, the draft prefills its whole context first.
+        """
+        chunk = self.config.prefill_chunk
+        for seq in self.target.rows:
+            if not ks.get(id(seq)) or seq.drafter != "model":
+                continue
+            if self.draft is None:
+                self.draft = ModelBatch(self.kit.draft.model)
+            if seq in self.draft:
+                continue
+            cache = new_cache(self.kit.draft.model)
+            context = seq.context[:-1]
+            for start in range(0, len(context), chunk):
+                prefill(self.kit.draft.model, cache, context[start: start + chunk])
+            self.draft.add(seq, cache)
+            seq.draft_pending = seq.context[-1:]
 
     def _retire(self, done: list[Sequence]) -> None:
         if not done:
