@@ -19,6 +19,8 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
+from server.engine.draft_vocab import wrap_if_sub_vocab
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -81,6 +83,11 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> Lo
         raise ModelNotFound(f"cannot load {path}: {e}") from e
     except Exception as e:  # corrupt weights, unknown architecture, hub errors ...
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    if local.exists():
+        try:
+            model = wrap_if_sub_vocab(model, local)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"cannot load {path}: {e}") from e
     unsupported = sorted({type(c).__name__ for c in make_prompt_cache(model)
                           if type(c) is not KVCache})
     if unsupported:

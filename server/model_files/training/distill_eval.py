@@ -25,6 +25,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.utils import dequantize_model
 
 from server.bench.cells import OPEN_ENDED, STRUCTURED
+from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.model_files.training.distill import DEFAULT_OUT, target_folder
 
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
@@ -187,6 +188,7 @@ def main(argv=None) -> None:
     if args.draft_dtype == "float32":
         draft = dequantize_model(draft)
     draft.set_dtype(mx.float32)
+    draft = wrap_if_sub_vocab(draft, args.draft)  # a small-vocabulary draft speaks target ids
     ks = [int(k) for k in args.k.split(",")]
     evaluation = {
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores",

@@ -1,0 +1,221 @@
+"""Train a small-vocabulary draft on the target's own answers, in one seeded command.
+
+    python -m server.model_files.training.distill_answers [--answers FILE] [--target PATH]
+        [--out models/smollm2-draft] [--layers 0,1,2] [--vocab 8192] [--epochs 2]
+        [--max-minutes M] [--batch 8] [--lr 5e-4] [--seed 0]
+
+The data is `target_answers`' JSONL (the target's greedy answers to chat requests): the draft
+learns to predict exactly what the target writes (cross-entropy on the answer tokens, the prompt
+as context), which is what greedy acceptance measures. The draft is a llama at the target's
+width: a copy of some of its layers (`--layers`) and its final norm, and an embedding and tied
+head over only the `--vocab` most frequent answer tokens plus one "other" row
+(`server.engine.draft_vocab`), so its head costs N/V of the target's. Held-out answers (5%) give
+the draft's top-1 agreement with the target, before and after. Saved in float16 (the server
+runs it in float32 on a CPU) with `draft_vocab.json`, the tokenizer and `training.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm import load as mlx_load
+from mlx_lm.models import llama
+
+from server.engine.draft_vocab import write_vocab
+from server.model_files.training import target_answers
+
+DEFAULT_OUT = Path("models/smollm2-draft")
+DEFAULT_LAYERS = (0, 1, 2)
+DEFAULT_VOCAB = 8192
+DEFAULT_EPOCHS = 2
+DEFAULT_BATCH = 8
+DEFAULT_LR = 5e-4
+DEFAULT_SEED = 0
+VAL_FRACTION = 0.05
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+Example = tuple[list[int], list[int]]  # (prompt ids, answer ids), target ids
+
+
+def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]:
+    """The n most frequent answer tokens (ties by id), `always` (EOS...) included."""
+    counts = Counter(t for _, answer in examples for t in answer)
+    ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    kept = list(dict.fromkeys([*sorted(always), *ranked]))[:n]
+    return kept
+
+
+def build_draft(target: nn.Module, config: dict, layer_ids: list[int],
+                kept: list[int]) -> llama.Model:
+    """The target's chosen layers and final norm; embedding (and head, when the target's is
+    not tied) rows of the kept ids, plus an "other" row: the mean of the rest."""
+    tied = config.get("tie_word_embeddings", True)
+    fields = {k: v for k, v in config.items()
+              if k in llama.ModelArgs.__dataclass_fields__ and k != "quantization"}
+    fields.update(num_hidden_layers=len(layer_ids), vocab_size=len(kept) + 1,
+                  tie_word_embeddings=tied)
+    draft = llama.Model(llama.ModelArgs(**fields))
+    params = dict(tree_flatten(target.parameters()))
+    weights = {"model.embed_tokens.weight": _rows(params["model.embed_tokens.weight"], kept),
+               "model.norm.weight": params["model.norm.weight"]}
+    if not tied:
+        weights["lm_head.weight"] = _rows(params["lm_head.weight"], kept)
+    for new, old in enumerate(layer_ids):
+        prefix = f"model.layers.{old}."
+        weights.update({f"model.layers.{new}.{k[len(prefix):]}": v
+                        for k, v in params.items() if k.startswith(prefix)})
+    draft.load_weights(list(weights.items()))
+    draft.set_dtype(mx.float32)
+    mx.eval(draft.parameters())
+    return draft
+
+
+def _rows(matrix: mx.array, kept: list[int]) -> mx.array:
+    """The kept rows, then the mean of the others (the "other" row)."""
+    matrix = matrix.astype(mx.float32)
+    rest = np.ones(matrix.shape[0], dtype=bool)
+    rest[kept] = False
+    other = matrix[mx.array(np.flatnonzero(rest))].mean(axis=0, keepdims=True)
+    return mx.concatenate([matrix[mx.array(kept)], other])
+
+
+def batches(examples: list[Example], index: np.ndarray, batch: int, rng):
+    """(inputs, labels, mask) in draft ids: right-padded, loss on answer positions only."""
+    order = rng.permutation(len(examples)) if rng is not None else np.arange(len(examples))
+    for start in range(0, len(order), batch):
+        chunk = [examples[i] for i in order[start: start + batch]]
+        seqs = [index[np.asarray(p + a)] for p, a in chunk]
+        width = max(len(s) for s in seqs) - 1
+        x = np.zeros((len(seqs), width), np.uint32)
+        y = np.zeros((len(seqs), width), np.uint32)
+        m = np.zeros((len(seqs), width), np.float32)
+        for i, ((p, _), s) in enumerate(zip(chunk, seqs, strict=True)):
+            x[i, : len(s) - 1], y[i, : len(s) - 1] = s[:-1], s[1:]
+            m[i, len(p) - 1: len(s) - 1] = 1.0  # predicting answer tokens
+        yield mx.array(x), mx.array(y), mx.array(m)
+
+
+def loss_fn(draft, x, y, mask):
+    ce = nn.losses.cross_entropy(draft(x), y, reduction="none")
+    return (ce * mask).sum() / mask.sum()
+
+
+def agreement(draft, examples: list[Example], index: np.ndarray, other: int) -> float:
+    """How often the draft's argmax (never "other") is the target's next answer token."""
+    agree = total = 0
+    for x, y, m in batches(examples, index, 16, None):
+        logits = draft(x)
+        logits[..., other] = -mx.inf
+        hit = (logits.argmax(-1) == y) * m
+        agree += int(hit.sum().item())
+        total += int(m.sum().item())
+    return agree / max(total, 1)
+
+
+def save(draft, config: dict, target_dir: Path, out: Path, kept: list[int], card: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.safetensors"):
+        stale.unlink()
+    weights = {k: v.astype(mx.float16) for k, v in tree_flatten(draft.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}
+    config.update(num_hidden_layers=draft.args.num_hidden_layers, vocab_size=len(kept) + 1,
+                  tie_word_embeddings=draft.args.tie_word_embeddings, torch_dtype="float16")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_vocab(out, kept, int(card["target_vocab_size"]))
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).exists():
+            shutil.copyfile(target_dir / name, out / name)
+    (out / "training.json").write_text(json.dumps(card, indent=2))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m server.model_files.training.distill_answers",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT,
+                   help="JSONL written by server.model_files.training.target_answers.")
+    p.add_argument("--target", default=None, help="Target folder (default: the default target).")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
+                   help="Target layers the draft starts from, by index.")
+    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="Tokens the draft predicts.")
+    p.add_argument("--epochs", type=float, default=DEFAULT_EPOCHS)
+    p.add_argument("--max-minutes", type=float, default=None, help="Stop training after this.")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--lr", type=float, default=DEFAULT_LR)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    from tqdm import tqdm
+
+    from server.model_files.training.distill import target_folder
+
+    args = parse_args(argv)
+    mx.random.seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    target_dir = target_folder(args.target)
+    target, tokenizer, config = mlx_load(str(target_dir), return_config=True)
+    examples = [e for e in target_answers.read(args.answers) if e[1]]
+    split = int(len(examples) * (1 - VAL_FRACTION))
+    train, val = examples[:split], examples[split:]
+    kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))
+    vocab_size = int(config["vocab_size"])
+    index = np.full(vocab_size, len(kept), dtype=np.uint32)
+    index[kept] = np.arange(len(kept), dtype=np.uint32)
+    covered = np.mean([index[t] < len(kept) for _, a in val for t in a])
+    layer_ids = [int(i) for i in args.layers.split(",")]
+    draft = build_draft(target, config, layer_ids, kept)
+    del target
+    before = agreement(draft, val, index, len(kept))
+    print(f"{len(train)} train / {len(val)} held-out answers; the {len(kept)} kept tokens cover"
+          f" {covered:.1%} of held-out answer tokens; agreement before {before:.3f}", flush=True)
+
+    steps = int(args.epochs * -(-len(train) // args.batch))
+    schedule = optim.cosine_decay(args.lr, max(steps, 1), args.lr / 20)
+    opt = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+    loss_and_grad = nn.value_and_grad(draft, loss_fn)
+    card = {"target": str(target_dir), "answers": len(examples), "layers_from_target": layer_ids,
+            "vocab": len(kept), "target_vocab_size": vocab_size, "held_out_coverage": covered,
+            "batch": args.batch, "lr": args.lr, "seed": args.seed, "before": before,
+            "losses": []}
+    start, losses, step, tokens = time.time(), [], 0, 0
+    bar = tqdm(total=steps, desc="distill", unit="step", mininterval=5)
+    while step < steps:
+        for x, y, m in batches(train, index, args.batch, rng):
+            loss, grads = loss_and_grad(draft, x, y, m)
+            opt.update(draft, grads)
+            mx.eval(loss, draft.parameters(), opt.state)
+            losses.append(loss.item())
+            tokens += int(m.sum().item())
+            step += 1
+            bar.update(1)
+            bar.set_postfix(ce=f"{np.mean(losses[-50:]):.3f}", refresh=False)
+            if step % 50 == 0:
+                card["losses"].append([step, float(np.mean(losses[-50:]))])
+            over = args.max_minutes is not None and time.time() - start > args.max_minutes * 60
+            if step >= steps or over:
+                steps = step
+                break
+    bar.close()
+    card.update(steps=step, answer_tokens_seen=tokens,
+                train_minutes=round((time.time() - start) / 60, 1),
+                after=agreement(draft, val, index, len(kept)))
+    print(f"agreement after {card['after']:.3f} ({step} steps, {card['train_minutes']} min)")
+    save(draft, config, target_dir, args.out, kept, card)
+    print(f"saved {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Drafts that predict a subset of the target's vocabulary (server.engine.draft_vocab), and the
+training path that makes them (target_answers -> distill_answers), on the tiny pair."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm import load
+from mlx_lm.models import llama
+
+from server.engine.draft_vocab import VOCAB_FILE, SubVocabModel, write_vocab
+from server.engine.events import TokenEvent
+from server.engine.generation import generate_events
+from server.engine.model_kit import ModelKit, ModelLoadError, load_model
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.model_files.training import distill_answers, target_answers
+
+KEPT = [*range(0, 120), *range(200, 330)]  # 250 of the tiny vocabulary's 512 ids
+
+
+def sliced_draft(draft_dir, out, kept):
+    """The tiny draft with only the `kept` rows of its embedding and head (+ a zero row)."""
+    model, _, config = load(str(draft_dir), return_config=True)
+    params = dict(tree_flatten(model.parameters()))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        w = params[name]
+        params[name] = mx.concatenate([w[mx.array(kept)], mx.zeros((1, w.shape[1]), w.dtype)])
+    config = {**config, "vocab_size": len(kept) + 1}
+    small = llama.Model(llama.ModelArgs.from_dict(config))
+    small.load_weights(list(params.items()))
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(small.parameters())))
+    (out / "config.json").write_text(json.dumps(config))
+    for f in draft_dir.glob("tokenizer*"):
+        shutil.copy(f, out / f.name)
+    write_vocab(out, kept, 512)
+    return model
+
+
+def test_logits_over_the_kept_ids_are_the_full_drafts_and_the_rest_is_blocked(tiny_pair,
+                                                                               tmp_path):
+    full = sliced_draft(tiny_pair[1], tmp_path / "small", KEPT)
+    wrapped = load_model(str(tmp_path / "small")).model
+    assert isinstance(wrapped, SubVocabModel)
+    x = mx.array([KEPT[5::7][:20]])  # inputs the small draft knows
+    got, expected = wrapped(x), full(x)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(np.array(got[..., mx.array(KEPT)]),
+                               np.array(expected[..., mx.array(KEPT)]), rtol=1e-5, atol=1e-5)
+    blocked = np.setdiff1d(np.arange(512), KEPT)
+    assert np.all(np.isneginf(np.array(got[..., mx.array(blocked)])))
+
+
+def test_serving_with_a_sub_vocab_draft_keeps_greedy_output_and_drafts_only_kept_ids(
+        tiny_pair, tmp_path):
+    sliced_draft(tiny_pair[1], tmp_path / "small", KEPT)
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(tmp_path / "small"))
+    prompt = tuple(kit.target.tokenizer.encode("def hello(world):\n    return"))
+    plain = GenerationParams(prompt, 40, sampling=SamplingParams())
+    drafted = GenerationParams(prompt, 40, speculation=SpeculationParams(num_draft_tokens=4))
+    alone = [e for e in generate_events(kit, plain) if isinstance(e, TokenEvent)]
+    events = [e for e in generate_events(kit, drafted) if isinstance(e, TokenEvent)]
+    assert [e.token for e in events] == [e.token for e in alone]
+    from_draft = [e.token for e in events if e.from_draft]
+    assert from_draft and set(from_draft) <= set(KEPT)
+
+
+def test_a_bad_vocab_file_is_a_load_error(tiny_pair, tmp_path):
+    sliced_draft(tiny_pair[1], tmp_path / "small", KEPT)
+    (tmp_path / "small" / VOCAB_FILE).write_text(json.dumps(
+        {"target_vocab_size": 512, "target_ids": [1, 2, 600]}))
+    with pytest.raises(ModelLoadError, match="target_ids"):
+        load_model(str(tmp_path / "small"))
+
+
+def test_frequent_ids_rank_by_count_and_keep_eos():
+    examples = [([5], [7, 7, 7, 3, 3, 9]), ([1], [3, 8])]
+    assert distill_answers.frequent_ids(examples, 3, {2}) == [2, 3, 7]
+
+
+def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair, tmp_path):
+    answers = tmp_path / "answers.jsonl"
+    n = target_answers.generate(tiny_pair[0], answers, minutes=5, max_tokens=24, batch=8,
+                                seed=0, limit=40)
+    assert n == 40 == target_answers.done_count(answers)
+    target, tokenizer = load(str(tiny_pair[0]))
+    prompt, answer = target_answers.read(answers)[3]
+    expected = [int(t) for t, _ in _greedy(target, prompt, len(answer))]
+    assert answer == expected  # the file holds the target's own greedy answers
+
+    out = tmp_path / "draft"
+    distill_answers.main(["--answers", str(answers), "--target", str(tiny_pair[0]),
+                          "--out", str(out), "--layers", "0,1", "--vocab", "60",
+                          "--epochs", "3", "--batch", "4", "--lr", "3e-3"])
+    card = json.loads((out / "training.json").read_text())
+    assert card["vocab"] == len(json.loads((out / VOCAB_FILE).read_text())["target_ids"]) == 60
+    assert card["after"] > card["before"]
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(out))
+    p = GenerationParams(tuple(prompt), 24, speculation=SpeculationParams(num_draft_tokens=3))
+    tokens = [e.token for e in generate_events(kit, p) if isinstance(e, TokenEvent)]
+    text = [t for t in answer if t not in tokenizer.eos_token_ids]
+    assert tokens[: len(text)] == text[: len(tokens)]
+
+
+def _greedy(model, prompt, n):
+    from mlx_lm.generate import generate_step
+
+    return generate_step(mx.array(prompt), model, max_tokens=n)
