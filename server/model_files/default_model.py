@@ -110,11 +110,14 @@ def ensure_draft_for_device(draft: Path = DEFAULT_DRAFT_DIR, *,
                             out_root: Path = DEFAULT_TARGET_DIR.parent) -> str:
     """The shipped draft, or on the CPU a float32 copy of it made once.
 
-    The repository stores the draft 4-bit to stay small; MLX's quantized matmuls on the CPU run
-    ~1.5x slower than float32 GEMV for it (measured by distill_eval's draft decode step), and a
-    draft is only worth its cost when it is cheap.
+    A draft stored 4-bit to stay small (the first SmolLM2 draft was) is dequantized once for the
+    CPU, where MLX's quantized matmuls run ~1.5x slower than float32 GEMV for it (measured by
+    distill_eval's draft decode step), and a draft is only worth its cost when it is cheap. A
+    float16 draft (the current one) is served as it is: `dtype: auto` makes it float32.
     """
     import mlx.core as mx
+
+    from server.engine.draft_vocab import VOCAB_FILE
 
     draft = Path(draft)
     config = json.loads((draft / "config.json").read_text())
@@ -139,7 +142,7 @@ def ensure_draft_for_device(draft: Path = DEFAULT_DRAFT_DIR, *,
     config.pop("quantization_config", None)
     save_config(config, partial / "config.json")
     for f in draft.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == VOCAB_FILE:
             shutil.copyfile(f, partial / f.name)
     (partial / "source.sha256").write_text(stamp)
     shutil.rmtree(out, ignore_errors=True)
