@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from server.engine.batch import ModelBatch, new_cache, prefill
+from server.engine.batch import ModelBatch, new_cache, prefill, prefill_batch
 from server.engine.decoder import RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
@@ -259,6 +259,10 @@ class Scheduler:
             return False
         budget = self.config.prefill_chunk
         while self.prefilling and budget > 0:
+            group = self._whole_prompt_group(budget)
+            if len(group) > 1:
+                budget -= self._prefill_group(group)
+                continue
             seq = self.prefilling[0]
             try:
                 budget -= self._prefill_chunk(seq, budget)
@@ -275,11 +279,7 @@ class Scheduler:
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
         """Prefill at most `budget` more tokens of `seq`; join the batch when done."""
         context = seq.prompt
-        if seq.prefilled == 0:
-            if seq.drafter == "model" and self.policy.drafts(seq, self.batch_size):
-                seq.draft_cache = new_cache(self.kit.draft.model)
-            if self._caching(seq):
-                self._restore(seq, context)
+        self._begin(seq)
         chunk = context[seq.prefilled: seq.prefilled + budget]
         logits = prefill(self.kit.target.model, seq.target_cache, chunk)
         if seq.draft_cache is not None:
@@ -298,6 +298,64 @@ class Scheduler:
         else:
             self._join(seq)
         return max(len(chunk), 1)
+
+    def _begin(self, seq: Sequence) -> None:
+        """Before a request's first prefill: does it draft (is the batch small enough), and how
+        much of its prompt does the prefix cache already hold."""
+        if seq.prefill_begun:
+            return
+        seq.prefill_begun = True
+        if seq.drafter == "model" and self.policy.drafts(seq, self.batch_size):
+            seq.draft_cache = new_cache(self.kit.draft.model)
+        if self._caching(seq):
+            self._restore(seq, seq.prompt)
+
+    def _whole_prompt_group(self, budget: int) -> list[Sequence]:
+        """The oldest prefilling requests that start from nothing, do not draft yet and whose
+        whole prompts fit in `budget` together: they are prefilled in one forward."""
+        group, tokens = [], 0
+        for seq in self.prefilling:
+            self._begin(seq)
+            if seq.prefilled or seq.draft_cache is not None:
+                break
+            tokens += len(seq.prompt)
+            if tokens > budget:
+                break
+            group.append(seq)
+        return group
+
+    def _prefill_group(self, group: list[Sequence]) -> int:
+        """Prefill `group` in one left-padded forward; each row takes its first token and
+        joins the batch with the group's cache. Returns the prompt tokens prefilled."""
+        tokens = sum(len(seq.prompt) for seq in group)
+        for seq in group:
+            self.prefilling.remove(seq)
+        try:
+            logits, cache = prefill_batch(self.kit.target.model, [seq.prompt for seq in group])
+        except Exception as e:  # noqa: BLE001 - these requests' own failure
+            log.exception("prefill failed")
+            for seq in group:
+                seq.error = e
+                seq.finish()
+            return tokens
+        joining = []
+        for i, seq in enumerate(group):
+            seq.prefilled, seq.target_cache = len(seq.prompt), None
+            if self._caching(seq):
+                self.prefix_cache.store(self._cache_key(seq), seq.prompt,
+                                        [[c.extract(i) for c in cache]])
+            if first_token(seq, logits[i]):
+                seq.finish()
+            else:
+                joining.append(i)
+        if joining:
+            if len(joining) < len(group):
+                for c in cache:
+                    c.filter(mx.array(joining))
+            self.target.add_batch([group[i] for i in joining], cache)
+            for i in joining:
+                group[i].phase = Phase.DECODE
+        return tokens
 
     def _join(self, seq: Sequence) -> None:
         self.target.add(seq, seq.target_cache)

@@ -63,6 +63,7 @@ class Sequence:
         self.draft_cache: list | None = None
         self.prefilled = 0
         self.cached_tokens = 0
+        self.prefill_begun = False  # drafting decided and the prefix cache consulted
         # Decoding state (decoder).
         self.pipeline = LogitsPipeline(params.sampling, vocab_size, _processors(params))
         self.key = request_key(params.sampling.seed)
