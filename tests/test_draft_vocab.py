@@ -18,7 +18,7 @@ from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, ModelLoadError, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.model_files.training import distill_answers, target_answers
+from server.model_files.training import distill_answers, distill_eval, target_answers
 
 KEPT = [*range(0, 120), *range(200, 330)]  # 250 of the tiny vocabulary's 512 ids
 
@@ -107,6 +107,19 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     tokens = [e.token for e in generate_events(kit, p) if isinstance(e, TokenEvent)]
     text = [t for t in answer if t not in tokenizer.eos_token_ids]
     assert tokens[: len(text)] == text[: len(tokens)]
+
+    distill_eval.main(["--target", str(tiny_pair[0]), "--draft", str(out), "--k", "1,3",
+                       "--max-tokens", "16"])
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    runs = [r for row in evaluation["prompts"].values() for r in row["by_k"].values()]
+    assert runs and all(r["identical_to_target"] for r in runs)
+    assert all(0 <= r["accepted"] <= r["proposed"] for r in runs)
+    card = (out / "README.md").read_text()
+    assert "predicts only the 60 tokens" in card and f"trained: {card_after(out)}" in card
+
+
+def card_after(out) -> str:
+    return f"{json.loads((out / 'training.json').read_text())['after']:.3f}"
 
 
 def _greedy(model, prompt, n):

