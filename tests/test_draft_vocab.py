@@ -1,5 +1,5 @@
 """Drafts that predict a subset of the target's vocabulary (server.engine.draft_vocab), and the
-training path that makes them (target_answers -> distill_answers), on the tiny pair."""
+training path that makes them (target_answers -> distill), on the tiny pair."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, ModelLoadError, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.model_files.training import distill_answers, distill_eval, target_answers
+from server.model_files.training import distill, distill_eval, target_answers
 
 KEPT = [*range(0, 120), *range(200, 330)]  # 250 of the tiny vocabulary's 512 ids
 
@@ -81,7 +81,7 @@ def test_a_bad_vocab_file_is_a_load_error(tiny_pair, tmp_path):
 
 def test_frequent_ids_rank_by_count_and_keep_eos():
     examples = [([5], [7, 7, 7, 3, 3, 9]), ([1], [3, 8])]
-    assert distill_answers.frequent_ids(examples, 3, {2}) == [2, 3, 7]
+    assert distill.frequent_ids(examples, 3, {2}) == [2, 3, 7]
 
 
 def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair, tmp_path):
@@ -95,7 +95,7 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     assert answer == expected  # the file holds the target's own greedy answers
 
     out = tmp_path / "draft"
-    distill_answers.main(["--answers", str(answers), "--target", str(tiny_pair[0]),
+    distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]),
                           "--out", str(out), "--layers", "0,1", "--vocab", "60",
                           "--epochs", "3", "--batch", "4", "--lr", "3e-3"])
     card = json.loads((out / "training.json").read_text())

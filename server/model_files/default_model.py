@@ -106,6 +106,15 @@ def ensure_default_target(out: Path = DEFAULT_TARGET_DIR, *, wheel_dir: Path = W
     return str(out)
 
 
+def target_folder(ref: str | None = None) -> Path:
+    """An mlx_lm folder for `ref` (a folder or a .gguf, converted once), or for the default
+    target (fetched and converted on first use) when `ref` is None."""
+    if ref is None:
+        ref = ensure_default_target()
+    from server.model_files.gguf import resolve_model_path
+    return Path(resolve_model_path(ref))
+
+
 def ensure_draft_for_device(draft: Path = DEFAULT_DRAFT_DIR, *,
                             out_root: Path = DEFAULT_TARGET_DIR.parent) -> str:
     """The shipped draft, or on the CPU a float32 copy of it made once.

@@ -91,6 +91,24 @@ def function_pairs(source: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def explain_pairs(source: str) -> list[tuple[str, str]]:
+    """(question, docstring) for documented functions and classes: prose answers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return []
+    pairs = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node)
+            if doc and 80 <= len(doc) <= 2000 and not node.name.startswith("_"):
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                pairs.append((f"What does the Python {kind} `{node.name}` do?", doc.strip()))
+    return pairs
+
+
 def _pair(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, str] | None:
     if node.name.startswith("__") and node.name.endswith("__"):
         return None  # "write `__repr__(self)`" is not a request anyone makes

@@ -26,7 +26,8 @@ from mlx_lm.utils import dequantize_model
 
 from server.bench.cells import OPEN_ENDED, STRUCTURED
 from server.engine.draft_vocab import wrap_if_sub_vocab
-from server.model_files.training.distill import DEFAULT_OUT, target_folder
+from server.model_files.default_model import target_folder
+from server.model_files.training.distill import DEFAULT_OUT
 
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
 DEFAULT_K = (1, 2, 4, 6)
@@ -126,7 +127,7 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"{size_mb:.1f} MB on disk with the tokenizer.", "",
         "Rebuild (seeded; then measure and rewrite this card):", "",
         "    python -m server.model_files.training.target_answers --minutes 40",
-        "    python -m server.model_files.training.distill_answers",
+        "    python -m server.model_files.training.distill",
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
         f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "

@@ -24,19 +24,22 @@ from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
 from server.model_files.tokenizer_builder import stdlib_files
-from server.model_files.training.corpus import function_pairs, read_source, split_files
+from server.model_files.training.corpus import (
+    explain_pairs,
+    function_pairs,
+    read_source,
+    split_files,
+)
 
 DEFAULT_OUT = Path("models/generated/target-answers.jsonl")
 DEFAULT_MINUTES = 25.0
 DEFAULT_MAX_TOKENS = 160
 DEFAULT_BATCH = 32
-VAL_FRACTION = 0.05  # the same held-out files as the distillation corpus
+VAL_FRACTION = 0.05  # the stdlib files no training here sees (corpus.split_files)
 
 
 def requests(seed: int) -> list[str]:
     """Chat requests from the stdlib's training files, in a seeded order."""
-    from server.model_files.training.distill import explain_pairs
-
     out = []
     for path in split_files(stdlib_files(), VAL_FRACTION).train:
         source = read_source(path)
@@ -113,7 +116,7 @@ def read(path: Path) -> list[tuple[list[int], list[int]]]:
 
 
 def main(argv=None) -> None:
-    from server.model_files.training.distill import target_folder
+    from server.model_files.default_model import target_folder
 
     p = argparse.ArgumentParser(prog="python -m server.model_files.training.target_answers",
                                 description=__doc__.splitlines()[0])
