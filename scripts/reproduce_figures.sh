@@ -3,7 +3,8 @@
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load prefix stall
-#                                   before structured; default: all)
+#                                   before structured draft; default: all but draft,
+#                                   which retrains models/smollm2-draft, ~80 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -117,6 +118,11 @@ run_before() {  # issue 8: one stream, this engine vs the one before the schedul
 }
 run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
   $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
+}
+run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
+  $PY -m server.model_files.training.target_answers --limit 1820 --minutes 90 | tee "$OUT/draft-data.txt"
+  $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
+  $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
 }
 
 sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load prefix stall before structured}
