@@ -5,7 +5,8 @@
 - If that fails (no registry, no disk) and `synthetic_fallback` is on, the bundled demo pair
   (`models/demo`) serves instead, and if that is missing too, a random pair built into
   `models/generated`.
-- The shipped draft (`models/smollm2-draft`, 4-bit) runs from a float32 copy on the CPU.
+- The shipped draft (`models/smollm2-draft`) is served as it is, or, if a 4-bit one is shipped,
+  from a float32 copy made once on the CPU.
 - A `.gguf` path, for the target or the draft, is converted once into a cache folder.
 """
 
@@ -81,7 +82,7 @@ def ensure_default_target_or_fallback(settings: Settings) -> Settings:
 
 
 def default_draft_for_device(settings: Settings) -> Settings:
-    """The shipped draft is 4-bit; on the CPU a float32 copy of it decodes faster."""
+    """A 4-bit shipped draft runs from a float32 copy on the CPU (faster); else as it is."""
     m = settings.models
     if not _is(m.draft_model, DEFAULT_DRAFT_DIR) or not DEFAULT_DRAFT_DIR.exists():
         return settings
