@@ -2,7 +2,7 @@
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
-#                                   demo_server temp adaptive lookup load prefix stall
+#                                   demo_server temp adaptive lookup load engine_load prefix stall
 #                                   before structured draft; default: all but draft,
 #                                   which retrains models/smollm2-draft, ~80 min)
 set -euo pipefail
@@ -81,6 +81,9 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
     --concurrency 1,2,4,8,16 --max-tokens 96 --results-dir "$OUT" --tag load-vs-mlx-lm
 }
 
+run_engine_load() {  # issue 8: the same load in process, our scheduler vs mlx_lm's BatchGenerator
+  $PY -m server.bench.engine_load | tee "$OUT/engine-load.txt"
+}
 run_prefix() {  # issue 9: a 3-turn chat with a long system prompt, ours vs mlx_lm.server
   # (both with the draft), then 8 clients sharing the system prompt with and without the cache.
   $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/prefix-ours.log" 2>&1 &
@@ -125,5 +128,5 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load prefix stall before structured}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load engine_load prefix stall before structured}
 for s in $sections; do echo "=== $s"; "run_$s"; done
