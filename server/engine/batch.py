@@ -44,13 +44,7 @@ class ModelBatch:
         return any(r is seq for r in self.rows)
 
     def add(self, seq: Sequence, row_cache: list[KVCache]) -> None:
-        joined = [BatchKVCache.merge([c]) for c in row_cache]
-        if self.cache is None:
-            self.cache = joined
-        else:
-            for mine, theirs in zip(self.cache, joined, strict=True):
-                mine.extend(theirs)
-        self.rows.append(seq)
+        self.add_batch([seq], [BatchKVCache.merge([c]) for c in row_cache])
 
     def add_batch(self, seqs: list[Sequence], cache: list[BatchKVCache]) -> None:
         """Rows prefilled together (`prefill_batch`) join with their batch cache as it is."""
