@@ -81,6 +81,9 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
     --concurrency 1,2,4,8,16 --max-tokens 96 --results-dir "$OUT" --tag load-vs-mlx-lm
 }
 
+run_prefill_shapes() {  # issue 8: N prefills one at a time vs one batched forward
+  $PY -m server.bench.prefill_shapes | tee "$OUT/prefill-shapes.txt"
+}
 run_engine_load() {  # issue 8: the same load in process, our scheduler vs mlx_lm's BatchGenerator
   $PY -m server.bench.engine_load | tee "$OUT/engine-load.txt"
 }
@@ -128,5 +131,5 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load engine_load prefix stall before structured}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load engine_load prefill_shapes prefix stall before structured}
 for s in $sections; do echo "=== $s"; "run_$s"; done
