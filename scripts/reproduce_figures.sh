@@ -2,7 +2,7 @@
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
-#                                   demo_server temp adaptive lookup load engine_load prefix stall
+#                                   demo_server temp adaptive lookup load engine_load prefill_shapes prefix stall
 #                                   before structured draft; default: all but draft,
 #                                   which retrains models/smollm2-draft, ~80 min)
 set -euo pipefail
