@@ -295,3 +295,17 @@ def test_a_server_that_is_down_is_errors_not_a_crash(tmp_path, capsys):
     assert doc["metadata"]["warmup_errors"][0].startswith(f"{url}: ConnectError")
     assert "health_error" in doc["metadata"]["servers"][0]
     assert "2/2" in capsys.readouterr().out  # the errors column
+
+
+def test_engine_load_and_prefill_shapes_run_on_the_tiny_pair(tiny_pair, capsys):
+    """The in-process benchmarks run end to end and print one numeric row per level."""
+    from server.bench import engine_load, prefill_shapes
+
+    engine_load.main(["--streams", "2,3", "--reps", "1", "--target-model", str(tiny_pair[0]),
+                      "--draft-model", str(tiny_pair[1])])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["2", "3"]
+    assert all(float(v) > 0 for r in rows for v in r[1:4]) and all(r[4].endswith("x") for r in rows)
+    prefill_shapes.main(["--prompts", "2", "--lengths", "8,16", "--model", str(tiny_pair[0])])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["8", "16"] and all(r[-1].endswith("x") for r in rows)

@@ -19,6 +19,9 @@ from server.bench.load import prompt
 MAX_TOKENS = 96
 
 
+PAIR: dict[str, str] = {}  # --target / --draft-model, else the generated pair
+
+
 def ours(streams: int, first: int, *, draft: bool) -> float:
     from server.engine.params import GenerationParams, SpeculationParams
     from server.engine.policy import SpeculationPolicy
@@ -62,7 +65,7 @@ def _kit(draft: bool):
     from server.model_files.bundled import generated_pair
 
     if draft not in _cache:
-        target, draft_path = generated_pair()
+        target, draft_path = _pair(generated_pair)
         kit = ModelKit(load_model(target))
         if draft:
             kit.load_draft(draft_path)
@@ -76,8 +79,12 @@ def _mlx_pair():
     from server.model_files.bundled import generated_pair
 
     if "mlx" not in _cache:
-        _cache["mlx"] = load(generated_pair()[0])
+        _cache["mlx"] = load(_pair(generated_pair)[0])
     return _cache["mlx"]
+
+
+def _pair(default) -> tuple[str, str]:
+    return (PAIR["target"], PAIR["draft"]) if PAIR else default()
 
 
 def _ids(tokenizer, i: int) -> tuple[int, ...]:
@@ -89,7 +96,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m server.bench.engine_load", description=__doc__)
     p.add_argument("--streams", default="8,16", help="Concurrent requests per level.")
     p.add_argument("--reps", type=int, default=3, help="Runs per engine and level, interleaved.")
+    p.add_argument("--target-model", help="Target folder (default: the generated pair's).")
+    p.add_argument("--draft-model", help="Draft folder (default: the generated pair's).")
     args = p.parse_args(argv)
+    PAIR.clear()
+    _cache.clear()
+    if args.target_model and args.draft_model:
+        PAIR.update(target=args.target_model, draft=args.draft_model)
     print(f"{'streams':>7}  {'ours+draft':>10}  {'ours':>8}  {'mlx_lm':>8}  "
           f"{'ratio':>6}  (tok/s, median of {args.reps}; ratio: ours+draft / mlx_lm)")
     first = 1000

@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m server.bench.prefill_shapes", description=__doc__)
     p.add_argument("--prompts", type=int, default=8, help="N, the prompts prefilled.")
     p.add_argument("--lengths", default="32,65,128", help="Prompt lengths L to try.")
+    p.add_argument("--model", help="Model folder (default: the generated pair's target).")
     args = p.parse_args(argv)
-    model, _ = load(generated_pair()[0])
+    model, _ = load(args.model or generated_pair()[0])
     n = args.prompts
     print(f"{'L':>5}  {f'{n} x (1, L)':>12}  {f'({n}, L)':>10}  {f'(1, {n}L)':>10}  batched/alone")
     for length in (int(v) for v in args.lengths.split(",")):
