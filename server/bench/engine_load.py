@@ -1,4 +1,4 @@
-"""`python -m server.bench.engine_load [--streams 8,16] [--reps 2]`: our scheduler against
+"""`python -m server.bench.engine_load [--streams 8,16] [--reps 3]`: our scheduler against
 `mlx_lm`'s `BatchGenerator`, in process (no HTTP), on the same prompts.
 
 N clients each send one 96-token greedy chat request (`server.bench.load.prompt`) at once; the
@@ -19,7 +19,7 @@ from server.bench.load import prompt
 MAX_TOKENS = 96
 
 
-PAIR: dict[str, str] = {}  # --target / --draft-model, else the generated pair
+PAIR: dict[str, str] = {}  # "target", "draft": --target-model / --draft-model or the generated pair
 
 
 def ours(streams: int, first: int, *, draft: bool) -> float:
@@ -62,13 +62,11 @@ _cache: dict = {}
 
 def _kit(draft: bool):
     from server.engine.model_kit import ModelKit, load_model
-    from server.model_files.bundled import generated_pair
 
     if draft not in _cache:
-        target, draft_path = _pair(generated_pair)
-        kit = ModelKit(load_model(target))
+        kit = ModelKit(load_model(PAIR["target"]))
         if draft:
-            kit.load_draft(draft_path)
+            kit.load_draft(PAIR["draft"])
         _cache[draft] = kit
     return _cache[draft]
 
@@ -76,15 +74,9 @@ def _kit(draft: bool):
 def _mlx_pair():
     from mlx_lm import load
 
-    from server.model_files.bundled import generated_pair
-
     if "mlx" not in _cache:
-        _cache["mlx"] = load(_pair(generated_pair)[0])
+        _cache["mlx"] = load(PAIR["target"])
     return _cache["mlx"]
-
-
-def _pair(default) -> tuple[str, str]:
-    return (PAIR["target"], PAIR["draft"]) if PAIR else default()
 
 
 def _ids(tokenizer, i: int) -> tuple[int, ...]:
@@ -99,10 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target-model", help="Target folder (default: the generated pair's).")
     p.add_argument("--draft-model", help="Draft folder (default: the generated pair's).")
     args = p.parse_args(argv)
-    PAIR.clear()
+    from server.model_files.bundled import generated_pair
+
+    chosen = (args.target_model, args.draft_model)
+    PAIR["target"], PAIR["draft"] = chosen if all(chosen) else generated_pair()
     _cache.clear()
-    if args.target_model and args.draft_model:
-        PAIR.update(target=args.target_model, draft=args.draft_model)
     print(f"{'streams':>7}  {'ours+draft':>10}  {'ours':>8}  {'mlx_lm':>8}  "
           f"{'ratio':>6}  (tok/s, median of {args.reps}; ratio: ours+draft / mlx_lm)")
     first = 1000

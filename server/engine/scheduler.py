@@ -381,9 +381,9 @@ class Scheduler:
     def _catch_up_drafts(self, ks: dict[int, int]) -> None:
         """Rows about to draft whose draft never saw their context get it now.
 
-        A request that joins a batch too large to speculate skips the draft's prefill (at 8
-        streams that prefill cost ~7% of throughput for drafts nobody used); if the batch
-        shrinks enough for it to draft, the draft prefills its whole context first.
+        A request that joins a batch too large to speculate skips the draft's prefill (work for
+        drafts nobody would use); if the batch shrinks enough for it to draft, the draft
+        prefills its whole context first.
         """
         chunk = self.config.prefill_chunk
         for seq in self.target.rows:
