@@ -1,8 +1,8 @@
 """Train a small-vocabulary draft on the target's own answers, in one seeded command.
 
     python -m server.model_files.training.distill [--answers FILE] [--target PATH]
-        [--out models/smollm2-draft] [--layers 0,1,2] [--vocab 8192] [--epochs 2]
-        [--max-minutes M] [--batch 8] [--lr 5e-4] [--seed 0]
+        [--out models/smollm2-draft] [--layers 0,1,2] [--vocab 8192] [--epochs 3]
+        [--max-minutes M] [--batch 8] [--lr 1e-3] [--seed 0]
 
 The data is `target_answers`' JSONL (the target's greedy answers to chat requests): the draft
 learns to predict exactly what the target writes (cross-entropy on the answer tokens, the prompt
@@ -37,9 +37,9 @@ from server.model_files.training import target_answers
 DEFAULT_OUT = Path("models/smollm2-draft")
 DEFAULT_LAYERS = (0, 1, 2)
 DEFAULT_VOCAB = 8192
-DEFAULT_EPOCHS = 2
+DEFAULT_EPOCHS = 3  # the shipped draft's run (20 min on 2 CPU cores)
 DEFAULT_BATCH = 8
-DEFAULT_LR = 5e-4
+DEFAULT_LR = 1e-3
 DEFAULT_SEED = 0
 VAL_FRACTION = 0.05
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -51,8 +51,7 @@ def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]
     """The n most frequent answer tokens (ties by id), `always` (EOS...) included."""
     counts = Counter(t for _, answer in examples for t in answer)
     ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    kept = list(dict.fromkeys([*sorted(always), *ranked]))[:n]
-    return kept
+    return list(dict.fromkeys([*sorted(always), *ranked]))[:n]
 
 
 def build_draft(target: nn.Module, config: dict, layer_ids: list[int],
