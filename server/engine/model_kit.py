@@ -20,6 +20,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from server.engine.draft_vocab import wrap_if_sub_vocab
+from server.engine.fused import fuse_projections
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,10 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
     return DTYPES[name]
 
 
-def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> LoadedModel:
+def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
+               fuse: bool = True) -> LoadedModel:
+    """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
+    and gate/up projections into one matmul (`server.engine.fused`)."""
     local = Path(path).expanduser()
     if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
@@ -99,6 +103,8 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None) -> Lo
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
+    if fuse:
+        fuse_projections(model)
     return LoadedModel(name or path, path, model, tokenizer, config)
 
 
