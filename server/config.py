@@ -15,7 +15,11 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.engine.params import Acceptance, DraftSource
-from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_SPEC_MAX_BATCH
+from server.engine.policy import (
+    DEFAULT_BATCH_DRAFT_TOKENS,
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_SPEC_MAX_BATCH,
+)
 from server.engine.scheduler import DEFAULT_PREFILL_CHUNK
 
 
@@ -84,6 +88,11 @@ class EngineSettings(BaseModel):
         DEFAULT_SPEC_MAX_BATCH, ge=0, le=256,
         description="Speculate while at most this many requests decode; above it, plain batched"
         " decoding (0: never speculate).",
+    )
+    spec_batch_draft_tokens: int = Field(
+        DEFAULT_BATCH_DRAFT_TOKENS, ge=1, le=64,
+        description="The most tokens a request drafts per round while other requests decode"
+        " too (alone, its own k).",
     )
     drain_timeout_s: float = Field(
         10.0, ge=0.0, le=600.0,

@@ -53,10 +53,12 @@ def alone(kit, p: GenerationParams) -> list[int]:
     return [e.token for e in generate_events(kit, p) if isinstance(e, TokenEvent)]
 
 
-def run_batch(kit, requests, *, spec_max_batch=8, prefill_chunk=16, cancel_after=None):
-    """Run `requests` concurrently; returns each one's events."""
+def run_batch(kit, requests, *, spec_max_batch=8, prefill_chunk=16, cancel_after=None,
+              batch_draft_tokens=4):
+    """Run `requests` concurrently; returns each one's events. Rows draft up to 4 tokens in a
+    batch unless told otherwise (the default policy's 1 would hide ragged acceptance)."""
     scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=prefill_chunk),
-                          SpeculationPolicy(4, spec_max_batch))
+                          SpeculationPolicy(4, spec_max_batch, batch_draft_tokens))
     events = [[] for _ in requests]
     seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(requests)]
     while any(s.phase is not Phase.DONE for s in seqs):
@@ -109,6 +111,29 @@ def test_batched_speculation_accepts_different_lengths_per_row(kit):
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
     rates = {round(s.counters.accepted / max(s.counters.proposed, 1), 3) for s in seqs}
     assert len(rates) > 1  # the rows did accept at different rates
+
+
+def test_the_default_policy_drafts_one_token_per_round_in_a_batch(kit):
+    """In a batch a row drafts at most `batch_draft_tokens` (1) per round, alone its own k;
+    a seeded sampled row keeps its own k, so its text does not depend on the batch."""
+    policy = SpeculationPolicy()
+    assert (policy.num_draft_tokens, policy.batch_draft_tokens) == (4, 1)
+    requests = [params(kit, i, k=4, max_tokens=30) for i in range(3)]
+    seeded = params(kit, 1, k=4, temperature=0.9, seed=8, max_tokens=30)
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), policy)
+    events = [[] for _ in range(4)]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate([*requests, seeded])]
+    while any(s.phase is not Phase.DECODE for s in seqs):
+        scheduler.step()
+    ks = policy.for_round(scheduler.target.rows, scheduler.batch_size)
+    assert [ks[id(s)] for s in seqs] == [1, 1, 1, 4]
+    assert policy.for_round(seqs[:1], 1) == {id(seqs[0]): 4}  # alone: its own k
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, s, ev in zip(requests, seqs[:3], events[:3], strict=True):
+        assert s.counters.proposed > 0
+        assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
+    assert tokens_of(events[3]) == alone(kit, seeded)
 
 
 def test_sampled_and_greedy_rows_do_not_affect_each_other(kit):

@@ -3,17 +3,18 @@
 Built on `mlx_lm`'s `BatchKVCache` (per-row offsets, left padding): a request joins with the
 plain `KVCache` its prefill filled (`merge` + `extend`), leaves with `filter` (and `extract`
 for the prefix cache). Speculative rounds feed every row the same number of tokens but accept
-different numbers: `keep` trims what all rows rejected and rolls each row's remaining rejected
-entries into its left padding (`prepare(right_padding=...)` + `finalize`, the same move
-`mlx_lm` uses to align ragged prompts).
+different numbers: `keep` trims what all rows rejected and drops each row's remaining rejected
+entries as holes the attention mask hides (`RaggedKVCache`, which moves nothing, where
+`mlx_lm`'s right-padding roll moves every layer's whole cache).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from server.engine.ragged_cache import RaggedKVCache
 from server.engine.sequence import Sequence
 
 
@@ -35,7 +36,7 @@ class ModelBatch:
     def __init__(self, model: nn.Module):
         self.model = model
         self.rows: list[Sequence] = []
-        self.cache: list[BatchKVCache] | None = None
+        self.cache: list[RaggedKVCache] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -44,9 +45,9 @@ class ModelBatch:
         return any(r is seq for r in self.rows)
 
     def add(self, seq: Sequence, row_cache: list[KVCache]) -> None:
-        self.add_batch([seq], [BatchKVCache.merge([c]) for c in row_cache])
+        self.add_batch([seq], [RaggedKVCache.merge([c]) for c in row_cache])
 
-    def add_batch(self, seqs: list[Sequence], cache: list[BatchKVCache]) -> None:
+    def add_batch(self, seqs: list[Sequence], cache: list[RaggedKVCache]) -> None:
         """Rows prefilled together (`prefill_batch`) join with their batch cache as it is."""
         if self.cache is None:
             self.cache = cache
@@ -83,15 +84,14 @@ class ModelBatch:
         if common:
             for c in self.cache:
                 c.trim(common)
-        self.roll_out([r - common for r in rejected])
+        self.drop_tail([r - common for r in rejected])
 
-    def roll_out(self, right_padding: list[int]) -> None:
-        """Drop the last `right_padding[i]` entries of row i (ragged: one roll per layer)."""
-        if max(right_padding, default=0) == 0:
+    def drop_tail(self, counts: list[int]) -> None:
+        """Drop the last `counts[i]` entries of row i (ragged: they become masked holes)."""
+        if max(counts, default=0) == 0:
             return
         for c in self.cache:
-            c.prepare(right_padding=right_padding)
-            c.finalize()
+            c.drop_tail(counts)
 
 
 def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> mx.array | None:
@@ -106,7 +106,7 @@ def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> mx.arr
 
 
 def prefill_batch(model: nn.Module, prompts: list[list[int]]) -> tuple[mx.array,
-                                                                        list[BatchKVCache]]:
+                                                                        list[RaggedKVCache]]:
     """Prefill several whole prompts in one forward, left-padded (as `mlx_lm`'s
     BatchGenerator did): each row's last logits (N, V) and the batch's cache.
 
@@ -117,7 +117,7 @@ def prefill_batch(model: nn.Module, prompts: list[list[int]]) -> tuple[mx.array,
     padding = [width - len(p) for p in prompts]
     inputs = mx.array([[0] * pad + list(p) for pad, p in zip(padding, prompts, strict=True)],
                       mx.uint32)
-    cache = [BatchKVCache(padding) for _ in new_cache(model)]
+    cache = [RaggedKVCache(padding) for _ in new_cache(model)]
     logits = model(inputs, cache=cache)[:, -1]
     mx.eval(logits, [c.state for c in cache])
     return logits, cache

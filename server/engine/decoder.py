@@ -97,7 +97,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
     logits = draft.forward(inputs)
     last = mx.array([len(p) - 1 for p in pending])
     logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # (B, V)
-    draft.roll_out([width - len(p) for p in pending])
+    draft.drop_tail([width - len(p) for p in pending])
 
     vocab = rows[0].pipeline.vocab_size
     tokens = [[] for _ in rows]

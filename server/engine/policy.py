@@ -19,12 +19,15 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
-# Measured on the generated fp32 pair (`scripts/reproduce_figures.sh load`, RESULTS/load-*):
-# on a 2-core CPU one stream decodes ~3x faster with the draft, but from 2 concurrent streams
-# on, batched plain decoding already matches or beats batched speculative rounds (a CPU's
-# matmuls grow with the rows fed, so verifying k + 1 tokens per row stops being nearly free).
-# On a GPU the crossover is higher: raise `engine.spec_max_batch`.
-DEFAULT_SPEC_MAX_BATCH = 1
+# Measured on the generated fp32 pair, 2-core CPU, every row decoding (`python -m
+# server.bench.spec_batch`, RESULTS/spec-batch.txt): one stream decodes ~2-3x faster with the
+# draft at k <= 4 (adaptive). In a batch, a CPU's matmuls grow with the rows fed, so verifying
+# k + 1 tokens per row is no longer nearly free: k = 1 pays up to about 12 rows (1.1-1.3x the
+# plain batch's tok/s), larger k does not, and at 16 rows k = 1 breaks even. So: k <= 4 alone,
+# k = 1 in a batch, plain decoding above 8 rows. On a GPU the crossover is higher: raise
+# `engine.spec_max_batch` and `engine.spec_batch_draft_tokens`.
+DEFAULT_SPEC_MAX_BATCH = 8
+DEFAULT_BATCH_DRAFT_TOKENS = 1
 DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most, when adaptive)
 
 
@@ -32,6 +35,7 @@ DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most, when adaptive)
 class SpeculationPolicy:
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # the server's k (changeable at load)
     spec_max_batch: int = DEFAULT_SPEC_MAX_BATCH  # speculate only while the batch is this small
+    batch_draft_tokens: int = DEFAULT_BATCH_DRAFT_TOKENS  # the most k while others decode too
 
     def for_request(self, *, use_draft: bool | None, num_draft_tokens: int | None,
                     defaults: SpeculationParams, draft_loaded: bool) -> SpeculationParams:
@@ -52,16 +56,23 @@ class SpeculationPolicy:
         return replace(defaults, num_draft_tokens=k, required=required)
 
     def for_round(self, rows, batch_size: int) -> dict[int, int]:
-        """Draft length per row this round (keyed by id): none once the batch is large.
+        """Draft length per row this round (keyed by id): the row's own (adaptive) k alone, at
+        most `batch_draft_tokens` in a batch, none once the batch is large.
 
         `batch_size` counts the requests still prefilling too: they join within a few rounds.
 
         Except seeded sampled requests: speculative sampling draws its randomness differently
-        from plain sampling, so they always speculate, and their text does not depend on
-        what else runs (greedy output is the same either way).
+        from plain sampling, and with each k differently, so they always speculate at their own
+        k, and their text does not depend on what else runs (greedy output is the same either
+        way).
         """
-        return {id(r): r.schedule.next(r.remaining) for r in rows
-                if self.drafts(r, batch_size)}
+        return {id(r): self._k(r, batch_size) for r in rows if self.drafts(r, batch_size)}
+
+    def _k(self, row, batch_size: int) -> int:
+        k = row.schedule.next(row.remaining)
+        if batch_size > 1 and not _seeded_sampling(row):
+            k = min(k, max(self.batch_draft_tokens, 1))
+        return k
 
     def drafts(self, row, batch_size: int) -> bool:
         """Whether `row` drafts in a round of `batch_size` rows."""

@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -100,14 +100,15 @@ class InferenceEngine:
                  num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
+                 spec_batch_draft_tokens: int | None = None,
                  prefix_cache_bytes: int = 0):
         self._target_path = model
         self._draft_path = draft_model
         self.model_name = model_name or model
         self.dtype = dtype
-        self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens)
-        if spec_max_batch is not None:
-            self.policy = SpeculationPolicy(num_draft_tokens, spec_max_batch)
+        policy = {"spec_max_batch": spec_max_batch, "batch_draft_tokens": spec_batch_draft_tokens}
+        self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens,
+                                        **{k: v for k, v in policy.items() if v is not None})
         self.scheduler_config = scheduler or SchedulerConfig()
         self.observers = ObserverList()
         self.prefix_cache_bytes = prefix_cache_bytes
@@ -257,7 +258,7 @@ class InferenceEngine:
         def load():
             draft = self.kit.load_draft(path)
             if num_draft_tokens is not None:
-                self.policy = SpeculationPolicy(num_draft_tokens, self.policy.spec_max_batch)
+                self.policy = replace(self.policy, num_draft_tokens=num_draft_tokens)
                 self.scheduler.policy = self.policy
             self.scheduler.draft_changed()
             return self.card(draft, "draft")
