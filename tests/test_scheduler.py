@@ -179,9 +179,11 @@ def test_rows_joining_a_large_batch_skip_the_draft_until_they_can_draft(kit):
         assert tokens_of(ev) == alone(kit, p)
 
 
-def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monkeypatch):
-    """Whole prompts that fit the step's budget share one left-padded forward; a row that
-    ends at its first token leaves the group; the prefix cache gets each row's own prompt."""
+@pytest.mark.parametrize("k", [0, 4], ids=["no-draft", "drafting"])
+def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monkeypatch, k):
+    """Whole prompts that fit the step's budget share one left-padded forward (per model, when
+    they draft); a row that ends at its first token leaves the group; the prefix cache gets
+    each row's own prompt."""
     import server.engine.scheduler as scheduler_module
     from server.engine.prefix_cache import PrefixCache
 
@@ -189,18 +191,22 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monke
     real = scheduler_module.prefill_batch
     monkeypatch.setattr(scheduler_module, "prefill_batch",
                         lambda model, prompts: groups.append(len(prompts)) or real(model, prompts))
-    requests = [params(kit, i, max_tokens=1 if i == 1 else 16) for i in (0, 1, 3, 5, 6)]
-    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=512), SpeculationPolicy(4, 1))
+    requests = [params(kit, i, k=k, max_tokens=1 if i == 1 else 16) for i in (0, 1, 3, 5, 6)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=512), SpeculationPolicy(4, 8))
     scheduler.prefix_cache = PrefixCache(1 << 30)
     events = [[] for _ in requests]
     seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(requests)]
     scheduler.step()
-    assert groups == [len(requests)]  # one prefill forward for all five
+    # one prefill forward for all five (and one of the draft's, when they draft)
+    assert groups == [len(requests)] * (2 if k else 1)
     assert seqs[1].phase is Phase.DONE and len(scheduler.target) == 4
+    assert len(scheduler.draft or []) == (4 if k else 0)
     while any(s.phase is not Phase.DONE for s in seqs):
         scheduler.step()
     for p, ev in zip(requests, events, strict=True):
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
+    if k:
+        assert all(s.counters.proposed > 0 for s in seqs if s is not seqs[1])
     again = []
     seq = scheduler.submit(requests[2], again.append)
     while seq.phase is not Phase.DONE:

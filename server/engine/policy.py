@@ -20,11 +20,12 @@ class InvalidRequest(ValueError):
 
 
 # Measured on the generated fp32 pair, 2-core CPU, every row decoding (`python -m
-# server.bench.spec_batch`, RESULTS/spec-batch.txt): one stream decodes ~2-3x faster with the
-# draft at k <= 4 (adaptive). In a batch, a CPU's matmuls grow with the rows fed, so verifying
-# k + 1 tokens per row is no longer nearly free: k = 1 pays up to about 12 rows (1.1-1.3x the
-# plain batch's tok/s), larger k does not, and at 16 rows k = 1 breaks even. So: k <= 4 alone,
-# k = 1 in a batch, plain decoding above 8 rows. On a GPU the crossover is higher: raise
+# server.bench.spec_batch`, RESULTS/spec-batch.txt). A CPU's matmuls grow with the rows fed, so
+# verifying k + 1 tokens per row is not free in a batch: k = 1 gives 1.31x plain decoding's
+# tok/s alone, 1.28x at 2 rows, 1.19x at 4, 1.11x at 8, 1.07x at 12 and 0.96x at 16; k = 2
+# gives more alone and at 2 rows (1.41x, 1.50x) and less from 4 on (1.09x, 1.00x at 8). So: the
+# row's own (adaptive) k alone, k = 1 in a batch, plain decoding above 8 rows (where the gain
+# is within this machine's noise). On a GPU the crossover is higher: raise
 # `engine.spec_max_batch` and `engine.spec_batch_draft_tokens`.
 DEFAULT_SPEC_MAX_BATCH = 8
 DEFAULT_BATCH_DRAFT_TOKENS = 1

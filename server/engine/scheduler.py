@@ -311,12 +311,13 @@ class Scheduler:
             self._restore(seq, seq.prompt)
 
     def _whole_prompt_group(self, budget: int) -> list[Sequence]:
-        """The oldest prefilling requests that start from nothing, do not draft yet and whose
-        whole prompts fit in `budget` together: they are prefilled in one forward."""
+        """The oldest prefilling requests that start from nothing, all drafting or none, and
+        whose whole prompts fit in `budget` together: they are prefilled in one forward."""
         group, tokens = [], 0
         for seq in self.prefilling:
             self._begin(seq)
-            if seq.prefilled or seq.draft_cache is not None:
+            drafting = seq.draft_cache is not None
+            if seq.prefilled or (group and drafting != (group[0].draft_cache is not None)):
                 break
             tokens += len(seq.prompt)
             if tokens > budget:
@@ -325,13 +326,16 @@ class Scheduler:
         return group
 
     def _prefill_group(self, group: list[Sequence]) -> int:
-        """Prefill `group` in one left-padded forward; each row takes its first token and
-        joins the batch with the group's cache. Returns the prompt tokens prefilled."""
+        """Prefill `group` in one left-padded forward per model; each row takes its first
+        token and joins the batch with the group's caches. Returns the prompt tokens."""
         tokens = sum(len(seq.prompt) for seq in group)
         for seq in group:
             self.prefilling.remove(seq)
+        prompts = [seq.prompt for seq in group]
+        drafting = group[0].draft_cache is not None
         try:
-            logits, cache = prefill_batch(self.kit.target.model, [seq.prompt for seq in group])
+            logits, cache = prefill_batch(self.kit.target.model, prompts)
+            draft_cache = prefill_batch(self.kit.draft.model, prompts)[1] if drafting else None
         except Exception as e:  # noqa: BLE001 - these requests' own failure
             log.exception("prefill failed")
             for seq in group:
@@ -342,19 +346,31 @@ class Scheduler:
         for i, seq in enumerate(group):
             seq.prefilled, seq.target_cache = len(seq.prompt), None
             if self._caching(seq):
-                self.prefix_cache.store(self._cache_key(seq), seq.prompt,
-                                        [[c.extract(i) for c in cache]])
+                caches = [[c.extract(i) for c in cache]]
+                if drafting:
+                    caches.append([c.extract(i) for c in draft_cache])
+                self.prefix_cache.store(self._cache_key(seq), seq.prompt, caches)
+            seq.draft_cache = None
             if first_token(seq, logits[i]):
                 seq.finish()
             else:
                 joining.append(i)
         if joining:
+            rows = [group[i] for i in joining]
+            parts = [cache, draft_cache] if drafting else [cache]
             if len(joining) < len(group):
-                for c in cache:
-                    c.filter(mx.array(joining))
-            self.target.add_batch([group[i] for i in joining], cache)
-            for i in joining:
-                group[i].phase = Phase.DECODE
+                for part in parts:
+                    for c in part:
+                        c.filter(mx.array(joining))
+            self.target.add_batch(rows, cache)
+            if drafting:
+                if self.draft is None:
+                    self.draft = ModelBatch(self.kit.draft.model)
+                self.draft.add_batch(rows, draft_cache)
+            for seq in rows:
+                seq.phase = Phase.DECODE
+                if drafting:
+                    seq.draft_pending = [seq.output[-1]]
         return tokens
 
     def _join(self, seq: Sequence) -> None:
