@@ -2,7 +2,8 @@
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
-#                                   demo_server temp adaptive lookup load engine_load prefill_shapes prefix stall
+#                                   demo_server temp adaptive lookup load spec_batch fused
+#                                   engine_load prefill_shapes prefix stall
 #                                   before structured draft; default: all but draft,
 #                                   which retrains models/smollm2-draft, ~80 min)
 set -euo pipefail
@@ -84,6 +85,14 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
 run_prefill_shapes() {  # issue 8: N prefills one at a time vs one batched forward
   $PY -m server.bench.prefill_shapes | tee "$OUT/prefill-shapes.txt"
 }
+run_spec_batch() {  # issue 8: where batched speculation stops paying (the policy's defaults)
+  $PY -m server.bench.spec_batch | tee "$OUT/spec-batch.txt"
+}
+run_fused() {  # issues 8 and 10: one forward with fused projections vs unfused
+  $PY -m server.bench.fused | tee "$OUT/fused.txt"
+  $PY -c "from server.model_files.default_model import target_folder; print(target_folder())" \
+    | xargs -I{} $PY -m server.bench.fused --model {} --reps 3 | tee "$OUT/fused-smollm2.txt"
+}
 run_engine_load() {  # issue 8: the same load in process, our scheduler vs mlx_lm's BatchGenerator
   $PY -m server.bench.engine_load | tee "$OUT/engine-load.txt"
 }
@@ -131,5 +140,5 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load engine_load prefill_shapes prefix stall before structured}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefix stall before structured}
 for s in $sections; do echo "=== $s"; "run_$s"; done
