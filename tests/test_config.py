@@ -24,3 +24,16 @@ def test_the_file_wins_over_defaults(tmp_path):
     config.write_text("engine:\n  spec_max_batch: 3\n")
     assert Settings.load(config).engine.spec_max_batch == 3
     assert Settings.load(None).engine.spec_max_batch == Settings().engine.spec_max_batch
+
+
+def test_the_speculation_policy_comes_from_the_engine_settings(tmp_path):
+    from server.engine.policy import SpeculationPolicy
+    from server.http.app import build_engine
+
+    config = tmp_path / "config.yaml"
+    config.write_text("engine:\n  spec_max_batch: 3\n  spec_batch_draft_tokens: 2\n")
+    engine = build_engine(Settings.load(config))  # not started: no model is loaded
+    assert (engine.policy.spec_max_batch, engine.policy.batch_draft_tokens) == (3, 2)
+    default = build_engine(Settings.load(None)).policy
+    assert (default.spec_max_batch, default.batch_draft_tokens) == (
+        SpeculationPolicy().spec_max_batch, SpeculationPolicy().batch_draft_tokens)
