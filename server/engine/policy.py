@@ -24,10 +24,12 @@ class InvalidRequest(ValueError):
 # verifying k + 1 tokens per row is not free in a batch: k = 1 gives 1.31x plain decoding's
 # tok/s alone, 1.28x at 2 rows, 1.19x at 4, 1.11x at 8, 1.07x at 12 and 0.96x at 16; k = 2
 # gives more alone and at 2 rows (1.41x, 1.50x) and less from 4 on (1.09x, 1.00x at 8). So: the
-# row's own (adaptive) k alone, k = 1 in a batch, plain decoding above 8 rows (where the gain
-# is within this machine's noise). On a GPU the crossover is higher: raise
+# row's own (adaptive) k alone, k = 1 in a batch, plain decoding above 4 rows: through the
+# server, where new requests' prefills (the draft's too) share the time, 8 streams measured
+# 0.93x with k = 1 against 0.99x plain (`scripts/reproduce_figures.sh load`), while 2 and 4
+# streams gained (RESULTS/load-20261201-052424-*). On a GPU the crossover is higher: raise
 # `engine.spec_max_batch` and `engine.spec_batch_draft_tokens`.
-DEFAULT_SPEC_MAX_BATCH = 8
+DEFAULT_SPEC_MAX_BATCH = 4
 DEFAULT_BATCH_DRAFT_TOKENS = 1
 DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most, when adaptive)
 
