@@ -61,7 +61,8 @@ run_lookup() {  # issue 5: prompt lookup on "repeat this code with one change"
 
 run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx_lm.server
   # without a draft (it batches) and with one (it does not), and ours without a draft (where
-  # speculation stops paying); the servers take turns per level.
+  # speculation stops paying); the servers take turns per level. Each client sends 3 requests
+  # one after the other: one burst per level varied by +-15% between runs on this machine.
   $PY -m server --model $GEN_T --draft-model $GEN_D --port 8100 >"$OUT/load-ours.log" 2>&1 &
   local ours=$!
   $PY -m server --model $GEN_T --draft-model none --port 8103 >"$OUT/load-ours-plain.log" 2>&1 &
@@ -79,7 +80,8 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
   $PY -m server.bench.load --server ours=http://127.0.0.1:8100 \
     --compare mlx_lm=http://127.0.0.1:8101 --compare mlx_lm+draft=http://127.0.0.1:8102 \
     --compare ours-no-draft=http://127.0.0.1:8103 \
-    --concurrency 1,2,4,8,16 --max-tokens 96 --results-dir "$OUT" --tag load-vs-mlx-lm
+    --concurrency 1,2,4,8,16 --requests-per-client 3 --max-tokens 96 --results-dir "$OUT" \
+    --tag load-vs-mlx-lm
 }
 
 run_prefill_shapes() {  # issue 8: N prefills one at a time vs one batched forward
