@@ -93,7 +93,7 @@ run_spec_batch() {  # issue 8: where batched speculation stops paying (the polic
 run_fused() {  # issues 8 and 10: one forward with fused projections vs unfused
   $PY -m server.bench.fused | tee "$OUT/fused.txt"
   $PY -c "from server.model_files.default_model import target_folder; print(target_folder())" \
-    | xargs -I{} $PY -m server.bench.fused --model {} --reps 3 | tee "$OUT/fused-smollm2.txt"
+    | xargs -I{} $PY -m server.bench.fused --model {} | tee "$OUT/fused-smollm2.txt"
 }
 run_engine_load() {  # issue 8: the same load in process, our scheduler vs mlx_lm's BatchGenerator
   $PY -m server.bench.engine_load | tee "$OUT/engine-load.txt"

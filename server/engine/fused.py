@@ -12,8 +12,9 @@ those of the unfused model (`tests/test_fused.py` checks float32 and quantized m
 `mlx_lm`'s; with OpenBLAS, small-row matmuls may round differently, ~1e-6).
 
 One forward, fused / unfused time (`python -m server.bench.fused [--model DIR]`, 2-core CPU,
-RESULTS/fused*.txt): SmolLM2-135M (4-bit) 0.81x for one row, 0.84x for 8; the generated fp32
-target 0.95x for one row, 1.01x for 8, 0.94x for 16.
+median of 5, RESULTS/fused*.txt): one row 0.92x (SmolLM2-135M) and 0.95x (the generated fp32
+target); batches of 8-16 rows 0.94-1.05x, within this machine's noise. A first 3-run
+measurement on SmolLM2 gave 0.81x for one row; the 5-run one did not confirm it.
 """
 
 from __future__ import annotations
