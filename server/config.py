@@ -20,7 +20,7 @@ from server.engine.policy import (
     DEFAULT_NUM_DRAFT_TOKENS,
     DEFAULT_SPEC_MAX_BATCH,
 )
-from server.engine.scheduler import DEFAULT_PREFILL_CHUNK
+from server.engine.scheduler import DEFAULT_IDLE_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK
 
 
 class ServerSettings(BaseModel):
@@ -83,6 +83,11 @@ class EngineSettings(BaseModel):
         DEFAULT_PREFILL_CHUNK, ge=16, le=8192,
         description="Prompt tokens prefilled per scheduler step, between decoding rounds: the"
         " most a new prompt stalls the running streams.",
+    )
+    idle_prefill_chunk: int = Field(
+        DEFAULT_IDLE_PREFILL_CHUNK, ge=16, le=65536,
+        description="Prompt tokens prefilled per step while no request decodes (nothing to"
+        " stall): a burst of new prompts shares a few large forwards.",
     )
     spec_max_batch: int = Field(
         DEFAULT_SPEC_MAX_BATCH, ge=0, le=256,

@@ -215,6 +215,32 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monke
     assert tokens_of(again) == tokens_of(events[2])
 
 
+def test_a_burst_is_prefilled_in_large_steps_only_while_nothing_decodes(kit, monkeypatch):
+    """`idle_prefill_chunk` while no request decodes (one grouped forward for the burst);
+    `prefill_chunk` once one does, so running streams are stalled by at most that."""
+    import server.engine.scheduler as scheduler_module
+
+    groups = []
+    real = scheduler_module.prefill_batch
+    monkeypatch.setattr(scheduler_module, "prefill_batch",
+                        lambda model, prompts: groups.append(len(prompts)) or real(model, prompts))
+    burst = [params(kit, i, max_tokens=8) for i in (0, 1, 3, 5)]
+    total = sum(len(p.prompt_tokens) for p in burst)
+    config = SchedulerConfig(prefill_chunk=16, idle_prefill_chunk=total)
+    assert total > config.prefill_chunk
+    scheduler = Scheduler(kit, config, SpeculationPolicy(4, 0))
+    seqs = [scheduler.submit(p, lambda e: None) for p in burst]
+    scheduler.step()
+    assert groups == [len(burst)] and all(s.phase is Phase.DECODE for s in seqs)
+    later = [scheduler.submit(p, lambda e: None) for p in burst]
+    scheduler.step()  # rows decode now: at most 16 prompt tokens this step
+    assert sum(s.phase is Phase.DECODE for s in later) < len(later)
+    while any(s.phase is not Phase.DONE for s in seqs + later):
+        scheduler.step()
+    for p, s in zip(burst * 2, seqs + later, strict=True):
+        assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
+
+
 def test_unseeded_rows_draw_their_own_randomness(kit):
     p = params(kit, 1, temperature=1.0, max_tokens=24)
     events, _ = run_batch(kit, [p, p])

@@ -30,6 +30,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
             max_batch_size=settings.engine.max_batch_size,
             max_queue_size=settings.server.max_queue_size,
             prefill_chunk=settings.engine.prefill_chunk,
+            idle_prefill_chunk=settings.engine.idle_prefill_chunk,
         ),
         spec_max_batch=settings.engine.spec_max_batch,
         spec_batch_draft_tokens=settings.engine.spec_batch_draft_tokens,
