@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 # stalls running streams ~1 s at most and prefills as fast as 256 or 1024 (which stall 1.9 s
 # and 7.7 s); the whole prompt at once stalls them 15 s.
 DEFAULT_PREFILL_CHUNK = 128
-# `python -m server.bench.engine_load` (16 requests at once, generated pair): 1024 while nothing
-# decodes took ours from 0.90x to 1.00x of mlx_lm's BatchGenerator (1.00x -> 1.05x at 8).
+# `python -m server.bench.engine_load` (N requests at once, generated pair, two runs): 1024 while
+# nothing decodes took ours from 0.90x to 0.97-1.00x of mlx_lm's BatchGenerator at 16 requests
+# and from 1.00x to 1.03-1.05x at 8.
 DEFAULT_IDLE_PREFILL_CHUNK = 1024
 
 
