@@ -85,10 +85,11 @@ class RaggedKVCache(BatchKVCache):
                                      np.pad(theirs, ((0, 0), (width - theirs.shape[1], 0)))])
 
     def extract(self, idx: int) -> KVCache:
-        if not self._holes(self._idx)[idx].any():
+        holes = self._holes(self._idx)[idx]
+        if not holes.any():
             return super().extract(idx)
         padding = self.left_padding.tolist()[idx]
-        keep = np.flatnonzero(~self._holes(self._idx)[idx, padding:]) + padding
+        keep = np.flatnonzero(~holes[padding:]) + padding
         positions = mx.array(keep)
         cache = KVCache()
         cache.keys = mx.contiguous(mx.take(self.keys[idx: idx + 1], positions, axis=2))

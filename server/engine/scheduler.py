@@ -25,6 +25,7 @@ from server.engine.decoder import RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
 from server.engine.policy import InvalidRequest, SpeculationPolicy
+from server.engine.ragged_cache import RaggedKVCache
 from server.engine.sequence import Phase, Sequence, Sink
 
 log = logging.getLogger(__name__)
@@ -304,7 +305,9 @@ class Scheduler:
         if first_token(seq, logits):
             seq.finish()
         else:
-            self._join(seq)
+            draft = seq.draft_cache
+            self._join([seq], [RaggedKVCache.merge([c]) for c in seq.target_cache],
+                       [RaggedKVCache.merge([c]) for c in draft] if draft is not None else None)
         return max(len(chunk), 1)
 
     def _begin(self, seq: Sequence) -> None:
@@ -364,32 +367,29 @@ class Scheduler:
             else:
                 joining.append(i)
         if joining:
-            rows = [group[i] for i in joining]
-            parts = [cache, draft_cache] if drafting else [cache]
             if len(joining) < len(group):
-                for part in parts:
+                for part in [cache, draft_cache] if drafting else [cache]:
                     for c in part:
                         c.filter(mx.array(joining))
-            self.target.add_batch(rows, cache)
-            if drafting:
-                if self.draft is None:
-                    self.draft = ModelBatch(self.kit.draft.model)
-                self.draft.add_batch(rows, draft_cache)
-            for seq in rows:
-                seq.phase = Phase.DECODE
-                if drafting:
-                    seq.draft_pending = [seq.output[-1]]
+            self._join([group[i] for i in joining], cache, draft_cache)
         return tokens
 
-    def _join(self, seq: Sequence) -> None:
-        self.target.add(seq, seq.target_cache)
-        if seq.draft_cache is not None:
-            if self.draft is None:
-                self.draft = ModelBatch(self.kit.draft.model)
-            self.draft.add(seq, seq.draft_cache)
-            seq.draft_pending = [seq.output[-1]]
-        seq.target_cache = seq.draft_cache = None
-        seq.phase = Phase.DECODE
+    def _join(self, rows: list[Sequence], cache: list, draft_cache: list | None) -> None:
+        """Prefilled rows join the decoding batch with their batch caches (the draft's too,
+        when they draft: it then still has to see each row's first token)."""
+        self.target.add_batch(rows, cache)
+        if draft_cache is not None:
+            self._draft_batch().add_batch(rows, draft_cache)
+        for seq in rows:
+            if draft_cache is not None:
+                seq.draft_pending = [seq.output[-1]]
+            seq.target_cache = seq.draft_cache = None
+            seq.phase = Phase.DECODE
+
+    def _draft_batch(self) -> ModelBatch:
+        if self.draft is None:
+            self.draft = ModelBatch(self.kit.draft.model)
+        return self.draft
 
     def _decode_step(self) -> bool:
         if not len(self.target):
@@ -413,9 +413,7 @@ class Scheduler:
         for seq in self.target.rows:
             if not ks.get(id(seq)) or seq.drafter != "model":
                 continue
-            if self.draft is None:
-                self.draft = ModelBatch(self.kit.draft.model)
-            if seq in self.draft:
+            if seq in self._draft_batch():
                 continue
             cache = new_cache(self.kit.draft.model)
             context = seq.context[:-1]
