@@ -72,14 +72,21 @@ def read_source(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def function_pairs(source: str) -> list[tuple[str, str]]:
-    """(user request, function source) for every documented function or method in `source`."""
+def _parse(source: str) -> ast.Module | None:
+    """The module's syntax tree, or None for a file this Python cannot parse."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # invalid escape sequences in old modules
         try:
-            tree = ast.parse(source)
+            return ast.parse(source)
         except (SyntaxError, ValueError):
-            return []
+            return None
+
+
+def function_pairs(source: str) -> list[tuple[str, str]]:
+    """(user request, function source) for every documented function or method in `source`."""
+    tree = _parse(source)
+    if tree is None:
+        return []
     lines = source.splitlines(keepends=True)
     pairs = []
     for node in ast.walk(tree):
@@ -93,12 +100,9 @@ def function_pairs(source: str) -> list[tuple[str, str]]:
 
 def explain_pairs(source: str) -> list[tuple[str, str]]:
     """(question, docstring) for documented functions and classes: prose answers."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            return []
+    tree = _parse(source)
+    if tree is None:
+        return []
     pairs = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
