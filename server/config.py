@@ -81,13 +81,14 @@ class EngineSettings(BaseModel):
     )
     prefill_chunk: int = Field(
         DEFAULT_PREFILL_CHUNK, ge=16, le=8192,
-        description="Prompt tokens prefilled per scheduler step, between decoding rounds: the"
-        " most a new prompt stalls the running streams.",
+        description="Prompt tokens (padding included) prefilled per scheduler step, between"
+        " decoding rounds: the most a new prompt stalls the running streams.",
     )
     idle_prefill_chunk: int = Field(
         DEFAULT_IDLE_PREFILL_CHUNK, ge=16, le=65536,
         description="Prompt tokens prefilled per step while no request decodes (nothing to"
-        " stall): a burst of new prompts shares a few large forwards.",
+        " stall), or while more prompts wait than rows decode: a burst of new prompts shares"
+        " one large forward.",
     )
     spec_max_batch: int = Field(
         DEFAULT_SPEC_MAX_BATCH, ge=0, le=256,

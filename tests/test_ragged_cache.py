@@ -86,3 +86,33 @@ def test_holes_survive_filter_and_extend(model):
             mine.extend(new)
     _step(model, theirs, ours, [[1], [2], [3]])
     assert isinstance(RaggedKVCache.merge([KVCache()]), RaggedKVCache)
+
+
+def _alone(model, tokens):
+    """`mlx_lm`'s plain single-row prefill: last logits and the cache."""
+    cache = [KVCache() for _ in model.layers]
+    logits = model(mx.array(tokens)[None], cache=cache)[0, -1]
+    return logits, cache
+
+
+@pytest.mark.parametrize("restored", [(0, 0, 0), (0, 1, 2), (4, 0, 3), (5, 1, 1)])
+def test_rows_restored_to_different_lengths_share_one_prefill(model, restored):
+    """`prefill_rows` feeds each row the rest of its prompt on top of whatever prefix it holds
+    (fresh rows left-padded, restored ones right-padded with holes after): each row's logits,
+    its next decoding step and its extracted cache equal that row prefilled alone."""
+    from server.engine.batch import prefill_rows
+
+    caches, chunks = [], []
+    for prompt, n in zip(PROMPTS, restored, strict=True):
+        caches.append(_alone(model, prompt[:n])[1] if n else [KVCache() for _ in model.layers])
+        chunks.append(prompt[n:])
+    logits, batch = prefill_rows(model, caches, chunks)
+    alone = [_alone(model, prompt) for prompt in PROMPTS]
+    for row, (row_logits, _) in enumerate(alone):
+        _close(logits[row], row_logits)
+    step = model(mx.array([[7], [8], [9]]), cache=batch)[:, -1]
+    for row, (token, (_, cache)) in enumerate(zip([7, 8, 9], alone, strict=True)):
+        _close(step[row], model(mx.array([[token]]), cache=cache)[0, -1])
+        mine = batch[0].extract(row)
+        assert mine.offset == cache[0].offset
+        _close(mine.keys[..., : mine.offset, :], cache[0].keys[..., : mine.offset, :])

@@ -7,6 +7,7 @@ tokens can be compared with the same request run alone and with `mlx_lm`.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -181,16 +182,17 @@ def test_rows_joining_a_large_batch_skip_the_draft_until_they_can_draft(kit):
 
 @pytest.mark.parametrize("k", [0, 4], ids=["no-draft", "drafting"])
 def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monkeypatch, k):
-    """Whole prompts that fit the step's budget share one left-padded forward (per model, when
+    """Whole prompts that fit the step's budget share one forward (per model, when
     they draft); a row that ends at its first token leaves the group; the prefix cache gets
     each row's own prompt."""
     import server.engine.scheduler as scheduler_module
     from server.engine.prefix_cache import PrefixCache
 
     groups = []
-    real = scheduler_module.prefill_batch
-    monkeypatch.setattr(scheduler_module, "prefill_batch",
-                        lambda model, prompts: groups.append(len(prompts)) or real(model, prompts))
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows",
+                        lambda model, caches, chunks: groups.append(len(chunks))
+                        or real(model, caches, chunks))
     requests = [params(kit, i, k=k, max_tokens=1 if i == 1 else 16) for i in (0, 1, 3, 5, 6)]
     scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=512), SpeculationPolicy(4, 8))
     scheduler.prefix_cache = PrefixCache(1 << 30)
@@ -215,17 +217,55 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monke
     assert tokens_of(again) == tokens_of(events[2])
 
 
+@pytest.mark.parametrize("k", [0, 4], ids=["no-draft", "drafting"])
+def test_prompts_restored_to_different_lengths_share_one_prefill(kit, monkeypatch, k):
+    """Prompts the prefix cache restored to different lengths (and a fresh one) are still
+    prefilled together, in one forward per model, and each gives its output alone."""
+    import server.engine.scheduler as scheduler_module
+    from server.engine.prefix_cache import PrefixCache
+
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=512), SpeculationPolicy(4, 8))
+    scheduler.prefix_cache = PrefixCache(1 << 30)
+    seen = [params(kit, i, k=k, max_tokens=2) for i in (0, 4)]
+    for p in seen:  # one at a time: the cache now holds two prompts of different lengths
+        seq = scheduler.submit(p, lambda e: None)
+        while seq.phase is not Phase.DONE:
+            scheduler.step()
+    extend = kit.target.tokenizer.encode
+    requests = [replace(seen[0], prompt_tokens=seen[0].prompt_tokens + tuple(extend(" x = 2")),
+                        max_tokens=12),
+                replace(seen[1], prompt_tokens=seen[1].prompt_tokens + tuple(extend(" and")),
+                        max_tokens=12),
+                params(kit, 6, k=k, max_tokens=12)]
+    groups = []
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows",
+                        lambda model, caches, chunks: groups.append(len(chunks))
+                        or real(model, caches, chunks))
+    events = [[] for _ in requests]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(requests)]
+    scheduler.step()
+    assert groups == [len(requests)] * (2 if k else 1)
+    cached = [s.cached_tokens for s in seqs]
+    assert cached[0] != cached[1] and min(cached[:2]) > 0 and cached[2] == 0
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, ev in zip(requests, events, strict=True):
+        assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
+
+
 def test_a_burst_is_prefilled_in_large_steps_only_while_nothing_decodes(kit, monkeypatch):
     """`idle_prefill_chunk` while no request decodes (one grouped forward for the burst);
     `prefill_chunk` once one does, so running streams are stalled by at most that."""
     import server.engine.scheduler as scheduler_module
 
     groups = []
-    real = scheduler_module.prefill_batch
-    monkeypatch.setattr(scheduler_module, "prefill_batch",
-                        lambda model, prompts: groups.append(len(prompts)) or real(model, prompts))
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows",
+                        lambda model, caches, chunks: groups.append(len(chunks))
+                        or real(model, caches, chunks))
     burst = [params(kit, i, max_tokens=8) for i in (0, 1, 3, 5)]
-    total = sum(len(p.prompt_tokens) for p in burst)
+    total = len(burst) * max(len(p.prompt_tokens) for p in burst)  # padded to the longest
     config = SchedulerConfig(prefill_chunk=16, idle_prefill_chunk=total)
     assert total > config.prefill_chunk
     scheduler = Scheduler(kit, config, SpeculationPolicy(4, 0))

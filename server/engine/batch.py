@@ -48,7 +48,7 @@ class ModelBatch:
         self.add_batch([seq], [RaggedKVCache.merge([c]) for c in row_cache])
 
     def add_batch(self, seqs: list[Sequence], cache: list[RaggedKVCache]) -> None:
-        """Rows prefilled together (`prefill_batch`) join with their batch cache as it is."""
+        """Rows prefilled together (`prefill_rows`) join with their batch cache as it is."""
         if self.cache is None:
             self.cache = cache
         else:
@@ -105,19 +105,32 @@ def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> mx.arr
     return logits
 
 
-def prefill_batch(model: nn.Module, prompts: list[list[int]]) -> tuple[mx.array,
-                                                                        list[RaggedKVCache]]:
-    """Prefill several whole prompts in one forward, left-padded (as `mlx_lm`'s
-    BatchGenerator did): each row's last logits (N, V) and the batch's cache.
+def prefill_rows(model: nn.Module, caches: list[list[KVCache]],
+                 chunks: list[list[int]]) -> tuple[mx.array, list[RaggedKVCache]]:
+    """Feed `chunks[i]` into row i's cache `caches[i]`, every row in one forward: each row's
+    last logits (N, V) and the batch's cache, which the rows join the decoding batch with.
+
+    Rows that start from nothing are left-padded (as `mlx_lm`'s BatchGenerator does). Rows
+    that already hold a prefix (restored from the prefix cache, so of any length) are
+    right-padded and drop their padding afterwards as holes (`RaggedKVCache.drop_tail`): rows
+    restored to different lengths still share the forward.
 
     One (N, L) forward takes 16-39% less time than N forwards of (1, L) on a 2-core CPU (the
-    generated fp32 pair, 8 prompts of 128 to 32 tokens: `python -m server.bench.prefill_shapes`),
-    and the rows join a decoding batch as they are."""
-    width = max(len(p) for p in prompts)
-    padding = [width - len(p) for p in prompts]
-    inputs = mx.array([[0] * pad + list(p) for pad, p in zip(padding, prompts, strict=True)],
-                      mx.uint32)
-    cache = [RaggedKVCache(padding) for _ in new_cache(model)]
-    logits = model(inputs, cache=cache)[:, -1]
+    generated fp32 pair, 8 prompts of 128 to 32 tokens: `python -m server.bench.prefill_shapes`)."""
+    width = max(len(chunk) for chunk in chunks)
+    fresh = [row[0].empty() for row in caches]
+    pads = [width - len(chunk) for chunk in chunks]
+    left = mx.array([pad if new else 0 for pad, new in zip(pads, fresh, strict=True)])
+    right = [0 if new else pad for pad, new in zip(pads, fresh, strict=True)]
+    cache = [RaggedKVCache.merge(list(layer)) for layer in zip(*caches, strict=True)]
+    for c in cache:
+        c.left_padding = c.left_padding + left
+        c.offset = c.offset - left
+    inputs = mx.array([[0] * pad + list(chunk) if new else list(chunk) + [0] * pad
+                       for pad, new, chunk in zip(pads, fresh, chunks, strict=True)], mx.uint32)
+    last = mx.array([width - 1 - pad for pad in right])
+    logits = model(inputs, cache=cache)[mx.arange(len(chunks)), last]
+    for c in cache:
+        c.drop_tail(right)
     mx.eval(logits, [c.state for c in cache])
     return logits, cache

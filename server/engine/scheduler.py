@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from server.engine.batch import ModelBatch, new_cache, prefill, prefill_batch
+from server.engine.batch import ModelBatch, new_cache, prefill, prefill_rows
 from server.engine.decoder import RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
@@ -259,56 +259,44 @@ class Scheduler:
         self.prefilling.append(seq)
 
     def _prefill_step(self) -> bool:
-        """Prefill up to `prefill_chunk` prompt tokens (`idle_prefill_chunk` while no request
-        decodes), oldest request first (several short prompts share one forward, so a burst
-        of new requests does not wait a round each)."""
+        """One prefill forward (per model) of at most `prefill_chunk` prompt tokens, padding
+        included (`idle_prefill_chunk` unless `_protect_decoding`): the oldest prompts whose
+        rests fit together, in one group; or, when the oldest alone does not fit, the next
+        chunk of it."""
         if not self.prefilling:
             return False
-        # With no request decoding nothing can stall: a burst of new prompts is prefilled in
-        # a few large grouped forwards instead of one 128-token step at a time.
-        budget = self.config.prefill_chunk if len(self.target) else self.config.idle_prefill_chunk
-        while self.prefilling and budget > 0:
-            group = self._whole_prompt_group(budget)
-            if len(group) > 1:
-                budget -= self._prefill_group(group)
-                continue
-            seq = self.prefilling[0]
-            try:
-                budget -= self._prefill_chunk(seq, budget)
-            except Exception as e:  # noqa: BLE001 - this request's own failure
-                log.exception("prefill failed")
-                if self.prefilling and self.prefilling[0] is seq:
-                    self.prefilling.popleft()
-                seq.error = e
-                seq.finish()
-                budget -= 1
+        budget = self.config.prefill_chunk if self._protect_decoding() else \
+            self.config.idle_prefill_chunk
+        group = self._whole_prompt_group(budget)
+        if group:
+            self._prefill_group(group)
+        else:
+            self._prefill_chunk(self.prefilling[0], budget)
         mx.clear_cache()
         return True
 
-    def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
-        """Prefill at most `budget` more tokens of `seq`; join the batch when done."""
-        context = seq.prompt
-        self._begin(seq)
-        chunk = context[seq.prefilled: seq.prefilled + budget]
-        logits = prefill(self.kit.target.model, seq.target_cache, chunk)
-        if seq.draft_cache is not None:
-            prefill(self.kit.draft.model, seq.draft_cache, chunk)
-        seq.prefilled += len(chunk)
-        if seq.prefilled < len(context):
-            return len(chunk)
-        if self._caching(seq):
-            self.prefix_cache.store(self._cache_key(seq), context,
-                                    [seq.target_cache, seq.draft_cache])
-        self.prefilling.popleft()
-        # The first token comes straight from the prefill's last logits (as in mlx_lm), through
-        # the same pipeline as every other token; the request then joins the batch.
-        if first_token(seq, logits):
+    def _protect_decoding(self) -> bool:
+        """Whether this step's prefill is held to `prefill_chunk`, to bound the stall of the
+        streams decoding: unless more prompts wait than rows decode. With nothing decoding
+        nothing can stall; and when a wave of prompts arrives (clients that finished together
+        send their next requests), stalling the few rows already decoding once lets the whole
+        wave share one large forward and join the batch together, instead of many small
+        decoding rounds while the wave trickles in 128 tokens at a time."""
+        return len(self.target) >= len(self.prefilling)
+
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> None:
+        """Prefill the next `budget` tokens of a prompt too long to finish in this step."""
+        try:
+            chunk = seq.prompt[seq.prefilled: seq.prefilled + budget]
+            prefill(self.kit.target.model, seq.target_cache, chunk)
+            if seq.draft_cache is not None:
+                prefill(self.kit.draft.model, seq.draft_cache, chunk)
+            seq.prefilled += len(chunk)
+        except Exception as e:  # noqa: BLE001 - this request's own failure
+            log.exception("prefill failed")
+            self.prefilling.remove(seq)
+            seq.error = e
             seq.finish()
-        else:
-            draft = seq.draft_cache
-            self._join([seq], [RaggedKVCache.merge([c]) for c in seq.target_cache],
-                       [RaggedKVCache.merge([c]) for c in draft] if draft is not None else None)
-        return max(len(chunk), 1)
 
     def _begin(self, seq: Sequence) -> None:
         """Before a request's first prefill: does it draft (is the batch small enough), and how
@@ -322,37 +310,41 @@ class Scheduler:
             self._restore(seq, seq.prompt)
 
     def _whole_prompt_group(self, budget: int) -> list[Sequence]:
-        """The oldest prefilling requests that start from nothing, all drafting or none, and
-        whose whole prompts fit in `budget` together: they are prefilled in one forward."""
-        group, tokens = [], 0
+        """The oldest prefilling requests, all drafting or none, whose prompts' rests fit in
+        `budget` together once padded to the longest: they are prefilled in one forward, each
+        from wherever it stands (nothing, a restored prefix, earlier chunks)."""
+        group, width = [], 0
         for seq in self.prefilling:
             self._begin(seq)
             drafting = seq.draft_cache is not None
-            if seq.prefilled or (group and drafting != (group[0].draft_cache is not None)):
+            if group and drafting != (group[0].draft_cache is not None):
                 break
-            tokens += len(seq.prompt)
-            if tokens > budget:
+            rest = len(seq.prompt) - seq.prefilled
+            if (len(group) + 1) * max(width, rest) > budget:
                 break
             group.append(seq)
+            width = max(width, rest)
         return group
 
-    def _prefill_group(self, group: list[Sequence]) -> int:
-        """Prefill `group` in one left-padded forward per model; each row takes its first
-        token and joins the batch with the group's caches. Returns the prompt tokens."""
-        tokens = sum(len(seq.prompt) for seq in group)
+    def _prefill_group(self, group: list[Sequence]) -> None:
+        """Prefill the rest of each prompt in `group` in one forward per model; each row takes
+        its first token and joins the batch with the group's caches."""
+        chunks = [seq.prompt[seq.prefilled:] for seq in group]
         for seq in group:
             self.prefilling.remove(seq)
-        prompts = [seq.prompt for seq in group]
         drafting = group[0].draft_cache is not None
         try:
-            logits, cache = prefill_batch(self.kit.target.model, prompts)
-            draft_cache = prefill_batch(self.kit.draft.model, prompts)[1] if drafting else None
+            logits, cache = prefill_rows(self.kit.target.model,
+                                         [seq.target_cache for seq in group], chunks)
+            draft_cache = (prefill_rows(self.kit.draft.model,
+                                        [seq.draft_cache for seq in group], chunks)[1]
+                           if drafting else None)
         except Exception as e:  # noqa: BLE001 - these requests' own failure
             log.exception("prefill failed")
             for seq in group:
                 seq.error = e
                 seq.finish()
-            return tokens
+            return
         joining = []
         for i, seq in enumerate(group):
             seq.prefilled, seq.target_cache = len(seq.prompt), None
@@ -372,7 +364,6 @@ class Scheduler:
                     for c in part:
                         c.filter(mx.array(joining))
             self._join([group[i] for i in joining], cache, draft_cache)
-        return tokens
 
     def _join(self, rows: list[Sequence], cache: list, draft_cache: list | None) -> None:
         """Prefilled rows join the decoding batch with their batch caches (the draft's too,
