@@ -25,7 +25,6 @@ from server.engine.decoder import RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
 from server.engine.policy import InvalidRequest, SpeculationPolicy
-from server.engine.ragged_cache import RaggedKVCache
 from server.engine.sequence import Phase, Sequence, Sink
 
 log = logging.getLogger(__name__)
