@@ -3,7 +3,7 @@
 # benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
-#                                   engine_load prefill_shapes prefix stall
+#                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft; default: all but draft,
 #                                   which retrains models/smollm2-draft, ~80 min)
 set -euo pipefail
@@ -87,6 +87,13 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
 run_prefill_shapes() {  # issue 8: N prefills one at a time vs one batched forward
   $PY -m server.bench.prefill_shapes | tee "$OUT/prefill-shapes.txt"
 }
+
+run_prefill_head() {  # issues 8, 10: the output head on the last positions only
+  $PY -m server.bench.prefill_head | tee "$OUT/prefill-head.txt"
+  $PY -m server.bench.prefill_head --model "$GEN_T" --lengths 128 --rows 1,8 \
+    | tee -a "$OUT/prefill-head.txt"
+}
+
 run_spec_batch() {  # issue 8: where batched speculation stops paying (the policy's defaults)
   $PY -m server.bench.spec_batch | tee "$OUT/spec-batch.txt"
 }
@@ -142,5 +149,5 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefix stall before structured}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from server.engine.head import last_logits
 from server.engine.ragged_cache import RaggedKVCache
 from server.engine.sequence import Sequence
 
@@ -94,15 +95,13 @@ class ModelBatch:
             c.drop_tail(counts)
 
 
-def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> mx.array | None:
-    """Feed `tokens` into a single request's cache (one chunk; the caller chunks).
-
-    Returns the logits (V,) after the last token, evaluated with the cache."""
-    if not tokens:
-        return None
-    logits = model(mx.array(tokens, mx.uint32)[None], cache=cache)[0, -1]
-    mx.eval(logits, [c.state for c in cache])
-    return logits
+def prefill(model: nn.Module, cache: list[KVCache], tokens: list[int]) -> None:
+    """Feed `tokens` into a single request's cache (one chunk of a prompt that does not end
+    here; the caller chunks). Only the cache is evaluated: MLX then never computes the output
+    head, whose logits nobody reads."""
+    if tokens:
+        model(mx.array(tokens, mx.uint32)[None], cache=cache)
+        mx.eval([c.state for c in cache])
 
 
 def prefill_rows(model: nn.Module, caches: list[list[KVCache]],
@@ -128,8 +127,7 @@ def prefill_rows(model: nn.Module, caches: list[list[KVCache]],
         c.offset = c.offset - left
     inputs = mx.array([[0] * pad + list(chunk) if new else list(chunk) + [0] * pad
                        for pad, new, chunk in zip(pads, fresh, chunks, strict=True)], mx.uint32)
-    last = mx.array([width - 1 - pad for pad in right])
-    logits = model(inputs, cache=cache)[mx.arange(len(chunks)), last]
+    logits = last_logits(model, inputs, cache, mx.array([width - 1 - pad for pad in right]))
     for c in cache:
         c.drop_tail(right)
     mx.eval(logits, [c.state for c in cache])
