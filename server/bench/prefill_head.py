@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         for length in (int(v) for v in args.lengths.split(",")):
             prompts = [mx.random.randint(0, 1000, (length,)).tolist() for _ in range(rows)]
             _time(model, prompts, reps=1)  # warm up
-            object.__setattr__(model, "_server_head_split", whole)
+            head.set_split(model, whole)
             before = _time(model, prompts)
-            object.__setattr__(model, "_server_head_split", split)
+            head.set_split(model, split)
             after = _time(model, prompts)
             print(f"{rows:>4} {length:>5} {before:>15.3f}s {after:>9.3f}s  {after / before:.2f}x",
                   flush=True)

@@ -52,7 +52,8 @@ class SchedulerConfig:
     max_batch_size: int = 16  # requests prefilling or decoding at once
     max_queue_size: int = 64  # requests waiting for a slot; beyond it: QueueFull (503)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    idle_prefill_chunk: int = DEFAULT_IDLE_PREFILL_CHUNK  # the same while no request decodes
+    # the same while no request decodes, or more prompts wait than rows decode
+    idle_prefill_chunk: int = DEFAULT_IDLE_PREFILL_CHUNK
 
 
 class SchedulerObserver:
