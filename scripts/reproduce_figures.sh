@@ -4,8 +4,8 @@
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
-#                                   before structured draft; default: all but draft,
-#                                   which retrains models/smollm2-draft, ~80 min)
+#                                   before structured draft draft_server; default: all but
+#                                   draft, which retrains models/smollm2-draft, ~90 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -144,10 +144,25 @@ run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
   $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
 }
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
-  $PY -m server.model_files.training.target_answers --limit 1820 --minutes 90 | tee "$OUT/draft-data.txt"
-  $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
+  $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-1850} --minutes 90 \
+    | tee "$OUT/draft-data.txt"
+  $PY -m server.model_files.training.distill --max-minutes 30 | tee "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
+  run_draft_server
+}
+run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
+  local smol=models/generated/SmolLM2-135M-Instruct
+  $PY -m server.model_files.default_model >/dev/null
+  $PY -m server --model $smol --draft-model models/smollm2-draft --port 8100 \
+    >"$OUT/draft-server.log" 2>&1 &
+  local ours=$!
+  trap 'kill $ours 2>/dev/null || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
+    --draft-tokens 1,2,4,6 --reps 1 --max-tokens 128 --tag smollm2-draft
+  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
+    --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag smollm2-draft-adaptive
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -87,17 +87,25 @@ def test_frequent_ids_rank_by_count_and_keep_eos():
 def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair, tmp_path):
     answers = tmp_path / "answers.jsonl"
     n = target_answers.generate(tiny_pair[0], answers, minutes=5, max_tokens=24, batch=8,
-                                seed=0, limit=40)
-    assert n == 40 == target_answers.done_count(answers)
+                                seed=0, limit=80)
+    assert n == 80 == target_answers.done_count(answers)
     target, tokenizer = load(str(tiny_pair[0]))
     prompt, answer = target_answers.read(answers)[3]
     expected = [int(t) for t, _ in _greedy(target, prompt, len(answer))]
     assert answer == expected  # the file holds the target's own greedy answers
+    top_ids, top_logprobs = target_answers.read_teacher(answers)[3]
+    assert [ids[0] for ids in top_ids] == answer  # ... and its distribution, most likely first
+    logits = target(mx.array([prompt + answer]))[0, len(prompt) - 1: -1]
+    reference = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    for j, (ids, lps) in enumerate(zip(top_ids, top_logprobs, strict=True)):
+        assert len(ids) <= target_answers.TOP_K and np.allclose(reference[j, ids], lps, atol=2e-3)
 
+    # The tiny random target is near-uniform (its top tokens within 0.5 nats), so its
+    # distribution teaches no agreement: train on what it wrote (--hard-weight 1).
     out = tmp_path / "draft"
     distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]),
                           "--out", str(out), "--layers", "0,1", "--vocab", "60",
-                          "--epochs", "3", "--batch", "4", "--lr", "3e-3"])
+                          "--epochs", "3", "--batch", "4", "--lr", "3e-3", "--hard-weight", "1"])
     card = json.loads((out / "training.json").read_text())
     assert card["vocab"] == len(json.loads((out / VOCAB_FILE).read_text())["target_ids"]) == 60
     assert card["after"] > card["before"]
@@ -116,6 +124,32 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     assert all(0 <= r["accepted"] <= r["proposed"] for r in runs)
     card = (out / "README.md").read_text()
     assert "predicts only the 60 tokens" in card and f"trained: {card_after(out)}" in card
+
+
+def test_soft_targets_mix_the_written_token_with_the_targets_kept_distribution():
+    index = np.array([0, 1, 3, 2, 3], np.uint32)  # draft ids of target ids 0..4; 3 is "other"
+    examples = [([0], [1, 4]), ([0], [3])]
+    teachers = [([[1, 2, 0], [4, 0]], [np.log([0.5, 0.3, 0.2]).tolist(),
+                                         np.log([0.9, 0.1]).tolist()]), None]
+    (ids0, p0), (ids1, p1) = distill.soft_targets(examples, teachers, index, 0.25, k=4)
+    # Position 0: target ids 1 and 0 are the draft's (0.5 and 0.2, renormalised), 2 is not.
+    assert ids0[0].tolist() == [1, 3, 0, 3]
+    assert np.allclose(p0[0], [0.25 + 0.75 * 5 / 7, 0, 0.75 * 2 / 7, 0])
+    # Position 1: the written token (4) is "other": it keeps the label's weight only.
+    assert ids0[1].tolist() == [3, 0, 3, 3] and np.allclose(p0[1], [0.25, 0.75, 0, 0])
+    assert ids1.tolist() == [[2, 3, 3, 3]] and p1.tolist() == [[1, 0, 0, 0]]  # no teacher
+
+    batch = next(distill.batches(examples[:1], index, 1, None, [(ids0, p0)]))
+    x, y, mask, sid, sp = batch
+    logits = mx.array(np.random.default_rng(0).normal(size=(1, 2, 4)).astype(np.float32))
+
+    class Fixed:
+        def __call__(self, _):
+            return logits
+    logq = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))[0]
+    want = np.mean([-(p0[j] * logq[j, ids0[j]]).sum() for j in range(2)])
+    assert mask.tolist() == [[1, 1]] and y.tolist() == [[1, 3]]
+    assert np.isclose(distill.loss_fn(Fixed(), x, y, mask, sid, sp).item(), want, atol=1e-5)
 
 
 def card_after(out) -> str:

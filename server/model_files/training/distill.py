@@ -2,16 +2,21 @@
 
     python -m server.model_files.training.distill [--answers FILE] [--target PATH]
         [--out models/smollm2-draft] [--layers 0,1,2] [--vocab 8192] [--epochs 3]
-        [--max-minutes M] [--batch 8] [--lr 1e-3] [--seed 0]
+        [--max-minutes M] [--batch 8] [--lr 1e-3] [--hard-weight 0.5] [--seed 0]
 
-The data is `target_answers`' JSONL (the target's greedy answers to chat requests): the draft
-learns to predict exactly what the target writes (cross-entropy on the answer tokens, the prompt
-as context), which is what greedy acceptance measures. The draft is a llama at the target's
-width: a copy of some of its layers (`--layers`) and its final norm, and an embedding and tied
-head over only the `--vocab` most frequent answer tokens plus one "other" row
-(`server.engine.draft_vocab`), so its head costs N/V of the target's. Held-out answers (5%) give
-the draft's top-1 agreement with the target, before and after. Saved in float16 (the server
-runs it in float32 on a CPU) with `draft_vocab.json`, the tokenizer and `training.json`.
+The data is `target_answers`' JSONL (the target's greedy answers to chat requests, with its
+next-token distribution at each answer position): at each answer position (the prompt is
+context only) the draft learns a mix, `--hard-weight` on the token the target wrote (greedy
+acceptance is the draft's argmax agreeing with it) and the rest the target's distribution over
+its top tokens (cross-entropy to it, KL up to a constant: what sampled acceptance rewards).
+Lines without the distribution train on the written token alone.
+
+The draft is a llama at the target's width: a copy of some of its layers (`--layers`) and its
+final norm, and an embedding and tied head over only the `--vocab` most frequent answer tokens
+plus one "other" row (`server.engine.draft_vocab`), so its head costs N/V of the target's.
+Held-out answers (5%) give the draft's top-1 agreement with the target, before and after. Saved
+in float16 (the server runs it in float32 on a CPU) with `draft_vocab.json`, the tokenizer and
+`training.json`.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ DEFAULT_VOCAB = 8192
 DEFAULT_EPOCHS = 3  # the shipped draft's run (20 min on 2 CPU cores)
 DEFAULT_BATCH = 8
 DEFAULT_LR = 1e-3
+DEFAULT_HARD_WEIGHT = 0.5
 DEFAULT_SEED = 0
 VAL_FRACTION = 0.05
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 Example = tuple[list[int], list[int]]  # (prompt ids, answer ids), target ids
+Teacher = tuple[list[list[int]], list[list[float]]] | None  # target_answers.read_teacher
 
 
 def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]:
@@ -88,31 +95,69 @@ def _rows(matrix: mx.array, kept: list[int]) -> mx.array:
     return mx.concatenate([matrix[mx.array(kept)], other])
 
 
-def batches(examples: list[Example], index: np.ndarray, batch: int, rng):
-    """(inputs, labels, mask) in draft ids: right-padded, loss on answer positions only."""
+def soft_targets(examples: list[Example], teachers: list[Teacher], index: np.ndarray,
+                 hard_weight: float, k: int = target_answers.TOP_K
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per example, (ids, probs) of shape (answer length, k) in draft ids, the training target
+    at each answer position: `hard_weight` on the target's greedy token (the label; "other"
+    when the draft lacks it), the rest spread as the target's distribution over its stored top
+    tokens that the draft has, renormalised (the draft never proposes "other"). Without a
+    teacher, or where no top token is the draft's: the label alone."""
+    other = index.max()
+    out = []
+    for (_, answer), teacher in zip(examples, teachers, strict=True):
+        ids = np.full((len(answer), k), other, np.uint32)
+        probs = np.zeros((len(answer), k), np.float32)
+        ids[:, 0], probs[:, 0] = index[np.asarray(answer)], 1.0
+        for j, (top, logprobs) in enumerate(zip(*teacher, strict=True) if teacher else ()):
+            mine = index[np.asarray(top, np.int64)]
+            p = np.exp(np.asarray(logprobs, np.float32)) * (mine != other)
+            if p.sum() > 0:  # top[0] is the label, so ids[j, 0] stays the label
+                ids[j, : len(top)], probs[j, : len(top)] = mine, (1 - hard_weight) * p / p.sum()
+                probs[j, 0] += hard_weight
+        out.append((ids, probs))
+    return out
+
+
+def batches(examples: list[Example], index: np.ndarray, batch: int, rng, soft=None):
+    """(inputs, labels, mask, soft ids, soft probs) in draft ids: right-padded, loss on answer
+    positions only; without `soft` (soft_targets), the labels alone."""
     order = rng.permutation(len(examples)) if rng is not None else np.arange(len(examples))
+    k = soft[0][0].shape[1] if soft else 1
     for start in range(0, len(order), batch):
-        chunk = [examples[i] for i in order[start: start + batch]]
+        picked = order[start: start + batch]
+        chunk = [examples[i] for i in picked]
         seqs = [index[np.asarray(p + a)] for p, a in chunk]
         width = max(len(s) for s in seqs) - 1
         x = np.zeros((len(seqs), width), np.uint32)
         y = np.zeros((len(seqs), width), np.uint32)
         m = np.zeros((len(seqs), width), np.float32)
-        for i, ((p, _), s) in enumerate(zip(chunk, seqs, strict=True)):
+        sid = np.zeros((len(seqs), width, k), np.uint32)
+        sp = np.zeros((len(seqs), width, k), np.float32)
+        for i, (e, (p, _), s) in enumerate(zip(picked, chunk, seqs, strict=True)):
             x[i, : len(s) - 1], y[i, : len(s) - 1] = s[:-1], s[1:]
-            m[i, len(p) - 1: len(s) - 1] = 1.0  # predicting answer tokens
-        yield mx.array(x), mx.array(y), mx.array(m)
+            answer = slice(len(p) - 1, len(s) - 1)  # positions predicting answer tokens
+            m[i, answer] = 1.0
+            if soft:
+                sid[i, answer], sp[i, answer] = soft[e]
+            else:
+                sid[i, answer, 0], sp[i, answer, 0] = s[len(p):], 1.0
+        yield mx.array(x), mx.array(y), mx.array(m), mx.array(sid), mx.array(sp)
 
 
-def loss_fn(draft, x, y, mask):
-    ce = nn.losses.cross_entropy(draft(x), y, reduction="none")
+def loss_fn(draft, x, y, mask, soft_ids, soft_probs):
+    """Cross-entropy to the target's distribution (KL plus its constant entropy) per answer
+    position; with one-hot targets, plain cross-entropy on the labels."""
+    logits = draft(x)
+    logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    ce = -(soft_probs * mx.take_along_axis(logq, soft_ids, axis=-1)).sum(-1)
     return (ce * mask).sum() / mask.sum()
 
 
 def agreement(draft, examples: list[Example], index: np.ndarray, other: int) -> float:
     """How often the draft's argmax (never "other") is the target's next answer token."""
     agree = total = 0
-    for x, y, m in batches(examples, index, 16, None):
+    for x, y, m, _, _ in batches(examples, index, 16, None):
         logits = draft(x)
         logits[..., other] = -mx.inf
         hit = (logits.argmax(-1) == y) * m
@@ -152,6 +197,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None, help="Stop training after this.")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
+    p.add_argument("--hard-weight", type=float, default=DEFAULT_HARD_WEIGHT,
+                   help="Weight of the target's greedy token in the training target; the rest "
+                        "is its distribution (0: distillation alone, 1: its answers alone).")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     return p.parse_args(argv)
 
@@ -166,7 +214,9 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(args.seed)
     target_dir = target_folder(args.target)
     target, tokenizer, config = mlx_load(str(target_dir), return_config=True)
-    examples = [e for e in target_answers.read(args.answers) if e[1]]
+    pairs = zip(target_answers.read(args.answers), target_answers.read_teacher(args.answers),
+                strict=True)
+    examples, teachers = map(list, zip(*[(e, t) for e, t in pairs if e[1]], strict=True))
     split = int(len(examples) * (1 - VAL_FRACTION))
     train, val = examples[:split], examples[split:]
     kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))
@@ -176,6 +226,7 @@ def main(argv=None) -> None:
     covered = np.mean([index[t] < len(kept) for _, a in val for t in a])
     layer_ids = [int(i) for i in args.layers.split(",")]
     draft = build_draft(target, config, layer_ids, kept)
+    soft = soft_targets(train, teachers[:split], index, args.hard_weight)
     del target
     before = agreement(draft, val, index, len(kept))
     print(f"{len(train)} train / {len(val)} held-out answers; the {len(kept)} kept tokens cover"
@@ -188,12 +239,14 @@ def main(argv=None) -> None:
     card = {"target": str(target_dir), "answers": len(examples), "layers_from_target": layer_ids,
             "vocab": len(kept), "target_vocab_size": vocab_size, "held_out_coverage": covered,
             "batch": args.batch, "lr": args.lr, "seed": args.seed, "before": before,
+            "soft_targets": sum(t is not None for t in teachers[:split]),
+            "hard_weight": args.hard_weight,
             "losses": []}
     start, losses, step, tokens = time.time(), [], 0, 0
     bar = tqdm(total=steps, desc="distill", unit="step", mininterval=5)
     while step < steps:
-        for x, y, m in batches(train, index, args.batch, rng):
-            loss, grads = loss_and_grad(draft, x, y, m)
+        for x, y, m, sid, sp in batches(train, index, args.batch, rng, soft):
+            loss, grads = loss_and_grad(draft, x, y, m, sid, sp)
             opt.update(draft, grads)
             mx.eval(loss, draft.parameters(), opt.state)
             losses.append(loss.item())

@@ -123,9 +123,8 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "`draft_vocab.json` maps them, see `server/engine/draft_vocab.py`), so its tied head "
         f"costs {training['vocab'] / training['target_vocab_size']:.0%} of the target's. "
         f"Initialised from the target's layers {training['layers_from_target']}, final norm "
-        "and the kept rows of its embedding; trained on the target's own greedy answers "
-        "(cross-entropy on the answer tokens). Stored float16, run as float32 on a CPU; "
-        f"{size_mb:.1f} MB on disk with the tokenizer.", "",
+        f"and the kept rows of its embedding; {_objective(training)}. Stored float16, run as "
+        f"float32 on a CPU; {size_mb:.1f} MB on disk with the tokenizer.", "",
         "Rebuild (seeded; then measure and rewrite this card):", "",
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
         " --minutes 90",
@@ -133,10 +132,13 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
         f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "
-        "requests made from the Python standard library's training files (a documented "
-        "function asked for by its signature and docstring summary; a documented function or "
-        f"class asked about); 5% held out. The kept tokens cover "
-        f"{training['held_out_coverage']:.1%} of the held-out answer tokens.", "",
+        "requests made here (`server/model_files/training/chat_requests.py`), four kinds in "
+        "turn: a documented function of the Python standard library's training files asked "
+        "for by its signature and docstring summary; two or three of them asked for as one "
+        "module with docstrings and type hints; a documented function or class asked about; "
+        "everyday topics under prose templates (reflections, advice, stories, letters). 5% "
+        f"held out. The kept tokens cover {training['held_out_coverage']:.1%} of the held-out "
+        "answer tokens.", "",
         f"- batch {training['batch']}, {training['steps']} steps, "
         f"{training['answer_tokens_seen']} answer tokens seen, {training['train_minutes']} "
         f"minutes, lr {training['lr']} (cosine), seed {training['seed']}",
@@ -145,7 +147,7 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "(what greedy acceptance is per drafted token).", "",
         f"- initialised: {training['before']:.3f}",
         f"- trained: {training['after']:.3f}", "",
-        "Training loss (mean cross-entropy per 50 steps): "
+        "Training loss (mean cross-entropy to the training target per 50 steps): "
         + ", ".join(f"{s}: {v:.2f}" for s, v in training["losses"]), "",
         "## Acceptance and speed (greedy, mlx_lm's speculative decoding)", "",
         f"Measured by `distill_eval` on {evaluation['machine']}, draft run as "
@@ -171,6 +173,16 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
               "converted to float32 by `server.convert`.",
               "", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
     (draft_dir / "README.md").write_text("\n".join(lines))
+
+
+def _objective(training: dict) -> str:
+    w = training.get("hard_weight", 1.0)
+    if not training.get("soft_targets") or w >= 1:
+        return "trained on the target's own greedy answers (cross-entropy on the answer tokens)"
+    return ("trained by distillation on the target's own greedy answers: at each answer "
+            f"position, cross-entropy to a mix of {w:g} on the token the target wrote and "
+            f"{1 - w:g} on its next-token distribution (its top tokens, renormalised over "
+            "those the draft has)")
 
 
 def main(argv=None) -> None:

@@ -4,50 +4,45 @@
         [--minutes 25] [--max-tokens 160] [--batch 32] [--seed 0]
 
 A draft is accepted as often as it predicts what the target itself writes, so the best text to
-train it on is the target's output (sequence-level distillation). The requests are made from the
-Python standard library's training split (a function asked for by its signature and docstring; a
-documented function or class asked about), shuffled with `--seed`, answered greedily by the
-target with `mlx_lm`'s `BatchGenerator`, and appended to a JSONL file (`{"prompt": [ids],
-"answer": [ids]}` per line) as they finish. A second run resumes where the file ends.
+train it on is the target's output (sequence-level distillation), and the best signal is the
+target's whole next-token distribution there (distillation proper). The requests
+(`chat_requests`: code from the Python standard library's training split, questions about it,
+everyday prose) are answered greedily by the target with `mlx_lm`'s `BatchGenerator`, and
+appended to a JSONL file as they finish, one line per answer: `{"prompt": [ids], "answer": [ids],
+"top_ids": [[ids]], "top_logprobs": [[logprobs]]}`, the last two the target's most likely
+tokens (at most `TOP_K`, log-probability above `MIN_LOGPROB`) at each answer position. A second
+run resumes where the file ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
-from server.model_files.tokenizer_builder import stdlib_files
-from server.model_files.training.corpus import (
-    explain_pairs,
-    function_pairs,
-    read_source,
-    split_files,
-)
+from server.model_files.training.chat_requests import requests
 
 DEFAULT_OUT = Path("models/generated/target-answers.jsonl")
 DEFAULT_MINUTES = 25.0
 DEFAULT_MAX_TOKENS = 160
 DEFAULT_BATCH = 32
-VAL_FRACTION = 0.05  # the stdlib files no training here sees (corpus.split_files)
+TOP_K = 16  # the target's most likely tokens kept per answer position ...
+MIN_LOGPROB = -9.0  # ... of those more likely than this (p > 1.2e-4)
 
 
-def requests(seed: int) -> list[str]:
-    """Chat requests from the stdlib's training files, in a seeded order."""
-    out = []
-    for path in split_files(stdlib_files(), VAL_FRACTION).train:
-        source = read_source(path)
-        out += [q for q, _ in function_pairs(source)]
-        out += [q for q, _ in explain_pairs(source)]
-    unique = sorted(set(out))
-    random.Random(seed).shuffle(unique)
-    return unique
+def top_tokens(logprobs: mx.array) -> tuple[list[int], list[float]]:
+    """The target's most likely next tokens and their log-probabilities, most likely first."""
+    lp = np.array(logprobs.astype(mx.float32))
+    ids = np.argpartition(-lp, TOP_K)[:TOP_K]
+    ids = ids[np.argsort(-lp[ids], kind="stable")]
+    ids = ids[lp[ids] > MIN_LOGPROB]
+    return ids.tolist(), np.round(lp[ids], 3).tolist()
 
 
 def done_count(out: Path) -> int:
@@ -73,7 +68,7 @@ def generate(target_dir: Path, out: Path, *, minutes: float, max_tokens: int, ba
     gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=eos,
                          completion_batch_size=batch, prefill_batch_size=batch)
     deadline = time.monotonic() + minutes * 60
-    answers: dict[int, list[int]] = {}
+    answers: dict[int, dict] = {}
     uids = {}
     next_prompt, written = 0, 0
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,13 +80,16 @@ def generate(target_dir: Path, out: Path, *, minutes: float, max_tokens: int, ba
                     and time.monotonic() < deadline:
                 uid = gen.insert([prompts[next_prompt]], [max_tokens])[0]
                 uids[uid] = next_prompt
-                answers[next_prompt] = []
+                answers[next_prompt] = {"answer": [], "top_ids": [], "top_logprobs": []}
                 next_prompt += 1
             if not uids:
                 break
             for r in gen.next_generated():
                 i = uids[r.uid]
-                answers[i].append(int(r.token))
+                answers[i]["answer"].append(int(r.token))
+                top_ids, top_logprobs = top_tokens(r.logprobs)
+                answers[i]["top_ids"].append(top_ids)
+                answers[i]["top_logprobs"].append(top_logprobs)
                 bar.update(1)
                 if r.finish_reason is not None:
                     del uids[r.uid]
@@ -104,7 +102,7 @@ def _flush(f, prompts, answers, running, written: int) -> int:
     """Write the finished answers that continue the file's order."""
     busy = set(running.values())
     while written in answers and written not in busy:
-        f.write(json.dumps({"prompt": prompts[written], "answer": answers.pop(written)}) + "\n")
+        f.write(json.dumps({"prompt": prompts[written], **answers.pop(written)}) + "\n")
         written += 1
     f.flush()
     return written
@@ -113,6 +111,14 @@ def _flush(f, prompts, answers, running, written: int) -> int:
 def read(path: Path) -> list[tuple[list[int], list[int]]]:
     with path.open() as f:
         return [(d["prompt"], d["answer"]) for d in map(json.loads, f)]
+
+
+def read_teacher(path: Path) -> list[tuple[list[list[int]], list[list[float]]] | None]:
+    """Per line, the target's (top_ids, top_logprobs) at each answer position; None for a line
+    written without them."""
+    with path.open() as f:
+        return [(d["top_ids"], d["top_logprobs"]) if "top_ids" in d else None
+                for d in map(json.loads, f)]
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,122 @@
+"""The chat requests a draft's training data answers: code, questions and prose, all made here.
+
+A draft is accepted as often as it predicts what the target writes, on what users ask. Four
+families, interleaved in one seeded order so that any prefix of the list mixes them:
+
+- **function**: a documented function of the standard library's training files, asked for by
+  its signature and docstring summary (`corpus.function_pairs`);
+- **module**: two or three of those functions asked for at once, as one module with docstrings
+  and type hints;
+- **explain**: a documented function or class asked about (`corpus.explain_pairs`);
+- **prose**: everyday topics under prose templates (reflections, advice, explanations,
+  stories, letters), from the lists below.
+
+Only the requests are made here; the answers are the target's own (`target_answers`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from server.model_files.tokenizer_builder import stdlib_files
+from server.model_files.training.corpus import (
+    explain_pairs,
+    function_pairs,
+    read_source,
+    split_files,
+)
+
+VAL_FRACTION = 0.05  # the stdlib files no training here sees (corpus.split_files)
+
+TOPICS = (
+    "learning a new language", "cooking for friends", "moving to a new city", "keeping a "
+    "garden", "reading before bed", "walking in the rain", "saving money", "starting a new job",
+    "teaching a child to ride a bicycle", "living with a roommate", "running a first marathon",
+    "writing letters by hand", "visiting grandparents", "learning to play the piano",
+    "a long train journey", "working from home", "volunteering at a food bank",
+    "keeping a journal", "camping in the mountains", "baking bread", "adopting a dog",
+    "quitting social media for a month", "fixing an old bicycle", "a morning routine",
+    "making new friends as an adult", "public speaking", "getting enough sleep",
+    "a rainy weekend at home", "painting with watercolors", "planning a small wedding",
+    "traveling alone", "living near the sea", "growing tomatoes on a balcony",
+    "learning from mistakes", "a conversation with a stranger", "moving back home",
+    "taking up photography", "the first snow of winter", "a family dinner",
+    "retiring after forty years", "studying for an exam", "a power outage", "riding the bus",
+    "a small bookshop", "being a beginner again", "a neighbourhood market",
+    "keeping houseplants alive", "the end of summer", "helping a friend move",
+    "knitting a scarf", "waiting at an airport", "a job interview", "learning to swim",
+    "forgiving someone", "keeping a promise", "a school reunion", "sharing a meal",
+    "slowing down", "being bored", "finishing a hard project", "asking for help",
+    "a walk in the forest", "losing a game", "building a bookshelf", "a quiet library",
+    "raising chickens", "repairing clothes", "learning to cook rice", "a summer job",
+    "living without a car", "watching the sunrise", "an old photograph", "a lost wallet",
+    "working night shifts", "coaching a children's football team", "a snow day",
+    "learning to drive", "living in a small apartment", "a favourite teacher",
+    "music while working", "cleaning out a closet", "making coffee", "a day at the museum",
+    "being a good listener", "trying a new recipe", "writing a first program",
+    "a broken phone", "an unexpected detour", "a bakery at dawn", "saying no politely",
+    "the value of routine", "a birthday party", "a village festival", "sorting old letters",
+    "caring for an elderly parent", "staying curious", "a hiking trail", "patience",
+    "kindness at work", "a thunderstorm", "learning chess", "living abroad",
+)
+
+PROSE_TEMPLATES = (
+    "Write a short reflection on {topic}. Use a few paragraphs of plain prose.",
+    "What have people learned from {topic}? Answer in plain prose.",
+    "Give some practical advice about {topic}.",
+    "Explain to a friend why {topic} can matter more than it seems.",
+    "Write a short story about {topic}.",
+    "Describe {topic} for someone who has never experienced it.",
+    "Write a letter to a younger sibling about {topic}.",
+    "What are the pleasures and difficulties of {topic}? Write a few paragraphs.",
+    "Write a blog post about {topic}, in a warm and personal tone.",
+    "Summarize what someone should know about {topic}.",
+)
+
+MODULE_REQUEST = ("Write a Python module with {n} functions: {items}. Give each function a "
+                  "docstring and type hints.")
+
+
+def requests(seed: int) -> list[str]:
+    """Every request, the four families interleaved, in a seeded order."""
+    rng = random.Random(seed)
+    functions, explains = _stdlib_requests()
+    families = [functions, _module_requests(functions, rng), explains, _prose_requests()]
+    for family in families:
+        rng.shuffle(family)
+    out = []
+    for i in range(max(map(len, families))):
+        out += [family[i] for family in families if i < len(family)]
+    return list(dict.fromkeys(out))
+
+
+def _stdlib_requests() -> tuple[list[str], list[str]]:
+    functions, explains = [], []
+    for path in split_files(stdlib_files(), VAL_FRACTION).train:
+        source = read_source(path)
+        functions += [q for q, _ in function_pairs(source)]
+        explains += [q for q, _ in explain_pairs(source)]
+    return sorted(set(functions)), sorted(set(explains))
+
+
+_FUNCTION_REQUEST = re.compile(r"^Write a Python function `(?P<sig>[^`]+)` that (?P<what>.+)$")
+
+
+def _module_requests(function_requests: list[str], rng: random.Random) -> list[str]:
+    """Two or three function requests ("`f(x)` that returns ...") joined into one module."""
+    parts = [f"`{m['sig']}` that {m['what'].rstrip('.')}" for m in
+             map(_FUNCTION_REQUEST.match, function_requests)
+             if m and len(m["sig"]) < 60 and "(self" not in m["sig"]]
+    rng.shuffle(parts)
+    out, i = [], 0
+    while i + 3 <= len(parts):
+        n = 2 + i % 2
+        out.append(MODULE_REQUEST.format(n=("two", "three")[n - 2],
+                                         items="; ".join(parts[i: i + n])))
+        i += n
+    return out
+
+
+def _prose_requests() -> list[str]:
+    return [t.format(topic=topic) for topic in TOPICS for t in PROSE_TEMPLATES]
