@@ -144,7 +144,7 @@ run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
   $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
 }
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
-  $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-1850} --minutes 90 \
+  $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-2108} --minutes 90 \
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill --max-minutes 30 | tee "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"

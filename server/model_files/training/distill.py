@@ -2,7 +2,7 @@
 
     python -m server.model_files.training.distill [--answers FILE] [--target PATH]
         [--out models/smollm2-draft] [--layers 0,1,2] [--vocab 8192] [--epochs 3]
-        [--max-minutes M] [--batch 8] [--lr 1e-3] [--hard-weight 0.5] [--seed 0]
+        [--max-minutes M] [--batch 8] [--lr 1e-3] [--hard-weight 0.5] [--seed 0] [--bits 8]
 
 The data is `target_answers`' JSONL (the target's greedy answers to chat requests, with its
 next-token distribution at each answer position): at each answer position (the prompt is
@@ -15,8 +15,8 @@ The draft is a llama at the target's width: a copy of some of its layers (`--lay
 final norm, and an embedding and tied head over only the `--vocab` most frequent answer tokens
 plus one "other" row (`server.engine.draft_vocab`), so its head costs N/V of the target's.
 Held-out answers (5%) give the draft's top-1 agreement with the target, before and after. Saved
-in float16 (the server runs it in float32 on a CPU) with `draft_vocab.json`, the tokenizer and
-`training.json`.
+8-bit (`--bits`; the server dequantizes it to float32 on a CPU) with `draft_vocab.json`, the
+tokenizer and `training.json`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
 from mlx_lm.models import llama
+from mlx_lm.utils import quantize_model
 
 from server.engine.draft_vocab import write_vocab
 from server.model_files.training import target_answers
@@ -46,6 +47,8 @@ DEFAULT_EPOCHS = 3  # the shipped draft's run (20 min on 2 CPU cores)
 DEFAULT_BATCH = 8
 DEFAULT_LR = 1e-3
 DEFAULT_HARD_WEIGHT = 0.5
+DEFAULT_BITS = 8  # stored 8-bit: the 8192-token draft is 31 MB in float16, 17 MB so
+QUANT_GROUP = 64
 DEFAULT_SEED = 0
 VAL_FRACTION = 0.05
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -166,13 +169,20 @@ def agreement(draft, examples: list[Example], index: np.ndarray, other: int) -> 
     return agree / max(total, 1)
 
 
-def save(draft, config: dict, target_dir: Path, out: Path, kept: list[int], card: dict) -> None:
+def save(draft, config: dict, target_dir: Path, out: Path, kept: list[int], card: dict,
+         bits: int | None = DEFAULT_BITS) -> None:
+    """The draft in float16, its matrices quantized to `bits` (group QUANT_GROUP) unless None;
+    the server dequantizes it in memory on a CPU (`server.engine.model_kit.load_model`)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.safetensors"):
         stale.unlink()
-    weights = {k: v.astype(mx.float16) for k, v in tree_flatten(draft.parameters())}
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}
+    draft.set_dtype(mx.float16)
+    if bits:
+        draft, quantized = quantize_model(draft, {}, group_size=QUANT_GROUP, bits=bits)
+        config["quantization"] = quantized["quantization"]
+    weights = dict(tree_flatten(draft.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     config.update(num_hidden_layers=draft.args.num_hidden_layers, vocab_size=len(kept) + 1,
                   tie_word_embeddings=draft.args.tie_word_embeddings, torch_dtype="float16")
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -201,6 +211,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Weight of the target's greedy token in the training target; the rest "
                         "is its distribution (0: distillation alone, 1: its answers alone).")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--bits", type=int, choices=[0, 4, 8], default=DEFAULT_BITS,
+                   help="Store the matrices quantized to this many bits (0: float16).")
     return p.parse_args(argv)
 
 
@@ -265,7 +277,8 @@ def main(argv=None) -> None:
                 train_minutes=round((time.time() - start) / 60, 1),
                 after=agreement(draft, val, index, len(kept)))
     print(f"agreement after {card['after']:.3f} ({step} steps, {card['train_minutes']} min)")
-    save(draft, config, target_dir, args.out, kept, card)
+    card["bits"] = args.bits
+    save(draft, config, target_dir, args.out, kept, card, args.bits or None)
     print(f"saved {args.out}", flush=True)
 
 

@@ -123,8 +123,9 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "`draft_vocab.json` maps them, see `server/engine/draft_vocab.py`), so its tied head "
         f"costs {training['vocab'] / training['target_vocab_size']:.0%} of the target's. "
         f"Initialised from the target's layers {training['layers_from_target']}, final norm "
-        f"and the kept rows of its embedding; {_objective(training)}. Stored float16, run as "
-        f"float32 on a CPU; {size_mb:.1f} MB on disk with the tokenizer.", "",
+        f"and the kept rows of its embedding; {_objective(training)}. Stored "
+        f"{_storage(config)}, run as float32 on a CPU; {size_mb:.1f} MB on disk with the "
+        "tokenizer.", "",
         "Rebuild (seeded; then measure and rewrite this card):", "",
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
         " --minutes 90",
@@ -173,6 +174,11 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
               "converted to float32 by `server.convert`.",
               "", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
     (draft_dir / "README.md").write_text("\n".join(lines))
+
+
+def _storage(config: dict) -> str:
+    q = config.get("quantization")
+    return f"{q['bits']}-bit (group {q['group_size']})" if q else "float16"
 
 
 def _objective(training: dict) -> str:
