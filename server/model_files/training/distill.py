@@ -43,7 +43,7 @@ from server.model_files.training import target_answers
 DEFAULT_OUT = Path("models/smollm2-draft")
 DEFAULT_LAYERS = (0, 1, 2)
 DEFAULT_VOCAB = 8192
-DEFAULT_EPOCHS = 3  # the shipped draft's run (20 min on 2 CPU cores)
+DEFAULT_EPOCHS = 3  # the shipped draft's run (753 steps, 28 min on 2 CPU cores)
 DEFAULT_BATCH = 8
 DEFAULT_LR = 1e-3
 DEFAULT_HARD_WEIGHT = 0.5
