@@ -4,8 +4,9 @@
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
-#                                   before structured draft draft_server; default: all but
-#                                   draft, which retrains models/smollm2-draft, ~90 min)
+#                                   before structured draft draft_server verify_cost;
+#                                   default: all but draft, which retrains
+#                                   models/smollm2-draft, ~90 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -150,6 +151,10 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
+run_verify_cost() {  # issue 10: a speculative round's parts on SmolLM2, and the acceptance 1.4x needs
+  $PY -m server.model_files.default_model >/dev/null
+  $PY -m server.bench.verify_cost | tee "$OUT/verify-cost.txt"
+}
 run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
   local smol=models/generated/SmolLM2-135M-Instruct
   $PY -m server.model_files.default_model >/dev/null
@@ -164,5 +169,5 @@ run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2
     --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag smollm2-draft-adaptive
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost}
 for s in $sections; do echo "=== $s"; "run_$s"; done

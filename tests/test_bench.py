@@ -347,3 +347,12 @@ def test_default_models_are_the_demo_pair_else_the_generated_one(tmp_path, monke
     assert resolve_models(parse_args(["--draft-model", "d"])) == (demo[0], "d")
     assert resolve_models(parse_args(["--draft", "prompt_lookup"])) == (demo[0], None)
     assert len(built) == 1
+
+
+def test_verify_cost_finds_the_acceptance_a_speedup_needs():
+    from server.bench.verify_cost import needed_p
+
+    # k=1: (1 + p) * one / round = s  ->  p = s * round / one - 1
+    assert abs(needed_p(1, 100.0, 80.0, 1.5) - 0.875) < 1e-6
+    # k=2, a round costing one step: 1 + p + p^2 = 1.75  ->  p = 0.5
+    assert abs(needed_p(2, 50.0, 50.0, 1.75) - 0.5) < 1e-6
