@@ -19,10 +19,10 @@ SHAPES = ((1, 1), (8, 1), (8, 2), (16, 1))
 CONTEXT = 150
 
 
-def forward_ms(model, rows: int, tokens: int, steps: int = 20) -> float:
-    """Median time of one (rows, tokens) forward after a CONTEXT-token prefill."""
+def forward_ms(model, rows: int, tokens: int, steps: int = 20, context: int = CONTEXT) -> float:
+    """Median time of one (rows, tokens) forward after a `context`-token prefill."""
     cache = [BatchKVCache([0] * rows) for _ in model.layers]
-    mx.eval(model(mx.random.randint(0, 256, (rows, CONTEXT)).astype(mx.uint32), cache=cache))
+    mx.eval(model(mx.random.randint(0, 256, (rows, context)).astype(mx.uint32), cache=cache))
     x = mx.random.randint(0, 256, (rows, tokens)).astype(mx.uint32)
     times = []
     for _ in range(steps):

@@ -9,29 +9,10 @@ and one verification."""
 from __future__ import annotations
 
 import argparse
-import time
 
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
+from server.bench.fused import forward_ms
 from server.engine.model_kit import ModelKit, load_model
-
-SMOLLM2 = "models/generated/SmolLM2-135M-Instruct"
-DRAFT = "models/smollm2-draft"
-
-
-def step_ms(model, tokens: int, context: int, reps: int) -> float:
-    """Median time of one forward over `tokens` new tokens after `context` cached ones."""
-    cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([list(range(100, 100 + context))]), cache=cache))
-    x = mx.array([[5] * tokens])
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        mx.eval(model(x, cache=cache))
-        times.append(time.perf_counter() - start)
-        trim_prompt_cache(cache, tokens)
-    return sorted(times)[len(times) // 2] * 1000
+from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
 
 
 def needed_p(k: int, round_ms: float, one_ms: float, speedup: float) -> float:
@@ -47,23 +28,23 @@ def needed_p(k: int, round_ms: float, one_ms: float, speedup: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m server.bench.verify_cost", description=__doc__)
-    ap.add_argument("--model", default=SMOLLM2)
-    ap.add_argument("--draft-model", default=DRAFT)
+    ap.add_argument("--model", default=str(DEFAULT_TARGET_DIR))
+    ap.add_argument("--draft-model", default=str(DEFAULT_DRAFT_DIR))
     ap.add_argument("--context", type=int, default=100)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--speedup", type=float, default=1.4)
     args = ap.parse_args(argv)
     kit = ModelKit(load_model(args.model))
     draft = kit.load_draft(args.draft_model).model
-    one = step_ms(kit.target.model, 1, args.context, args.reps)
-    draft_ms = step_ms(draft, 1, args.context, args.reps)
+    one = forward_ms(kit.target.model, 1, 1, args.reps, args.context)
+    draft_ms = forward_ms(draft, 1, 1, args.reps, args.context)
     print(f"{args.model}, {args.context} cached tokens, median of {args.reps}")
     print(f"target, 1 token: {one:.1f} ms; draft ({args.draft_model}), 1 token: "
           f"{draft_ms:.1f} ms (c = {draft_ms / one:.3f})")
     print(f"{'k':>2}  {'verify ms':>9}  {'verify / 1 token':>16}  {'round ms':>8}  "
           f"p for {args.speedup}x")
     for k in (1, 2, 4):
-        verify = step_ms(kit.target.model, k + 1, args.context, args.reps)
+        verify = forward_ms(kit.target.model, 1, k + 1, args.reps, args.context)
         round_ms = k * draft_ms + verify
         print(f"{k:>2}  {verify:9.1f}  {verify / one:15.2f}x  {round_ms:8.1f}  "
               f"{needed_p(k, round_ms, one, args.speedup):.2f}")
