@@ -93,7 +93,7 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     prompt, answer = target_answers.read(answers)[3]
     expected = [int(t) for t, _ in _greedy(target, prompt, len(answer))]
     assert answer == expected  # the file holds the target's own greedy answers
-    top_ids, top_logprobs = target_answers.read_teacher(answers)[3]
+    _, _, (top_ids, top_logprobs) = target_answers.read_with_teacher(answers)[3]
     assert [ids[0] for ids in top_ids] == answer  # ... and its distribution, most likely first
     logits = target(mx.array([prompt + answer]))[0, len(prompt) - 1: -1]
     reference = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))

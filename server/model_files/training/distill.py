@@ -54,7 +54,7 @@ VAL_FRACTION = 0.05
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 Example = tuple[list[int], list[int]]  # (prompt ids, answer ids), target ids
-Teacher = tuple[list[list[int]], list[list[float]]] | None  # target_answers.read_teacher
+Teacher = tuple[list[list[int]], list[list[float]]] | None  # target_answers.read_with_teacher
 
 
 def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]:
@@ -226,9 +226,9 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(args.seed)
     target_dir = target_folder(args.target)
     target, tokenizer, config = mlx_load(str(target_dir), return_config=True)
-    pairs = zip(target_answers.read(args.answers), target_answers.read_teacher(args.answers),
-                strict=True)
-    examples, teachers = map(list, zip(*[(e, t) for e, t in pairs if e[1]], strict=True))
+    lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
+    examples = [(prompt, answer) for prompt, answer, _ in lines]
+    teachers = [teacher for _, _, teacher in lines]
     split = int(len(examples) * (1 - VAL_FRACTION))
     train, val = examples[:split], examples[split:]
     kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))

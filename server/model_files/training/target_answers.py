@@ -113,11 +113,12 @@ def read(path: Path) -> list[tuple[list[int], list[int]]]:
         return [(d["prompt"], d["answer"]) for d in map(json.loads, f)]
 
 
-def read_teacher(path: Path) -> list[tuple[list[list[int]], list[list[float]]] | None]:
-    """Per line, the target's (top_ids, top_logprobs) at each answer position; None for a line
-    written without them."""
+def read_with_teacher(path: Path) -> list[tuple[list[int], list[int], tuple | None]]:
+    """Per line, (prompt, answer, teacher): the teacher is the target's (top_ids, top_logprobs)
+    at each answer position, None for a line written without them."""
     with path.open() as f:
-        return [(d["top_ids"], d["top_logprobs"]) if "top_ids" in d else None
+        return [(d["prompt"], d["answer"],
+                 (d["top_ids"], d["top_logprobs"]) if "top_ids" in d else None)
                 for d in map(json.loads, f)]
 
 
