@@ -4,9 +4,11 @@
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
-#                                   before structured draft draft_server verify_cost;
-#                                   default: all but draft, which retrains
-#                                   models/smollm2-draft, ~90 min)
+#                                   before structured draft draft_server verify_cost
+#                                   draft_sizes; default: all but draft, which retrains
+#                                   models/smollm2-draft, ~90 min, and draft_sizes,
+#                                   which trains 1- and 2-layer drafts, ~40 min, then
+#                                   benches them and the shipped one, ~12 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -155,18 +157,34 @@ run_verify_cost() {  # issue 10: a speculative round's parts on SmolLM2, and the
   $PY -m server.model_files.default_model >/dev/null
   $PY -m server.bench.verify_cost | tee "$OUT/verify-cost.txt"
 }
-run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
+bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (default 1,2,4,6) and adaptive
   local smol=models/generated/SmolLM2-135M-Instruct
   $PY -m server.model_files.default_model >/dev/null
-  $PY -m server --model $smol --draft-model models/smollm2-draft --port 8100 \
-    >"$OUT/draft-server.log" 2>&1 &
+  $PY -m server --model $smol --draft-model "$1" --port 8100 >"$OUT/$2-server.log" 2>&1 &
   local ours=$!
   trap 'kill $ours 2>/dev/null || true' RETURN
   wait_up http://127.0.0.1:8100/health
-  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
-    --draft-tokens 1,2,4,6 --reps 1 --max-tokens 128 --tag smollm2-draft
-  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
-    --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag smollm2-draft-adaptive
+  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
+    --draft-tokens "${3:-1,2,4,6}" --reps 1 --max-tokens 128 --tag "$2"
+  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
+    --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag "$2-adaptive"
+}
+run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
+  bench_draft models/smollm2-draft smollm2-draft
+}
+run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and steps), by speedup
+  local n d results=()
+  for n in 1 2; do
+    d=models/generated/draft-${n}l
+    [ -f "$d/model.safetensors" ] || $PY -m server.model_files.training.distill \
+      --layers "$(seq -s, 0 $((n - 1)))" --out "$d" | tee "$OUT/draft-${n}l-training.txt"
+  done
+  for d in models/generated/draft-1l models/generated/draft-2l models/smollm2-draft; do
+    bench_draft "$d" "size-$(basename "$d")" 1,2,4
+    results+=("$(ls -t "$OUT"/bench-*-size-"$(basename "$d")".json | head -1)"
+              "$(ls -t "$OUT"/bench-*-size-"$(basename "$d")"-adaptive.json | head -1)")
+  done
+  $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
 sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost}

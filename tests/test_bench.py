@@ -356,3 +356,33 @@ def test_verify_cost_finds_the_acceptance_a_speedup_needs():
     assert abs(needed_p(1, 100.0, 80.0, 1.5) - 0.875) < 1e-6
     # k=2, a round costing one step: 1 + p + p^2 = 1.75  ->  p = 0.5
     assert abs(needed_p(2, 50.0, 50.0, 1.75) - 0.5) < 1e-6
+
+
+def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, capsys):
+    from server.bench.draft_sizes import main as draft_sizes
+
+    draft = tmp_path / "draft-2l"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    (draft / "model.safetensors").write_bytes(b"\0" * 1_500_000)
+
+    def row(kind, k, speedup, acc):
+        return {"kind": kind, "k": k, "speedup": speedup, "accept_rate_median": acc,
+                "cost_ratio": 0.09, "error": None}
+
+    def result(name, adaptive, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"metadata": {"args": {"draft_model": str(draft),
+                                                          "adaptive": adaptive}},
+                                    "rows": rows}))
+        return str(path)
+
+    fixed = result("fixed.json", False, [
+        row("structured", 0, 1.0, None), row("structured", 1, 1.10, 0.4),
+        row("structured", 2, 1.25, 0.3), row("structured", 4, 0.9, 0.2),
+        row("open_ended", 1, 1.3, 0.5)])
+    adaptive = result("adaptive.json", True, [row("structured", 4, 1.2, 0.35)])
+    draft_sizes([fixed, adaptive])
+    line = capsys.readouterr().out.splitlines()[1].split()
+    assert line == [str(draft), "2", "1.5", "0.090", "1.25x", "k=2", "(0.30)", "1.20x", "(0.35)",
+                    "1.30x", "k=1", "(0.50)", "-"]

@@ -1,0 +1,72 @@
+"""`python -m server.bench.draft_sizes BENCH.json ...`: one line per draft from server-bench
+results (`python -m server.bench --server ...`, fixed k and `--adaptive` runs alike), to choose a
+draft's size by the speedup it gives rather than by its acceptance.
+
+Each result file names its draft (`args.draft_model`); per draft the table gives its layers, its
+size on disk, its cost relative to the target (the bench's measured `cost_ratio`), and per prompt
+kind the best fixed-k speedup (with that k and its acceptance) and the adaptive one. Speedups are
+over the target alone measured in the same run, so runs made at different times compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def folder_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1e6
+
+
+def collect(paths: list[str]) -> dict[str, dict]:
+    """{draft folder: {"cost": c, ("fixed"|"adaptive", kind): [rows with k > 0]}}."""
+    drafts: dict[str, dict] = {}
+    for p in paths:
+        result = json.loads(Path(p).read_text())
+        args = result["metadata"]["args"]
+        entry = drafts.setdefault(args["draft_model"], {})
+        mode = "adaptive" if args["adaptive"] else "fixed"
+        for row in result["rows"]:
+            if row["error"] is None and row["k"]:
+                entry.setdefault((mode, row["kind"]), []).append(row)
+                entry.setdefault("cost", row["cost_ratio"])
+    return drafts
+
+
+def cell(rows: list[dict] | None, label_k: bool) -> str:
+    if not rows:
+        return "-"
+    best = max(rows, key=lambda r: r["speedup"])
+    k = f" k={best['k']}" if label_k else ""
+    return f"{best['speedup']:.2f}x{k} ({best['accept_rate_median']:.2f})"
+
+
+def table(drafts: dict[str, dict], kinds: tuple[str, ...]) -> str:
+    head = ["draft", "layers", "MB", "cost"]
+    for kind in kinds:
+        head += [f"{kind} best k (acc)", f"{kind} adaptive (acc)"]
+    lines = [head]
+    for folder, entry in drafts.items():
+        config = json.loads((Path(folder) / "config.json").read_text())
+        line = [folder, str(config["num_hidden_layers"]), f"{folder_mb(Path(folder)):.1f}",
+                f"{entry.get('cost') or 0:.3f}"]
+        for kind in kinds:
+            line += [cell(entry.get(("fixed", kind)), True),
+                     cell(entry.get(("adaptive", kind)), False)]
+        lines.append(line)
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()
+                     for row in lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m server.bench.draft_sizes", description=__doc__)
+    ap.add_argument("results", nargs="+", help="bench JSON files (RESULTS/bench-*.json)")
+    ap.add_argument("--kinds", default="structured,open_ended")
+    args = ap.parse_args(argv)
+    print(table(collect(args.results), tuple(args.kinds.split(","))))
+    print("speedup over the target alone in the same run; acc: accepted / proposed")
+
+
+if __name__ == "__main__":
+    main()
