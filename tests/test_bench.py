@@ -302,6 +302,24 @@ def test_mlx_lm_server_protocol():
         lookup.run(Cell("repeat_edit", 2), max_tokens=6, seed=0)
 
 
+def test_draft_p_min_reaches_our_server_with_the_speculation_settings():
+    from server.bench.cli import speculation_of
+
+    spec = speculation_of(parse_args(["--adaptive", "--draft-p-min", "0.6"]))
+    assert spec.adaptive and spec.draft_p_min == 0.6
+
+    def ours(request):
+        return httpx.Response(200, json={"status": "ok", "target": "t"})
+
+    runner = HttpRunner("http://ours", speculation=spec, temperature=0.0,
+                        transport=httpx.MockTransport(ours))
+    assert runner.flavor == "ours"
+    body = runner.request_body(Cell("structured", 4), max_tokens=6, seed=0)
+    assert body["num_draft_tokens"] == 4 and body["adaptive"] is True
+    assert body["draft_p_min"] == 0.6
+    assert "draft_p_min" not in runner.request_body(Cell("structured", 0), max_tokens=6, seed=0)
+
+
 # ------------------------------------------------------------------------------ optional extra
 @pytest.mark.slow
 def test_the_server_runs_without_matplotlib(tmp_path):

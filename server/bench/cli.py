@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=False,
                       help="Adapt k per round (default off: the sweep measures a fixed k, "
                            "which the theory column models).")
+    spec.add_argument("--draft-p-min", type=float, default=0.0,
+                      help="With --adaptive: end a round's drafting at the first token whose "
+                           "draft probability is below this (the request's draft_p_min).")
     spec.add_argument("--cost-ratio", type=float,
                       help="Draft/target cost per token, c (default: measured).")
     remote = p.add_argument_group("servers")
@@ -148,7 +151,7 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def speculation_of(args: argparse.Namespace) -> SpeculationParams:
     return SpeculationParams(source=args.draft, acceptance=args.acceptance,
-                             adaptive=args.adaptive)
+                             adaptive=args.adaptive, draft_p_min=args.draft_p_min)
 
 
 def _distinct_labels(runners: list) -> list:

@@ -76,7 +76,8 @@ class HttpRunner:
         if self.flavor == "ours":
             body["num_draft_tokens"] = cell.k
             if cell.k:
-                body.update(draft=spec.source, acceptance=spec.acceptance, adaptive=spec.adaptive)
+                body.update(draft=spec.source, acceptance=spec.acceptance, adaptive=spec.adaptive,
+                            draft_p_min=spec.draft_p_min)
         elif cell.k == 0:
             body["draft_model"] = None
         elif spec.source != "model":
