@@ -265,17 +265,20 @@ def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypa
     tops = [mx.exp(logprobs.max()).item() for _, logprobs in steps]
     stop = next(j for j in range(1, 8) if tops[j] < min(tops[:j]))
     p_min = (min(tops[:stop]) + tops[stop]) / 2
-    proposals = []
+    proposals, runs = [], []
     real = decoder._draft_with_model
 
     def spy(batch, ks):
         result = real(batch, ks)
         proposals.append(next(iter(result[0].values())))
+        runs.append(result[1])
         return result
 
     monkeypatch.setattr(decoder, "_draft_with_model", spy)
     run(target, draft, prompts[1], max_tokens=12, num_draft_tokens=8, draft_p_min=p_min)
     assert proposals[0].tokens == [int(t) for t, _ in steps[:stop]]
+    # ... and drafts no further than that token: stop + 1 draft steps of the 8 it could take
+    assert runs[0] == stop + 1
 
 
 def test_prompt_lookup_drafts_the_continuation_the_prompt_contains(pair):

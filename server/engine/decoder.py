@@ -105,6 +105,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
     masks: list[list | None] = [[] if r.constraint is not None else None for r in rows]
     consumed = [0] * len(rows)
     confidence = [[] for _ in rows]  # the draft's top probability per step (draft_p_min)
+    run = 0
     for step in range(steps):
         chosen = []
         for i, seq in enumerate(rows):
@@ -129,14 +130,17 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
             tokens[i].append(token.astype(mx.uint32))
             probs[i].append(q)
             chosen.append(tokens[i][-1])
+        run = step + 1
         if step + 1 < steps:
+            if _all_stopped(rows, ks, confidence, run):
+                break
             logits = draft.forward(mx.concatenate(chosen)[:, None])[:, -1]
     flat = [t for row in tokens for t in row] + [c for row in confidence for c in row]
     if flat:
         mx.eval(flat)
     proposals = {}
     for i, seq in enumerate(rows):
-        k = min(ks.get(id(seq), 0), steps)
+        k = min(ks.get(id(seq), 0), run)
         if confidence[i]:  # stop at the first draft token the draft is not confident about
             k = next((j for j, c in enumerate(confidence[i][:k]) if c.item() < _p_min(seq)), k)
         drafted = [int(t.item()) for t in tokens[i][:k]]
@@ -145,7 +149,21 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
             seq.constraint.rollback(consumed[i])
         q = mx.concatenate(probs[i][:k]) if k and probs[i][0] is not None else None
         proposals[id(seq)] = Proposal(drafted, q, masks[i])
-    return proposals, steps
+    return proposals, run
+
+
+def _all_stopped(rows: list[Sequence], ks: dict[int, int], confidence: list[list],
+                 drafted: int) -> bool:
+    """True when no row keeps what another draft step would give it: each has its k tokens or
+    one under its draft_p_min (everything from that token on is dropped). Reads the
+    confidences back (a sync per step), so only when some row has a draft_p_min."""
+    if not any(_p_min(seq) > 0 for seq in rows):
+        return False
+    last = [c[-1] for c in confidence if c]
+    mx.eval(last)
+    return all(ks.get(id(seq), 0) <= drafted
+               or any(c.item() < _p_min(seq) for c in confidence[i])
+               for i, seq in enumerate(rows))
 
 
 def _p_min(seq: Sequence) -> float:
