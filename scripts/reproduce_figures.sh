@@ -5,10 +5,12 @@
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
-#                                   draft_sizes; default: all but draft, which retrains
-#                                   models/smollm2-draft, ~90 min, and draft_sizes,
-#                                   which trains 1- and 2-layer drafts, ~40 min, then
-#                                   benches them and the shipped one, ~12 min)
+#                                   draft_p_min draft_sizes feature_probe; default: all but
+#                                   draft (retrains models/smollm2-draft, ~90 min),
+#                                   draft_sizes (trains 1- and 2-layer drafts, ~40 min,
+#                                   then benches them and the shipped one, ~12 min) and
+#                                   feature_probe (~15 min); these two need the
+#                                   target's answers, which draft writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -172,6 +174,25 @@ bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (defaul
 run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
   bench_draft models/smollm2-draft smollm2-draft
 }
+run_draft_p_min() {  # issue 10: the shipped draft, adaptive k with a confidence cut-off; lookup
+  local smol=models/generated/SmolLM2-135M-Instruct p
+  $PY -m server.model_files.default_model >/dev/null
+  $PY -m server --model $smol --draft-model models/smollm2-draft --port 8100 \
+    >"$OUT/draft-p-min-server.log" 2>&1 &
+  local ours=$!
+  trap 'kill $ours 2>/dev/null; wait $ours 2>/dev/null || true' RETURN
+  wait_up http://127.0.0.1:8100/health
+  for p in ${P_MINS:-0.2 0.4 0.6}; do
+    bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
+      --draft-tokens 4 --adaptive --draft-p-min "$p" --reps 1 --max-tokens 128 \
+      --tag "smollm2-draft-p-min-$p"
+  done
+  bench --server http://127.0.0.1:8100 --target-model $smol --draft prompt_lookup \
+    --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag smollm2-lookup-adaptive
+}
+run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
+  $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
+}
 run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and steps), by speedup
   local n d results=()
   for n in 1 2; do
@@ -187,5 +208,5 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -1,0 +1,52 @@
+"""`server.model_files.training.feature_probe`: the EAGLE-style head's data is aligned as the
+round uses it, its features are the target's, and the whole measurement runs on the tiny pair."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm import load
+
+from server.model_files.training import feature_probe
+
+
+def test_batches_pair_each_feature_with_the_next_token_and_label_the_one_after():
+    examples = [([5, 6, 7], [8, 9, 10]), ([11, 12], [13])]
+    # feature at position t: the vector t, t, ... (t + 100 for the second example)
+    feats = [np.full((6, 4), np.arange(6)[:, None], np.float16),
+             np.full((3, 4), 100 + np.arange(3)[:, None], np.float16)]
+    index = np.arange(20, dtype=np.uint32)
+    tok, f, f_next, y, m = next(feature_probe.batches(examples, feats, index, 2, None))
+    # position t: the target's feature f_t and token x_{t+1} -> feature f_{t+1}, label x_{t+2}
+    assert tok.tolist() == [[6, 7, 8, 9], [12, 0, 0, 0]]
+    assert f[:, :, 0].tolist() == [[0, 1, 2, 3], [100, 0, 0, 0]]
+    assert f_next[:, :, 0].tolist() == [[1, 2, 3, 4], [101, 0, 0, 0]]
+    assert y.tolist() == [[7, 8, 9, 10], [13, 0, 0, 0]]
+    # only labels that are answer tokens count: 8, 9, 10 and 13
+    assert m.tolist() == [[0, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_features_are_the_targets_final_norm_states_whatever_the_padding(tiny_pair):
+    target, _ = load(str(tiny_pair[0]))
+    examples = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10, 11, 12])]
+    feats = feature_probe.target_features(target, examples, batch=2)
+    for (p, a), got in zip(examples, feats, strict=True):
+        alone = np.array(target.model(mx.array([p + a]))[0].astype(mx.float16))
+        assert got.shape == alone.shape and np.allclose(got, alone, atol=1e-2)
+
+
+def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(
+        json.dumps({"prompt": rng.integers(3, 100, 6).tolist(),
+                    "answer": rng.integers(3, 100, 8).tolist()}) + "\n" for _ in range(40)))
+    feature_probe.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--train", "30",
+                        "--epochs", "1", "--vocab", "50"])
+    out = capsys.readouterr().out
+    assert "30 training answers, 2 held out; 4 steps" in out
+    first, second = (float(x.split(" -> ")[1].split(";")[0])
+                     for x in out.split("first token: ")[1].split("second token")[:2])
+    assert 0 <= first <= 1 and 0 <= second <= 1
