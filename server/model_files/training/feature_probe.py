@@ -1,7 +1,7 @@
 """How far a draft that reads the target's features would get: a measurement, not a drafter.
 
     python -m server.model_files.training.feature_probe [--answers FILE] [--train 600]
-        [--epochs 2] [--vocab 8192] [--seed 0]
+        [--epochs 4] [--vocab 8192] [--seed 0]
 
 The llama drafts of `distill` see only tokens. An EAGLE-style draft (Li et al., 2024) also reads
 the target's last hidden state: at position t it takes the target's (final-norm) feature f_t and
@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     ap.add_argument("--answers", type=Path, default=DEFAULT_ANSWERS)
     ap.add_argument("--target", default=None)
     ap.add_argument("--train", type=int, default=DEFAULT_TRAIN, help="Training answers.")
-    ap.add_argument("--epochs", type=float, default=2)
+    ap.add_argument("--epochs", type=float, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--vocab", type=int, default=DEFAULT_VOCAB)
