@@ -26,6 +26,17 @@ $PY -c "from server.model_files.synthetic import ensure_pair; ensure_pair('model
 
 bench() { $PY -m server.bench --results-dir "$OUT" "$@"; }
 wait_up() { for _ in $(seq 600); do curl -sf "$1" >/dev/null && return; sleep 0.5; done; exit 1; }
+# A section's RETURN trap (which clears itself first): stop its servers and wait until they are
+# gone (a dying server still answers /health: the next section's wait_up would take it for its
+# own).
+stop() {
+  kill "$@" 2>/dev/null || true
+  local p
+  for p in "$@"; do
+    wait "$p" 2>/dev/null || true
+    for _ in $(seq 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+  done
+}
 
 run_overhead() {  # issue 2: HTTP vs direct mlx_lm, k=4, 256 tokens
   $PY -m server.bench.overhead --target-model $GEN_T --draft-model $GEN_D --reps 3 \
@@ -38,7 +49,7 @@ run_compare() {  # issue 3: our server vs mlx_lm.server, same fp32 models, k=4, 
   local ours=$!
   $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8101 >"$OUT/mlx.log" 2>&1 &
   local theirs=$!
-  trap 'kill $ours $theirs 2>/dev/null || true' RETURN
+  trap 'trap - RETURN; stop $ours $theirs' RETURN
   wait_up http://127.0.0.1:8100/health
   wait_up http://127.0.0.1:8101/health
   bench --server http://127.0.0.1:8100 --compare http://127.0.0.1:8101 --draft-tokens 4 \
@@ -47,7 +58,7 @@ run_compare() {  # issue 3: our server vs mlx_lm.server, same fp32 models, k=4, 
 run_demo_server() {  # issue 4: the demo pair through our server, k=4 vs no draft
   $PY -m server --port 8100 >"$OUT/demo-server.log" 2>&1 &
   local ours=$!
-  trap 'kill $ours 2>/dev/null || true' RETURN
+  trap 'trap - RETURN; stop $ours' RETURN
   wait_up http://127.0.0.1:8100/health
   bench --server http://127.0.0.1:8100 --draft-tokens 4 --reps 3 --target-model $DEMO_T \
     --draft-model $DEMO_D --tag demo-through-server
@@ -77,7 +88,7 @@ run_load() {  # issue 8: concurrent streams, ours (draft, default policy) vs mlx
   $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8102 \
     >"$OUT/load-mlx-draft.log" 2>&1 &
   local drafted=$!
-  trap 'kill $ours $ours_plain $plain $drafted 2>/dev/null || true' RETURN
+  trap 'trap - RETURN; stop $ours $ours_plain $plain $drafted' RETURN
   wait_up http://127.0.0.1:8100/health
   wait_up http://127.0.0.1:8101/health
   wait_up http://127.0.0.1:8102/health
@@ -117,7 +128,7 @@ run_prefix() {  # issue 9: a 3-turn chat with a long system prompt, ours vs mlx_
   $PY -m mlx_lm server --model $GEN_T --draft-model $GEN_D --port 8101 \
     >"$OUT/prefix-mlx.log" 2>&1 &
   local theirs=$!
-  trap 'kill $ours $theirs 2>/dev/null || true' RETURN
+  trap 'trap - RETURN; stop $ours $theirs' RETURN
   wait_up http://127.0.0.1:8100/health
   wait_up http://127.0.0.1:8101/health
   $PY -m server.bench.chat_turns --server ours=http://127.0.0.1:8100 \
@@ -138,7 +149,7 @@ run_before() {  # issue 8: one stream, this engine vs the one before the schedul
   (cd "$old" && "$root/$PY" -m server --model "$root/$GEN_T" --draft-model "$root/$GEN_D" \
     --port 8104 >"$out/before-old.log" 2>&1) &
   local before=$!
-  trap 'kill $new $before 2>/dev/null; pkill -f "port 8104" || true' RETURN
+  trap 'trap - RETURN; pkill -f "port 8104" || true; stop $new $before' RETURN
   wait_up http://127.0.0.1:8100/health
   wait_up http://127.0.0.1:8104/health
   $PY -m server.bench.load --server new=http://127.0.0.1:8100 \
@@ -164,7 +175,7 @@ bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (defaul
   $PY -m server.model_files.default_model >/dev/null
   $PY -m server --model $smol --draft-model "$1" --port 8100 >"$OUT/$2-server.log" 2>&1 &
   local ours=$!
-  trap 'kill $ours 2>/dev/null || true' RETURN
+  trap 'trap - RETURN; stop $ours' RETURN
   wait_up http://127.0.0.1:8100/health
   bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
     --draft-tokens "${3:-1,2,4,6}" --reps 1 --max-tokens 128 --tag "$2"
@@ -180,7 +191,7 @@ run_draft_p_min() {  # issue 10: the shipped draft, adaptive k with a confidence
   $PY -m server --model $smol --draft-model models/smollm2-draft --port 8100 \
     >"$OUT/draft-p-min-server.log" 2>&1 &
   local ours=$!
-  trap 'kill $ours 2>/dev/null; wait $ours 2>/dev/null || true' RETURN
+  trap 'trap - RETURN; stop $ours' RETURN
   wait_up http://127.0.0.1:8100/health
   for p in ${P_MINS:-0.2 0.4 0.6}; do
     bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \

@@ -404,3 +404,16 @@ def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, cap
     line = capsys.readouterr().out.splitlines()[1].split()
     assert line == [str(draft), "2", "1.5", "0.090", "1.25x", "k=2", "(0.30)", "1.20x", "(0.35)",
                     "1.30x", "k=1", "(0.50)", "-"]
+
+
+def test_a_server_that_does_not_answer_is_an_error_not_an_mlx_lm_server(capsys):
+    """Taken for mlx_lm.server, ours would get requests without our fields (adaptive: false
+    among them), so a fixed-k sweep would silently measure adaptive k."""
+    def refused(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(RuntimeError, match="does not answer GET /health"):
+        HttpRunner("http://gone", speculation=SpeculationParams(), temperature=0.0,
+                   transport=httpx.MockTransport(refused))
+    assert main(["--server", "http://127.0.0.1:9", "--draft-tokens", "1", "--reps", "1"]) == 1
+    assert "does not answer GET /health" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from server.bench.cells import (
     PROMPT_KINDS,
     plan_cells,
 )
-from server.bench.http_runner import TIMEOUT_S
+from server.bench.http_runner import TIMEOUT_S, ServerUnreachable
 from server.bench.report import format_table
 from server.bench.stats import verdicts
 from server.bench.sweep import SweepSettings, sweep
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         runners, loaded = make_runners(args, log)
-    except (ModelLoadError, IncompatibleDraft) as e:
+    except (ModelLoadError, IncompatibleDraft, ServerUnreachable) as e:
         print(f"error: {e}", file=log)
         return 1
     return run_sweep(args, runners, loaded, log)

@@ -30,6 +30,10 @@ class CellFailed(RuntimeError):
     """The server refused or broke off this cell."""
 
 
+class ServerUnreachable(RuntimeError):
+    """The server does not answer at all."""
+
+
 class _NotStarted(Exception):
     """The connection failed before the server answered."""
 
@@ -44,9 +48,21 @@ class HttpRunner:
         self.temperature = temperature
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
-        self.health = self._get_json("/health")
+        self.health = self._health()
         # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.
         self.flavor = "ours" if "target" in self.health else "mlx_lm"
+
+    def _health(self) -> dict:
+        """GET /health; a server that does not answer is an error, not an mlx_lm.server (taking
+        it for one would send our requests without our fields, adaptive k among them)."""
+        try:
+            r = self.client.get(self.url + "/health")
+        except httpx.HTTPError as e:
+            raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
+        try:
+            return r.json() if r.status_code == 200 else {}
+        except ValueError:
+            return {}
 
     def _get_json(self, path: str) -> dict:
         try:
