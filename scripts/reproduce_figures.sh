@@ -8,7 +8,7 @@
 #                                   draft_p_min draft_sizes feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~90 min),
 #                                   draft_sizes (trains 1- and 2-layer drafts, ~40 min,
-#                                   then benches them and the shipped one, ~12 min) and
+#                                   then benches them and the shipped one, ~15 min) and
 #                                   feature_probe (~15 min); these two need the
 #                                   target's answers, which draft writes first)
 set -euo pipefail
@@ -170,7 +170,8 @@ run_verify_cost() {  # issue 10: a speculative round's parts on SmolLM2, and the
   $PY -m server.model_files.default_model >/dev/null
   $PY -m server.bench.verify_cost | tee "$OUT/verify-cost.txt"
 }
-bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (default 1,2,4,6) and adaptive
+bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (default 1,2,4,6) and
+  # adaptive, $4 reps (default 1)
   local smol=models/generated/SmolLM2-135M-Instruct
   $PY -m server.model_files.default_model >/dev/null
   $PY -m server --model $smol --draft-model "$1" --port 8100 >"$OUT/$2-server.log" 2>&1 &
@@ -178,9 +179,9 @@ bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (defaul
   trap 'trap - RETURN; stop $ours' RETURN
   wait_up http://127.0.0.1:8100/health
   bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
-    --draft-tokens "${3:-1,2,4,6}" --reps 1 --max-tokens 128 --tag "$2"
+    --draft-tokens "${3:-1,2,4,6}" --reps "${4:-1}" --max-tokens 128 --tag "$2"
   bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
-    --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag "$2-adaptive"
+    --draft-tokens 4 --adaptive --reps "${4:-1}" --max-tokens 128 --tag "$2-adaptive"
 }
 run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
   bench_draft models/smollm2-draft smollm2-draft
@@ -193,13 +194,13 @@ run_draft_p_min() {  # issue 10: the shipped draft, adaptive k with a confidence
   local ours=$!
   trap 'trap - RETURN; stop $ours' RETURN
   wait_up http://127.0.0.1:8100/health
-  for p in ${P_MINS:-0.2 0.4 0.6}; do
+  for p in ${P_MINS:-0 0.2 0.4 0.6}; do
     bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
-      --draft-tokens 4 --adaptive --draft-p-min "$p" --reps 1 --max-tokens 128 \
+      --draft-tokens 4 --adaptive --draft-p-min "$p" --reps 2 --max-tokens 128 \
       --tag "smollm2-draft-p-min-$p"
   done
   bench --server http://127.0.0.1:8100 --target-model $smol --draft prompt_lookup \
-    --draft-tokens 4 --adaptive --reps 1 --max-tokens 128 --tag smollm2-lookup-adaptive
+    --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 --tag smollm2-lookup-adaptive
 }
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
@@ -212,7 +213,7 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
       --layers "$(seq -s, 0 $((n - 1)))" --out "$d" | tee "$OUT/draft-${n}l-training.txt"
   done
   for d in models/generated/draft-1l models/generated/draft-2l models/smollm2-draft; do
-    bench_draft "$d" "size-$(basename "$d")" 1,2,4
+    bench_draft "$d" "size-$(basename "$d")" 1,2,4 2
     results+=("$(ls -t "$OUT"/bench-*-size-"$(basename "$d")".json | head -1)"
               "$(ls -t "$OUT"/bench-*-size-"$(basename "$d")"-adaptive.json | head -1)")
   done
