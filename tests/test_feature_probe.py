@@ -37,16 +37,26 @@ def test_features_are_the_targets_final_norm_states_whatever_the_padding(tiny_pa
         assert got.shape == alone.shape and np.allclose(got, alone, atol=1e-2)
 
 
-def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
+def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp_path, capsys,
+                                                                 monkeypatch):
     rng = np.random.default_rng(0)
     answers = tmp_path / "answers.jsonl"
     answers.write_text("".join(
         json.dumps({"prompt": rng.integers(3, 100, 6).tolist(),
                     "answer": rng.integers(3, 100, 8).tolist()}) + "\n" for _ in range(40)))
-    feature_probe.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--train", "30",
-                        "--epochs", "1", "--vocab", "50"])
+    args = ["--answers", str(answers), "--target", str(tiny_pair[0]), "--train", "30",
+            "--epochs", "1", "--vocab", "50", "--features", str(tmp_path / "f.npz")]
+    feature_probe.main(args)
     out = capsys.readouterr().out
     assert "30 training answers, 2 held out; 4 steps" in out
+    assert (tmp_path / "f.npz").exists()
+    def recompute(*_):
+        raise AssertionError("the features were kept")
+
+    monkeypatch.setattr(feature_probe, "target_features", recompute)
+    feature_probe.main(args)  # the kept features: the same run again
+    again = capsys.readouterr().out
+    assert again.split("held-out")[1] == out.split("held-out")[1]
     first, second = (float(x.split(" -> ")[1].split(";")[0])
                      for x in out.split("first token: ")[1].split("second token")[:2])
     assert 0 <= first <= 1 and 0 <= second <= 1

@@ -1,7 +1,7 @@
 """How far a draft that reads the target's features would get: a measurement, not a drafter.
 
     python -m server.model_files.training.feature_probe [--answers FILE] [--train 600]
-        [--epochs 4] [--vocab 8192] [--seed 0]
+        [--epochs 4] [--vocab 8192] [--token-weight 0.1] [--features CACHE.npz] [--seed 0]
 
 The llama drafts of `distill` see only tokens. An EAGLE-style draft (Li et al., 2024) also reads
 the target's last hidden state: at position t it takes the target's (final-norm) feature f_t and
@@ -42,8 +42,7 @@ from server.model_files.training.distill import (
 
 DEFAULT_ANSWERS = Path("models/generated/target-answers.jsonl")
 DEFAULT_TRAIN = 600
-FEATURE_WEIGHT = 1.0  # EAGLE's loss: feature regression (smooth L1) + 0.1 x token CE
-TOKEN_WEIGHT = 0.1
+TOKEN_WEIGHT = 0.1  # EAGLE's loss: feature regression (smooth L1) + 0.1 x token CE
 
 
 def target_features(target, examples: list[Example], batch: int = 4) -> list[np.ndarray]:
@@ -59,6 +58,19 @@ def target_features(target, examples: list[Example], batch: int = 4) -> list[np.
         mx.eval(h)
         out += [np.array(h[i, : len(s)]) for i, s in enumerate(seqs)]
     return out
+
+
+def cached_features(target, examples: list[Example], path: Path | None) -> list[np.ndarray]:
+    """target_features, kept in `path` (.npz) for the next run on the same answers."""
+    if path is not None and path.exists():
+        with np.load(path) as saved:
+            feats = [saved[f"f{i}"] for i in range(len(saved.files))]
+        if [len(f) for f in feats] == [len(p) + len(a) for p, a in examples]:
+            return feats
+    feats = target_features(target, examples)
+    if path is not None:
+        np.savez(path, **{f"f{i}": f for i, f in enumerate(feats)})
+    return feats
 
 
 class FeatureHead(nn.Module):
@@ -121,11 +133,11 @@ def batches(examples, feats, index: np.ndarray, batch: int, rng):
                mx.array(f_next).astype(mx.float32), mx.array(y), mx.array(m))
 
 
-def loss_fn(model, tok, f, f_next, y, m):
+def loss_fn(model, tok, f, f_next, y, m, token_weight=TOKEN_WEIGHT):
     pred = model(tok, f)
     reg = nn.losses.smooth_l1_loss(pred, f_next, reduction="none").mean(-1)
     ce = nn.losses.cross_entropy(model.logits(pred), y, reduction="none")
-    return ((FEATURE_WEIGHT * reg + TOKEN_WEIGHT * ce) * m).sum() / m.sum()
+    return ((reg + token_weight * ce) * m).sum() / m.sum()
 
 
 def agreement(model, examples, feats, index: np.ndarray, other: int) -> tuple[float, float]:
@@ -161,6 +173,10 @@ def main(argv=None) -> None:
     ap.add_argument("--vocab", type=int, default=DEFAULT_VOCAB)
     ap.add_argument("--held-out", type=int, default=None,
                     help="Use only this many of the held-out answers (a quick check).")
+    ap.add_argument("--token-weight", type=float, default=TOKEN_WEIGHT,
+                    help="Weight of the token cross-entropy beside the feature regression.")
+    ap.add_argument("--features", type=Path, default=None,
+                    help="Keep the target's features in this .npz and reuse them next run.")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     mx.random.seed(args.seed)
@@ -174,7 +190,7 @@ def main(argv=None) -> None:
     index = np.full(int(config["vocab_size"]), len(kept), dtype=np.uint32)
     index[kept] = np.arange(len(kept), dtype=np.uint32)
     train, val = examples[: min(args.train, split)], examples[split:][: args.held_out]
-    feats = target_features(target, train + val)
+    feats = cached_features(target, train + val, args.features)
     train_f, val_f = feats[: len(train)], feats[len(train):]
     model = build_head(target, config, kept)
     del target
@@ -186,7 +202,7 @@ def main(argv=None) -> None:
     bar, step, losses, start = tqdm(total=steps, desc="feature head", unit="step"), 0, [], time.time()
     while step < steps:
         for batch in batches(train, train_f, index, args.batch, rng):
-            loss, grads = loss_and_grad(model, *batch)
+            loss, grads = loss_and_grad(model, *batch, args.token_weight)
             opt.update(model, grads)
             mx.eval(loss, model.parameters(), opt.state)
             losses.append(loss.item())
@@ -198,7 +214,7 @@ def main(argv=None) -> None:
     bar.close()
     first, second = agreement(model, val, val_f, index, len(kept))
     print(f"{len(train)} training answers, {len(val)} held out; {step} steps, "
-          f"{(time.time() - start) / 60:.1f} min")
+          f"{(time.time() - start) / 60:.1f} min; token weight {args.token_weight}")
     print(f"held-out top-1 agreement, first token: {before[0]:.3f} -> {first:.3f}; "
           f"second token (from its own feature): {before[1]:.3f} -> {second:.3f}")
 
