@@ -55,7 +55,7 @@ def table(drafts: dict[str, dict], kinds: tuple[str, ...]) -> str:
                      cell(entry.get(("adaptive", kind)), False)]
         lines.append(line)
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
                      for row in lines)
 
 
