@@ -140,9 +140,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
         mx.eval(flat)
     proposals = {}
     for i, seq in enumerate(rows):
-        k = min(ks.get(id(seq), 0), run)
-        if confidence[i]:  # stop at the first draft token the draft is not confident about
-            k = next((j for j, c in enumerate(confidence[i][:k]) if c.item() < _p_min(seq)), k)
+        k = _confident(seq, confidence[i], min(ks.get(id(seq), 0), run))
         drafted = [int(t.item()) for t in tokens[i][:k]]
         if seq.constraint is not None:
             masks[i] = masks[i][:k]
@@ -152,17 +150,21 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
     return proposals, run
 
 
+def _confident(seq: Sequence, confidence: list[mx.array], k: int) -> int:
+    """How many of the row's first k draft tokens it proposes: those before the first one the
+    draft gives less than its draft_p_min (all k without a cut-off)."""
+    return next((j for j, c in enumerate(confidence[:k]) if c.item() < _p_min(seq)), k)
+
+
 def _all_stopped(rows: list[Sequence], ks: dict[int, int], confidence: list[list],
                  drafted: int) -> bool:
     """True when no row keeps what another draft step would give it: each has its k tokens or
-    one under its draft_p_min (everything from that token on is dropped). Reads the
-    confidences back (a sync per step), so only when some row has a draft_p_min."""
+    one under its draft_p_min. Reads the confidences back (a sync per step), so only when some
+    row has a draft_p_min."""
     if not any(_p_min(seq) > 0 for seq in rows):
         return False
-    last = [c[-1] for c in confidence if c]
-    mx.eval(last)
-    return all(ks.get(id(seq), 0) <= drafted
-               or any(c.item() < _p_min(seq) for c in confidence[i])
+    mx.eval([c[-1] for c in confidence if c])
+    return all(_confident(seq, confidence[i], ks.get(id(seq), 0)) <= drafted
                for i, seq in enumerate(rows))
 
 
