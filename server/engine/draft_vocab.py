@@ -31,6 +31,13 @@ import numpy as np
 VOCAB_FILE = "draft_vocab.json"
 
 
+def draft_index(target_ids, target_vocab_size: int) -> np.ndarray:
+    """Target id -> draft row: the i-th kept id -> i, every other id -> N, the "other" row."""
+    index = np.full(target_vocab_size, len(target_ids), dtype=np.uint32)
+    index[np.asarray(target_ids, dtype=np.int64)] = np.arange(len(target_ids), dtype=np.uint32)
+    return index
+
+
 class SubVocabModel(nn.Module):
     def __init__(self, model: nn.Module, target_ids: list[int], target_vocab_size: int):
         super().__init__()
@@ -41,11 +48,9 @@ class SubVocabModel(nn.Module):
             raise ValueError(f"{VOCAB_FILE}: target_ids has duplicates")
         # Target id -> draft row; unknown ids -> N, the draft's "other" row on the way in and
         # the -inf column of the widened logits on the way out. ("_": not a parameter.)
-        index = np.full(target_vocab_size, len(ids), dtype=np.uint32)
-        index[ids] = np.arange(len(ids), dtype=np.uint32)
         self.inner = model
         self.num_kept = len(ids)
-        self._index = mx.array(index)
+        self._index = mx.array(draft_index(ids, target_vocab_size))
 
     @property
     def layers(self):  # make_prompt_cache counts them

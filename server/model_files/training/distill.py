@@ -37,11 +37,12 @@ from mlx_lm import load as mlx_load
 from mlx_lm.models import llama
 from mlx_lm.utils import quantize_model
 
-from server.engine.draft_vocab import write_vocab
+from server.engine.draft_vocab import draft_index, write_vocab
 from server.model_files.training import target_answers
 
 DEFAULT_OUT = Path("models/smollm2-draft")
-DEFAULT_LAYERS = (0, 1, 2)  # 3 layers: faster than 1 or 2 through the server (RESULTS/draft-sizes.txt)
+# 3 layers: faster than 1 or 2 through the server (RESULTS/draft-sizes.txt)
+DEFAULT_LAYERS = (0, 1, 2)
 DEFAULT_VOCAB = 8192
 DEFAULT_EPOCHS = 3  # the shipped draft's run (753 steps, 28 min on 2 CPU cores)
 DEFAULT_BATCH = 8
@@ -157,15 +158,19 @@ def loss_fn(draft, x, y, mask, soft_ids, soft_probs):
     return (ce * mask).sum() / mask.sum()
 
 
+def top1_hits(logits: mx.array, labels: mx.array, mask: mx.array, other: int) -> tuple[int, int]:
+    """(positions where the argmax, never "other", is the label; positions), over the mask."""
+    logits[..., other] = -mx.inf
+    hit = (logits.argmax(-1) == labels) * mask
+    return int(hit.sum().item()), int(mask.sum().item())
+
+
 def agreement(draft, examples: list[Example], index: np.ndarray, other: int) -> float:
     """How often the draft's argmax (never "other") is the target's next answer token."""
     agree = total = 0
     for x, y, m, _, _ in batches(examples, index, 16, None):
-        logits = draft(x)
-        logits[..., other] = -mx.inf
-        hit = (logits.argmax(-1) == y) * m
-        agree += int(hit.sum().item())
-        total += int(m.sum().item())
+        hits, n = top1_hits(draft(x), y, m, other)
+        agree, total = agree + hits, total + n
     return agree / max(total, 1)
 
 
@@ -233,8 +238,7 @@ def main(argv=None) -> None:
     train, val = examples[:split], examples[split:]
     kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))
     vocab_size = int(config["vocab_size"])
-    index = np.full(vocab_size, len(kept), dtype=np.uint32)
-    index[kept] = np.arange(len(kept), dtype=np.uint32)
+    index = draft_index(kept, vocab_size)
     covered = np.mean([index[t] < len(kept) for _, a in val for t in a])
     layer_ids = [int(i) for i in args.layers.split(",")]
     draft = build_draft(target, config, layer_ids, kept)

@@ -31,6 +31,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
 from mlx_lm.models import llama
 
+from server.engine.draft_vocab import draft_index
 from server.model_files.training import target_answers
 from server.model_files.training.distill import (
     DEFAULT_VOCAB,
@@ -38,6 +39,7 @@ from server.model_files.training.distill import (
     Example,
     _rows,
     frequent_ids,
+    top1_hits,
 )
 
 DEFAULT_ANSWERS = Path("models/generated/target-answers.jsonl")
@@ -149,10 +151,9 @@ def agreement(model, examples, feats, index: np.ndarray, other: int) -> tuple[fl
         pred = model(tok, f)
         second = model(tok[:, 1:], pred[:, :-1])  # predicted f_{t+1} for the real one
         for j, (p, yy, mm) in enumerate(((pred, y, m), (second, y[:, 1:], m[:, 1:]))):
-            logits = model.logits(p)
-            logits[..., other] = -mx.inf
-            hits[j] += ((logits.argmax(-1) == yy) * mm).sum().item()
-            totals[j] += mm.sum().item()
+            hit, n = top1_hits(model.logits(p), yy, mm, other)
+            hits[j] += hit
+            totals[j] += n
     return hits[0] / totals[0], hits[1] / totals[1]
 
 
@@ -187,8 +188,7 @@ def main(argv=None) -> None:
     split = int(len(examples) * (1 - VAL_FRACTION))
     # The vocabulary distill keeps (from all its training answers); the held-out set is its.
     kept = frequent_ids(examples[:split], args.vocab, set(tokenizer.eos_token_ids))
-    index = np.full(int(config["vocab_size"]), len(kept), dtype=np.uint32)
-    index[kept] = np.arange(len(kept), dtype=np.uint32)
+    index = draft_index(kept, int(config["vocab_size"]))
     train, val = examples[: min(args.train, split)], examples[split:][: args.held_out]
     feats = cached_features(target, train + val, args.features)
     train_f, val_f = feats[: len(train)], feats[len(train):]
@@ -199,7 +199,8 @@ def main(argv=None) -> None:
     opt = optim.AdamW(learning_rate=optim.cosine_decay(args.lr, steps, args.lr / 20),
                       weight_decay=0.0)
     loss_and_grad = nn.value_and_grad(model, loss_fn)
-    bar, step, losses, start = tqdm(total=steps, desc="feature head", unit="step"), 0, [], time.time()
+    bar = tqdm(total=steps, desc="feature head", unit="step")
+    step, losses, start = 0, [], time.time()
     while step < steps:
         for batch in batches(train, train_f, index, args.batch, rng):
             loss, grads = loss_and_grad(model, *batch, args.token_weight)

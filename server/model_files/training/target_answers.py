@@ -109,8 +109,8 @@ def _flush(f, prompts, answers, running, written: int) -> int:
 
 
 def read(path: Path) -> list[tuple[list[int], list[int]]]:
-    with path.open() as f:
-        return [(d["prompt"], d["answer"]) for d in map(json.loads, f)]
+    """Per line, (prompt, answer)."""
+    return [(prompt, answer) for prompt, answer, _ in read_with_teacher(path)]
 
 
 def read_with_teacher(path: Path) -> list[tuple[list[int], list[int], tuple | None]]:
