@@ -38,6 +38,13 @@ class _NotStarted(Exception):
     """The connection failed before the server answered."""
 
 
+def _json_or_empty(r: httpx.Response) -> dict:
+    try:
+        return r.json() if r.status_code == 200 else {}
+    except ValueError:
+        return {}
+
+
 class HttpRunner:
     def __init__(self, url: str, *, speculation: SpeculationParams, temperature: float,
                  api_key: str | None = None, timeout: float = TIMEOUT_S,
@@ -59,16 +66,12 @@ class HttpRunner:
             r = self.client.get(self.url + "/health")
         except httpx.HTTPError as e:
             raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
-        try:
-            return r.json() if r.status_code == 200 else {}
-        except ValueError:
-            return {}
+        return _json_or_empty(r)
 
     def _get_json(self, path: str) -> dict:
         try:
-            r = self.client.get(self.url + path)
-            return r.json() if r.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
+            return _json_or_empty(self.client.get(self.url + path))
+        except httpx.HTTPError:
             return {}
 
     def describe(self) -> dict:
