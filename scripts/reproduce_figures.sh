@@ -18,6 +18,7 @@ OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
 PY=${PY:-.venv/bin/python}
 DEMO_T=models/demo/target DEMO_D=models/demo/draft
 GEN_T=models/generated/target GEN_D=models/generated/draft
+SMOL=models/generated/SmolLM2-135M-Instruct  # the default target (server.model_files.default_model)
 OUT=${RESULTS_DIR:-RESULTS}
 mkdir -p "$OUT"
 # The generated (fp32, ~80M) pair, built once: both servers load it alike (mlx_lm.server would
@@ -170,37 +171,43 @@ run_verify_cost() {  # issue 10: a speculative round's parts on SmolLM2, and the
   $PY -m server.model_files.default_model >/dev/null
   $PY -m server.bench.verify_cost | tee "$OUT/verify-cost.txt"
 }
-bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (default 1,2,4,6) and
-  # adaptive, $4 reps (default 1)
-  local smol=models/generated/SmolLM2-135M-Instruct
+on_smol_server() {  # $1: draft folder, $2: log name; runs the rest with our server on 8100 serving
+  # SmolLM2 with that draft
+  local draft=$1 log=$2
+  shift 2
   $PY -m server.model_files.default_model >/dev/null
-  $PY -m server --model $smol --draft-model "$1" --port 8100 >"$OUT/$2-server.log" 2>&1 &
+  $PY -m server --model $SMOL --draft-model "$draft" --port 8100 >"$OUT/$log-server.log" 2>&1 &
   local ours=$!
   trap 'trap - RETURN; stop $ours' RETURN
   wait_up http://127.0.0.1:8100/health
-  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
+  "$@"
+}
+bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (default 1,2,4,6) and
+  # adaptive, $4 reps (default 1)
+  on_smol_server "$1" "$2" draft_benches "$@"
+}
+draft_benches() {
+  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model "$1" \
     --draft-tokens "${3:-1,2,4,6}" --reps "${4:-1}" --max-tokens 128 --tag "$2"
-  bench --server http://127.0.0.1:8100 --target-model $smol --draft-model "$1" \
+  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model "$1" \
     --draft-tokens 4 --adaptive --reps "${4:-1}" --max-tokens 128 --tag "$2-adaptive"
 }
 run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
   bench_draft models/smollm2-draft smollm2-draft
 }
 run_draft_p_min() {  # issue 10: the shipped draft, adaptive k with a confidence cut-off; lookup
-  local smol=models/generated/SmolLM2-135M-Instruct p
-  $PY -m server.model_files.default_model >/dev/null
-  $PY -m server --model $smol --draft-model models/smollm2-draft --port 8100 \
-    >"$OUT/draft-p-min-server.log" 2>&1 &
-  local ours=$!
-  trap 'trap - RETURN; stop $ours' RETURN
-  wait_up http://127.0.0.1:8100/health
+  on_smol_server models/smollm2-draft draft-p-min p_min_benches
+}
+p_min_benches() {
+  local p
   for p in ${P_MINS:-0 0.2 0.4 0.6}; do
-    bench --server http://127.0.0.1:8100 --target-model $smol --draft-model models/smollm2-draft \
+    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
       --draft-tokens 4 --adaptive --draft-p-min "$p" --reps 2 --max-tokens 128 \
       --tag "smollm2-draft-p-min-$p"
   done
-  bench --server http://127.0.0.1:8100 --target-model $smol --draft prompt_lookup \
-    --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 --tag smollm2-lookup-adaptive
+  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft prompt_lookup \
+    --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 \
+    --tag smollm2-lookup-adaptive
 }
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
