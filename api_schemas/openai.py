@@ -232,8 +232,9 @@ class SamplingRequest(RequestModel):
         None, le=64, description="Draft tokens per round (the maximum when adaptive); 0 = off."
     )
     use_draft: bool | None = Field(None, description="Default: true when a drafter is loaded.")
-    draft: Literal["model", "prompt_lookup"] | None = Field(
-        None, description="Where drafts come from: the draft model or prompt lookup."
+    draft: Literal["model", "prompt_lookup", "hybrid"] | None = Field(
+        None, description="Where drafts come from: the draft model, prompt lookup, or hybrid"
+        " (prompt lookup when it finds a match, the draft model when it finds none)."
     )
     acceptance: Literal["exact", "rejection"] | None = Field(
         None, description="Acceptance rule at temperature > 0."

@@ -122,7 +122,9 @@ class GenerationDefaults(BaseModel):
     max_tokens: int = Field(512, ge=1, description="Default max_tokens.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Default temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default top_p.")
-    draft: DraftSource = Field("model", description="Default drafter: model or prompt_lookup.")
+    draft: DraftSource = Field(
+        "model", description="Default drafter: model, prompt_lookup or hybrid (prompt lookup"
+        " when it finds a match, the draft model when it finds none).")
     acceptance: Acceptance = Field(
         "rejection", description="Default acceptance rule at temperature > 0."
     )

@@ -2,7 +2,7 @@
 
     python -m server.demo --model PATH [--draft-model PATH] [--num-draft-tokens N]
         [--prompt TEXT] [--chat] [--temp T] [--max-tokens N] [--seed S]
-        [--print-prompt-progress] [--draft model|prompt_lookup]
+        [--print-prompt-progress] [--draft model|prompt_lookup|hybrid]
         [--acceptance exact|rejection] [--no-adaptive]
 
 Runs the server's own engine (`ModelKit` + `generate_events`) in this process, no HTTP: the
@@ -16,10 +16,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TextIO
+from typing import TextIO, get_args
 
 from server.config import ModelSettings
-from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.params import DraftSource, GenerationParams, SamplingParams, SpeculationParams
 from server.engine.prompts import chat_tokens, text_tokens
 
 DEFAULT_PROMPT = "Write a Python function `binary_search(items, target)` and explain it."
@@ -45,8 +45,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="Seed for sampling at --temp > 0.")
     p.add_argument("--print-prompt-progress", action="store_true",
                    help="Print prompt-processing progress lines (stderr).")
-    p.add_argument("--draft", choices=["model", "prompt_lookup"], default=_SPEC_DEFAULTS.source,
-                   help="Where drafts come from: the draft model, or n-grams of the prompt.")
+    p.add_argument("--draft", choices=get_args(DraftSource), default=_SPEC_DEFAULTS.source,
+                   help="Where drafts come from: the draft model, n-grams of the prompt, or "
+                        "hybrid (n-grams when they match, the draft model when they do not; "
+                        "needs --draft-model).")
     p.add_argument("--acceptance", choices=["exact", "rejection"],
                    default=_SPEC_DEFAULTS.acceptance,
                    help="Acceptance rule at --temp > 0 (greedy runs always accept exact matches).")
@@ -65,6 +67,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "or --draft prompt_lookup")
     if lookup and args.draft_model:
         p.error("--draft prompt_lookup drafts from the prompt: drop --draft-model")
+    if args.draft == "hybrid" and not args.draft_model:
+        p.error("--draft hybrid needs --draft-model PATH")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 0:
         p.error("--num-draft-tokens must be >= 0")
     if args.max_tokens < 1:

@@ -136,9 +136,10 @@ async def test_logprobs(client, loaded_pair):
 
 @pytest.mark.parametrize("extra", [
     {"draft": "prompt_lookup", "num_draft_tokens": 4},
+    {"draft": "hybrid", "num_draft_tokens": 4},
     {"acceptance": "exact", "adaptive": False, "num_draft_tokens": 3},
     {"acceptance": "rejection", "adaptive": True, "draft_p_min": 0.2, "num_draft_tokens": 8},
-], ids=["prompt_lookup", "exact-fixed", "rejection-adaptive-pmin"])
+], ids=["prompt_lookup", "hybrid", "exact-fixed", "rejection-adaptive-pmin"])
 async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair, extra):
     content = "def add(a, b): return a + b\ndef add(a, b): return a + b\n"
     expected = reference_text(loaded_pair, chat_tokens(loaded_pair[1], content))
@@ -148,7 +149,9 @@ async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair
     assert r.json()["choices"][0]["message"]["content"] == expected
     stats = r.json()["stats"]
     if "draft" in extra:
-        assert stats["draft_model"] == "prompt_lookup"
+        draft_name = stats["draft_model"].split("+")
+        assert draft_name[0] == "prompt_lookup" and len(draft_name) == 1 + (
+            extra["draft"] == "hybrid")
     assert sum(stats["k_histogram"].values()) > 0
 
 
@@ -156,7 +159,10 @@ async def test_prompt_lookup_needs_no_draft_model(tiny_pair):
     async with served(tiny_pair[0], None) as (client, _):
         ok = await client.post("/v1/chat/completions", json=chat_body(
             max_tokens=8, draft="prompt_lookup", num_draft_tokens=4))
+        hybrid = await client.post("/v1/chat/completions", json=chat_body(  # lookup alone
+            max_tokens=8, draft="hybrid", num_draft_tokens=4))
         refused = await client.post("/v1/chat/completions", json=chat_body(
             max_tokens=8, num_draft_tokens=4))
     assert ok.status_code == 200 and ok.json()["stats"]["num_draft_tokens"] == 4
+    assert hybrid.status_code == 200 and hybrid.json()["stats"]["draft_model"] == "prompt_lookup"
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_draft_tokens"

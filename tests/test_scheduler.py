@@ -43,6 +43,24 @@ def kit(tiny_pair) -> ModelKit:
     return kit
 
 
+@pytest.fixture(scope="module")
+def noisy_draft_kit(tiny_pair) -> ModelKit:
+    """The tiny pair with heavy noise on the draft's weights: it seldom agrees with the target
+    (nor with prompt lookup), so a draft cache that kept its own tokens shows."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(tiny_pair[1]))
+    model = kit.draft.model
+    key = mx.random.key(0)
+    noisy = []
+    for name, w in tree_flatten(model.parameters()):
+        key, sub = mx.random.split(key)
+        noisy.append((name, w + 4.0 * w.std() * mx.random.normal(w.shape, w.dtype, key=sub)))
+    model.update(tree_unflatten(noisy))
+    return kit
+
+
 def params(kit, i: int, *, k: int = 0, max_tokens: int | None = None, **sampling):
     tokens = tuple(kit.target.tokenizer.encode(TEXTS[i % len(TEXTS)]))
     return GenerationParams(tokens, 20 + 3 * i if max_tokens is None else max_tokens,
@@ -112,6 +130,45 @@ def test_batched_speculation_accepts_different_lengths_per_row(kit):
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
     rates = {round(s.counters.accepted / max(s.counters.proposed, 1), 3) for s in seqs}
     assert len(rates) > 1  # the rows did accept at different rates
+
+
+def test_hybrid_rows_that_look_up_while_the_draft_model_drafts_for_others(noisy_draft_kit,
+                                                                         monkeypatch):
+    """A hybrid row in a lookup round still sits in the draft model's batch: it catches up
+    there while other rows draft with the model, and must keep none of the draft model's own
+    tokens. Checked at every model round: each row's first draft token is the draft model's
+    greedy token after the row's whole context (what a cache holding exactly that context
+    gives); and mixed drafters in one batch give each row its text alone."""
+    from server.engine import decoder
+
+    kit = noisy_draft_kit
+    checked = []  # per model round: did a hybrid row that had looked up draft with the model
+    looked_up = set()
+    real = decoder._draft_with_model
+
+    def with_model(batch, ks):
+        contexts = {id(r): list(r.context) for r in batch.rows}
+        proposals, steps = real(batch, ks)
+        for r in batch.rows:
+            if r.round_drafter == "prompt_lookup":
+                looked_up.add(id(r))
+            elif ks.get(id(r)):
+                logits = kit.draft.model(mx.array(contexts[id(r)])[None])[0, -1]
+                assert proposals[id(r)].tokens[0] == int(mx.argmax(logits))
+                checked.append(id(r) in looked_up)
+        return proposals, steps
+
+    monkeypatch.setattr(decoder, "_draft_with_model", with_model)
+    requests = []
+    for i in range(8):
+        p = params(kit, i, k=4, max_tokens=60)
+        source = "hybrid" if i % 2 == 0 else "model"
+        requests.append(replace(p, speculation=replace(p.speculation, source=source,
+                                                       adaptive=False)))
+    events, _ = run_batch(kit, requests)
+    assert sum(checked) > 10
+    for p, ev in zip(requests, events, strict=True):
+        assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
 
 
 def test_the_default_policy_drafts_one_token_per_round_in_a_batch(kit):
@@ -412,6 +469,26 @@ async def test_draft_unload_during_a_running_batch(tiny_pair):
         r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4,
                                                                      num_draft_tokens=2))
         assert r.status_code == 400
+
+
+def test_a_hybrid_row_goes_on_by_prompt_lookup_when_the_draft_is_unloaded(tiny_pair):
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(tiny_pair[1]))
+    p = params(kit, 2, k=4, max_tokens=60)
+    p = replace(p, speculation=replace(p.speculation, source="hybrid"))
+    expected = alone(kit, replace(p, speculation=replace(p.speculation, num_draft_tokens=0)))
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), SpeculationPolicy())
+    events = []
+    seq = scheduler.submit(p, events.append)
+    while len(seq.output) < 20:
+        scheduler.step()
+    proposed_before = seq.counters.proposed
+    kit.unload_draft()
+    scheduler.draft_changed()
+    while seq.phase is not Phase.DONE:
+        scheduler.step()
+    assert tokens_of(events) == expected
+    assert seq.drafter == "prompt_lookup" and seq.counters.proposed > proposed_before
 
 
 def test_penalties_see_the_prompt_with_and_without_a_draft(kit):

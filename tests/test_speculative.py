@@ -33,6 +33,8 @@ MODES = {
     "rejection-adaptive-p-min": dict(acceptance="rejection", adaptive=True, draft_p_min=0.009),
     "prompt-lookup": dict(source="prompt_lookup", acceptance="rejection", adaptive=False),
     "prompt-lookup-adaptive": dict(source="prompt_lookup", acceptance="exact", adaptive=True),
+    "hybrid": dict(source="hybrid", acceptance="rejection", adaptive=False),
+    "hybrid-adaptive": dict(source="hybrid", acceptance="exact", adaptive=True),
 }
 
 
@@ -317,6 +319,76 @@ def test_prompt_lookup_without_a_match_drafts_nothing(pair):
     )
     assert flags == [False, False]
     assert counters.draft_tokens_proposed == 0 and dict(counters.k_histogram) == {0: 1}
+
+
+@pytest.fixture
+def drafting_rounds(monkeypatch):
+    """(context, drafter) of every round that drafted, as the decoder runs them."""
+    rounds = []
+    real_lookup, real_model = decoder._lookup, decoder._draft_with_model
+
+    def lookup(seq, k):
+        rounds.append((list(seq.context), "prompt_lookup"))
+        return real_lookup(seq, k)
+
+    def with_model(batch, ks):
+        rounds.extend((list(r.context), "model") for r in batch.rows if ks.get(id(r)))
+        return real_model(batch, ks)
+
+    monkeypatch.setattr(decoder, "_lookup", lookup)
+    monkeypatch.setattr(decoder, "_draft_with_model", with_model)
+    return rounds
+
+
+def run_hybrid(pair, **spec) -> None:
+    """A hybrid request whose output repeats nothing for a while, then settles into a cycle
+    (the tiny model's greedy output does): both drafters get rounds. Greedy: mlx_lm's output."""
+    target, draft, _, prompts = pair
+    tokens, _, _ = run(target, draft, prompts[1], max_tokens=80, source="hybrid", **spec)
+    assert tokens == greedy_reference(target, prompts[1], 80)
+
+
+def test_hybrid_looks_up_exactly_where_lookup_finds_a_match(pair, drafting_rounds):
+    """Lookup where the context's last token occurred earlier in it, the draft model where it
+    did not."""
+    run_hybrid(pair, num_draft_tokens=3, adaptive=False)
+    assert {d for _, d in drafting_rounds} == {"model", "prompt_lookup"}
+    for context, drafter in drafting_rounds:
+        assert drafter == ("prompt_lookup" if context[-1] in context[:-1] else "model")
+
+
+def test_hybrid_keeps_one_adaptive_k_per_drafter(pair, drafting_rounds, monkeypatch):
+    """Each drafter's rounds ask for the k its own schedule holds, moved only by its rounds:
+    with every lookup draft's last token made wrong, the lookup k shrinks round by round while
+    the draft model, which the tiny pair accepts in full here, keeps k = 4."""
+    vocab = pair[2]
+    updates = []  # (schedule, its k, k the round asked for), in round order
+    real_update, spied_lookup = DraftSchedule.update, decoder._lookup
+
+    def update(self, requested, proposed, accepted):
+        updates.append((id(self), self.k, requested))
+        real_update(self, requested, proposed, accepted)
+
+    def wrong_last(seq, k):
+        proposal = spied_lookup(seq, k)
+        if proposal.tokens:
+            proposal.tokens[-1] = (proposal.tokens[-1] + 1) % vocab
+        return proposal
+
+    monkeypatch.setattr(DraftSchedule, "update", update)
+    monkeypatch.setattr(decoder, "_lookup", wrong_last)
+    run_hybrid(pair, num_draft_tokens=4, adaptive=True)
+    assert len(updates) == len(drafting_rounds)
+    ks = {"model": [], "prompt_lookup": []}
+    owner = {}
+    for i, ((schedule, k, requested), (_, drafter)) in enumerate(
+            zip(updates, drafting_rounds, strict=True)):
+        assert owner.setdefault(drafter, schedule) == schedule
+        # (only the last rounds may ask for fewer: what max_tokens leaves)
+        assert requested == k or requested < k and i >= len(updates) - 3
+        ks[drafter].append(k)
+    assert set(ks["model"]) == {4}
+    assert ks["prompt_lookup"][:4] == [4, 3, 2, 1]
 
 
 # --- temperature > 0 ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from typing import get_args
 
 from server.bench.cells import (
     DEFAULT_DRAFT_TOKENS,
@@ -29,7 +30,7 @@ from server.bench.report import format_table
 from server.bench.stats import verdicts
 from server.bench.sweep import SweepSettings, sweep
 from server.bench.writer import ResultsWriter, results_name
-from server.engine.params import SpeculationParams
+from server.engine.params import DraftSource, SpeculationParams
 
 DEFAULT_MAX_TOKENS = 320
 DEFAULT_REPS = 5
@@ -80,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_args.add_argument("--smoke", action="store_true",
                             help="1 rep, no warm-up, the first prompt kind, the first two k.")
     spec = p.add_argument_group("speculation")
-    spec.add_argument("--draft", choices=["model", "prompt_lookup"], default="model",
-                      help="Draft with the draft model or by prompt lookup (no draft model).")
+    spec.add_argument("--draft", choices=get_args(DraftSource), default="model",
+                      help="Draft with the draft model, by prompt lookup (no draft model), or "
+                           "hybrid (lookup when it finds a match, the draft model when not).")
     spec.add_argument("--acceptance", choices=["exact", "rejection"],
                       default=SpeculationParams().acceptance,
                       help="Acceptance rule at --temp > 0.")
@@ -129,7 +131,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.draft == "prompt_lookup" and args.draft_model:
         p.error("--draft prompt_lookup drafts from the prompt: drop --draft-model")
     local = not (args.server or args.dry_run)
-    if local and args.draft == "model" and args.target_model and not args.draft_model:
+    if local and args.draft != "prompt_lookup" and args.target_model and not args.draft_model:
         p.error("--target-model needs --draft-model (or --draft prompt_lookup)")
     if args.smoke:
         args.reps, args.warmup = 1, 0

@@ -2,9 +2,11 @@
 
 Plain decoding is speculation with k = 0. Each round:
 
-1. drafts: the draft model proposes for every row that drafts with it, in one batched forward
-   per draft position (rows whose pending context differs in length are fed right-padded and
-   realigned); prompt lookup proposes on the host; a grammar masks every drafted token;
+1. drafts: the draft model proposes for every row that drafts with it this round, in one
+   batched forward per draft position (rows whose pending context differs in length are fed
+   right-padded and realigned; rows of the draft batch that do not draft with it this round
+   catch up on their context then); prompt lookup proposes on the host; a grammar masks every
+   drafted token;
 2. one target forward over every row's last token plus its drafts, (B, 1 + K);
 3. per row, the same logits pipeline (vocabulary alignment, penalties on prompt + output,
    grammar and EOS masks, top-k/top-p/min-p, temperature) and verification: exact matching
@@ -36,6 +38,7 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     probs: mx.array | None = None  # (count, V) draft distribution q; None: deterministic
     masks: list[np.ndarray | None] | None = None  # grammar masks at positions 0..count
+    by_model: bool = False  # drafted by the draft model (whose cache then holds the tokens)
 
 
 @dataclass
@@ -146,7 +149,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
             masks[i] = masks[i][:k]
             seq.constraint.rollback(consumed[i])
         q = mx.concatenate(probs[i][:k]) if k and probs[i][0] is not None else None
-        proposals[id(seq)] = Proposal(drafted, q, masks[i])
+        proposals[id(seq)] = Proposal(drafted, q, masks[i], by_model=True)
     return proposals, run
 
 
@@ -220,10 +223,12 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
     rows = target.rows
     proposals: dict[int, Proposal] = {}
     draft_steps = 0
-    if draft is not None and len(draft) and any(ks.get(id(r), 0) for r in draft.rows):
-        proposals, draft_steps = _draft_with_model(draft, ks)
+    if draft is not None and len(draft):
+        model_ks = {id(r): ks.get(id(r), 0) for r in draft.rows if r.round_drafter == "model"}
+        if any(model_ks.values()):
+            proposals, draft_steps = _draft_with_model(draft, model_ks)
     for seq in rows:
-        if seq.drafter == "prompt_lookup":
+        if seq.round_drafter == "prompt_lookup" and seq.drafter is not None:
             proposals[id(seq)] = _lookup(seq, ks.get(id(seq), 0))
     props = [proposals.get(id(seq), Proposal()) for seq in rows]
 
@@ -263,7 +268,8 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         # The cache keeps the round's input and the emitted drafts: exactly the context but
         # its last token (a row that stopped early drops the drafts past its end).
         kept.append(emitted)
-        _settle_draft(seq, draft, draft_steps, n, emit[:emitted], draft_kept)
+        _settle_draft(seq, draft, draft_steps, n if p.by_model else 0, emit[:emitted],
+                      draft_kept)
     target.keep(width + 1, kept)
     if draft_steps:
         fed = draft_steps - 1
@@ -283,8 +289,9 @@ def first_token(seq: Sequence, logits: mx.array) -> bool:
 
 
 def _settle_draft(seq, draft, draft_steps, n, emit, draft_kept) -> None:
-    """Bring the row's draft bookkeeping up to date with what the round emitted."""
-    if seq.drafter != "model" or draft is None or seq not in draft:
+    """Bring the row's draft bookkeeping up to date with what the round emitted; `n` counts
+    the accepted tokens the draft model proposed (and so has in its cache)."""
+    if not seq.uses_draft_model or draft is None or seq not in draft:
         return  # the draft never saw this row: it catches up on the whole context if it drafts
     if draft_steps:
         # The draft's cache now holds `pending` and the drafts it fed (all but the last).

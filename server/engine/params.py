@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Acceptance = Literal["exact", "rejection"]
-DraftSource = Literal["model", "prompt_lookup"]
+# Who proposes the drafts: the draft model; prompt lookup (n-grams of the prompt and output, no
+# second model); or "hybrid", each round: prompt lookup when it finds a match (the context's
+# last token occurred before), the draft model when it finds none (`Sequence.plan_round`).
+DraftSource = Literal["model", "prompt_lookup", "hybrid"]
 
 
 @dataclass(frozen=True)

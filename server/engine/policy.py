@@ -43,6 +43,8 @@ class SpeculationPolicy:
     def for_request(self, *, use_draft: bool | None, num_draft_tokens: int | None,
                     defaults: SpeculationParams, draft_loaded: bool) -> SpeculationParams:
         """How this request drafts: off when it says so, or when nothing can draft."""
+        if defaults.source == "hybrid" and not draft_loaded:
+            defaults = replace(defaults, source="prompt_lookup")  # what it can do without one
         lookup = defaults.source == "prompt_lookup"
         if use_draft is False or num_draft_tokens == 0:
             return replace(defaults, num_draft_tokens=0)
@@ -60,7 +62,8 @@ class SpeculationPolicy:
 
     def for_round(self, rows, batch_size: int) -> dict[int, int]:
         """Draft length per row this round (keyed by id): the row's own (adaptive) k alone, at
-        most `batch_draft_tokens` in a batch, none once the batch is large.
+        most `batch_draft_tokens` in a batch, none once the batch is large. Each drafting row
+        chooses its drafter for the round first (`Sequence.plan_round`).
 
         `batch_size` counts the requests still prefilling too: they join within a few rounds.
 
@@ -72,6 +75,7 @@ class SpeculationPolicy:
         return {id(r): self._k(r, batch_size) for r in rows if self.drafts(r, batch_size)}
 
     def _k(self, row, batch_size: int) -> int:
+        row.plan_round()
         k = row.schedule.next(row.remaining)
         if batch_size > 1 and not _seeded_sampling(row):
             k = min(k, max(self.batch_draft_tokens, 1))

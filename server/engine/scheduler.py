@@ -120,7 +120,9 @@ class Scheduler:
     def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
         kit = self.kit
         source = params.speculation.source
-        draft_name = kit.draft.name if source == "model" and kit.draft is not None else source
+        draft_name = source
+        if source in ("model", "hybrid") and kit.draft is not None:
+            draft_name = kit.draft.name if source == "model" else f"prompt_lookup+{kit.draft.name}"
         seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
                        sink=sink, draft_name=draft_name)
         with self._lock:
@@ -248,11 +250,11 @@ class Scheduler:
 
     def _start(self, seq: Sequence) -> None:
         spec = seq.params.speculation
-        if seq.drafter == "model" and self.kit.draft is None:
-            if spec.required:
+        if seq.uses_draft_model and self.kit.draft is None:
+            if seq.drafter == "model" and spec.required:
                 raise InvalidRequest("the draft model was unloaded before this request ran",
                                      "num_draft_tokens")
-            seq.params = replace(seq.params, speculation=replace(spec, num_draft_tokens=0))
+            _without_draft_model(seq)
         seq.started_at = time.perf_counter()
         seq.target_cache = new_cache(self.kit.target.model)
         seq.phase = Phase.PREFILL
@@ -304,7 +306,7 @@ class Scheduler:
         if seq.prefill_begun:
             return
         seq.prefill_begun = True
-        if seq.drafter == "model" and self.policy.drafts(seq, self.batch_size):
+        if seq.uses_draft_model and self.policy.drafts(seq, self.batch_size):
             seq.draft_cache = new_cache(self.kit.draft.model)
         if self._caching(seq):
             self._restore(seq, seq.prompt)
@@ -402,7 +404,7 @@ class Scheduler:
         """
         chunk = self.config.prefill_chunk
         for seq in self.target.rows:
-            if not ks.get(id(seq)) or seq.drafter != "model":
+            if not ks.get(id(seq)) or not seq.uses_draft_model:
                 continue
             if seq in self._draft_batch():
                 continue
@@ -462,14 +464,24 @@ class Scheduler:
 
     # -- model changes (run through `call`, between steps) ---------------------------------------
     def draft_changed(self) -> None:
-        """The draft was unloaded or replaced: running rows continue without drafting."""
+        """The draft was unloaded or replaced: running rows continue without it (hybrid rows
+        by prompt lookup, the others without drafting)."""
         for seq in list(self.target.rows) + list(self.prefilling):
-            if seq.drafter == "model":
-                spec = seq.params.speculation
-                seq.params = replace(seq.params, speculation=replace(spec, num_draft_tokens=0))
+            if seq.uses_draft_model:
+                _without_draft_model(seq)
                 seq.draft_cache = None
                 seq.draft_pending = []
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
         self._draft_epoch += 1
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
+
+
+def _without_draft_model(seq: Sequence) -> None:
+    """The draft model is gone: a hybrid row goes on with prompt lookup, a model row without
+    drafting."""
+    spec = seq.params.speculation
+    spec = replace(spec, source="prompt_lookup") if seq.drafter == "hybrid" else \
+        replace(spec, num_draft_tokens=0)
+    seq.params = replace(seq.params, speculation=spec)
+    seq.round_drafter = "prompt_lookup"

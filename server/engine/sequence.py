@@ -17,7 +17,7 @@ from enum import Enum
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from server.engine.drafting import DraftSchedule
+from server.engine.drafting import DraftSchedule, lookup_proposal
 from server.engine.events import (
     DraftCounters,
     Finished,
@@ -30,6 +30,7 @@ from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
 
 Sink = Callable[[object], None]
+ROUND_DRAFTERS = ("model", "prompt_lookup")
 
 
 class Phase(Enum):
@@ -67,7 +68,10 @@ class Sequence:
         # Decoding state (decoder).
         self.pipeline = LogitsPipeline(params.sampling, vocab_size, _processors(params))
         self.key = request_key(params.sampling.seed)
-        self.schedule = DraftSchedule(params.speculation)
+        # One adaptive k per drafter: a hybrid row's lookup and model rounds accept differently.
+        self._schedules = {d: DraftSchedule(params.speculation) for d in ROUND_DRAFTERS}
+        self.round_drafter = "prompt_lookup" if params.speculation.source == "prompt_lookup" \
+            else "model"  # who drafts this round (`plan_round`)
         self.draft_name = draft_name
         self.draft_pending: list[int] = []  # context tokens the draft's cache has not seen
         self.constraint = params.constraint() if params.constraint is not None else None
@@ -83,9 +87,29 @@ class Sequence:
     # -- what the decoder needs -----------------------------------------------------------
     @property
     def drafter(self) -> str | None:
-        """"model", "prompt_lookup" or None: how this request drafts (fixed for its life)."""
+        """"model", "prompt_lookup", "hybrid" or None: how this request drafts (fixed for its
+        life, unless the draft model is unloaded)."""
         spec = self.params.speculation
         return spec.source if spec.num_draft_tokens > 0 else None
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether the draft model must follow this request's context."""
+        return self.drafter in ("model", "hybrid")
+
+    def plan_round(self) -> None:
+        """Choose this round's drafter: a hybrid row drafts by prompt lookup when lookup finds
+        a match, with the draft model when it finds none."""
+        drafter = self.drafter
+        if drafter == "hybrid":
+            drafter = "prompt_lookup" if lookup_proposal(self.context, 1) else "model"
+        if drafter is not None:
+            self.round_drafter = drafter
+
+    @property
+    def schedule(self) -> DraftSchedule:
+        """The adaptive k of this round's drafter."""
+        return self._schedules[self.round_drafter]
 
     @property
     def last_token(self) -> int:
