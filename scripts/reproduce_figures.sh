@@ -209,6 +209,20 @@ p_min_benches() {
     --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 \
     --tag smollm2-lookup-adaptive
 }
+run_hybrid() {  # issue 10: lookup where the context repeats, the shipped draft elsewhere; beside
+  # lookup alone and the draft alone, same server and run
+  on_smol_server models/smollm2-draft hybrid hybrid_benches
+}
+hybrid_benches() {
+  local d
+  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
+    --draft hybrid --draft-tokens 1,2,4 --reps 2 --max-tokens 128 --tag smollm2-hybrid
+  for d in hybrid prompt_lookup model; do
+    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft $d \
+      $([ $d = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
+      --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 --tag "smollm2-$d-adaptive"
+  done
+}
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
 }
@@ -227,5 +241,5 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import httpx
+import numpy as np
 import pytest
 
 from server.bench.cells import PROMPT_KINDS, Cell, plan_cells
@@ -374,6 +375,22 @@ def test_verify_cost_finds_the_acceptance_a_speedup_needs():
     assert abs(needed_p(1, 100.0, 80.0, 1.5) - 0.875) < 1e-6
     # k=2, a round costing one step: 1 + p + p^2 = 1.75  ->  p = 0.5
     assert abs(needed_p(2, 50.0, 50.0, 1.75) - 0.5) < 1e-6
+
+
+def test_lookup_vs_draft_scores_each_position_by_its_lookup_match():
+    from server.bench.lookup_vs_draft import lookup_match, positions, table
+
+    assert lookup_match([1, 2, 3, 9, 1, 2, 3], 2) == (3, [9, 1])
+    assert lookup_match([5, 2, 7, 2], 4) == (1, [7, 2])
+    assert lookup_match([1, 2, 3], 4) == (0, [])
+    # prompt [1, 2, 3, 4]; answer [1, 2, 5]; the draft predicts 1, 9, 5
+    rows = list(positions([1, 2, 3, 4], [1, 2, 5], [1, 9, 5], k=2))
+    # j=0: context ends in 4 (no match); the draft's run: 1 right, 9 wrong -> 1
+    # j=1: ends in 4, 1 -> only "1" matched before (n = 1), lookup proposes 2, 3: run 1
+    # j=2: ends in 1, 2 -> n = 2, lookup proposes 3, 4 against 5: run 0; the draft: 5 -> 1
+    assert rows == [(0, 0, 1), (1, 1, 0), (2, 0, 1)]
+    text = table(np.array(rows), 2)
+    assert text.splitlines()[1].split() == ["0", "0.33", "0.00", "1.00", "0.00", "1.00"]
 
 
 def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, capsys):
