@@ -209,14 +209,14 @@ p_min_benches() {
     --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 \
     --tag smollm2-lookup-adaptive
 }
-run_hybrid() {  # issue 10: lookup where the context repeats, the shipped draft elsewhere; beside
-  # lookup alone and the draft alone, same server and run
+run_hybrid() {  # issue 10: lookup when it matches, the shipped draft when not (k = 1, 2, 4, 6, adaptive);
+  # beside lookup alone and the draft alone (adaptive), same server and run
   on_smol_server models/smollm2-draft hybrid hybrid_benches
 }
 hybrid_benches() {
   local d
   bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
-    --draft hybrid --draft-tokens 1,2,4 --reps 2 --max-tokens 128 --tag smollm2-hybrid
+    --draft hybrid --draft-tokens 1,2,4,6 --reps 2 --max-tokens 128 --tag smollm2-hybrid
   for d in hybrid prompt_lookup model; do
     bench --server http://127.0.0.1:8100 --target-model $SMOL --draft $d \
       $([ $d = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
