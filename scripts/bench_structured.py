@@ -1,6 +1,7 @@
 """What a grammar costs, and whether speculation still pays under one.
 
-    python scripts/bench_structured.py [--target-model P] [--draft-model P|lookup] [--reps 3]
+    python scripts/bench_structured.py [--target-model P] [--draft-model P|lookup]
+        [--drafter model|prompt_lookup|hybrid] [--reps 3]
 
 Through the real request path (an in-process app: request mapping, grammar, scheduler,
 decoder), greedy, one request at a time:
@@ -13,8 +14,10 @@ decoder), greedy, one request at a time:
 
 Defaults: the default target (SmolLM2-135M-Instruct, once converted) with its distilled draft
 when present; without that draft, prompt lookup drafts (`--draft-model lookup`); the demo pair
-when the default target is missing. Timings on a shared CPU are noisy: the medians of `--reps`
-runs are printed, with the machine's load average.
+when the default target is missing. `--drafter` picks how a loaded draft model is used (the
+request's `draft`: the model alone, or `hybrid`, lookup when it matches and the model when not).
+Timings on a shared CPU are noisy: the medians of `--reps` runs are printed, with the machine's
+load average.
 """
 
 from __future__ import annotations
@@ -104,6 +107,10 @@ async def run(args) -> None:
     from server.http.app import build_engine, create_app
 
     target, draft, drafter = pick_models(args.target_model, args.draft_model)
+    if args.drafter is not None:
+        if draft is None and args.drafter != "prompt_lookup":
+            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
+        drafter = args.drafter
     settings = Settings.load(None, models={"model": target, "draft_model": draft})
     engine = build_engine(settings)
     engine.start()
@@ -112,8 +119,8 @@ async def run(args) -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://bench", timeout=600) as client:
             await measure(client, body(8, schema=True, drafter=None, k=0), 1)  # warm-up
-            print(f"target {target}; drafts: {draft or 'prompt lookup'} (k={args.k}); "
-                  f"reps {args.reps}; load average {os.getloadavg()[0]:.2f} "
+            print(f"target {target}; drafts: {drafter}, {draft or 'no draft model'} "
+                  f"(k={args.k}); reps {args.reps}; load average {os.getloadavg()[0]:.2f} "
                   f"on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
             constrained = await measure(client, body(args.max_tokens, schema=True,
                                                      drafter=None, k=0), args.reps)
@@ -145,6 +152,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target-model")
     parser.add_argument("--draft-model", help="a draft model path, or 'lookup'")
+    parser.add_argument("--drafter", choices=["model", "prompt_lookup", "hybrid"],
+                        help="the requests' draft (default: model with a draft model, else "
+                             "prompt_lookup)")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per round")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--reps", type=int, default=3)

@@ -223,6 +223,20 @@ hybrid_benches() {
       --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 --tag "smollm2-$d-adaptive"
   done
 }
+run_hybrid_ab() {  # issue 10: hybrid against lookup alone, adaptive k, alternated 3 times (one
+  # run's cells move by about 0.1x on this shared CPU)
+  on_smol_server models/smollm2-draft hybrid-ab hybrid_ab_benches
+}
+hybrid_ab_benches() {
+  local i d
+  for i in 1 2 3; do
+    for d in hybrid prompt_lookup; do
+      bench --server http://127.0.0.1:8100 --target-model $SMOL --draft $d \
+        $([ $d = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
+        --draft-tokens 4 --adaptive --reps 3 --max-tokens 128 --tag "ab$i-$d"
+    done
+  done
+}
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
 }
@@ -241,5 +255,5 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab}
 for s in $sections; do echo "=== $s"; "run_$s"; done
