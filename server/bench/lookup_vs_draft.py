@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, find_continuation
+from server.engine.verification import count_exact_matches
 from server.model_files.default_model import DEFAULT_DRAFT_DIR
 
 
@@ -33,25 +34,15 @@ def lookup_match(context: list[int], k: int) -> tuple[int, list[int]]:
     return 0, []
 
 
-def accepted_run(proposal: list[int], truth: list[int]) -> int:
-    """How many proposed tokens greedy verification accepts: the prefix equal to `truth`."""
-    run = 0
-    for drafted, true in zip(proposal, truth, strict=False):
-        if drafted != true:
-            break
-        run += 1
-    return run
-
-
 def positions(prompt: list[int], answer: list[int], draft_next: list[int], k: int):
-    """(n, lookup's run, draft's run) at each answer position; `draft_next[j]` is the draft's
-    greedy token after prompt + answer[:j]."""
-    hits = [d == t for d, t in zip(draft_next, answer, strict=True)]
+    """(n, lookup's run, draft's run) at each answer position: n as `lookup_match`, a run how
+    many of its k drafts greedy verification accepts; `draft_next[j]` is the draft's greedy
+    token after prompt + answer[:j]."""
     for j in range(len(answer)):
         n, proposal = lookup_match(prompt + answer[:j], k)
-        draft_run = next((i for i, hit in enumerate(hits[j : j + k]) if not hit),
-                         len(hits[j : j + k]))
-        yield n, accepted_run(proposal, answer[j : j + k]), draft_run
+        truth = answer[j : j + k]
+        yield n, count_exact_matches(truth, proposal), count_exact_matches(
+            truth, draft_next[j : j + k])
 
 
 def table(rows: np.ndarray, k: int) -> str:
