@@ -237,6 +237,23 @@ hybrid_ab_benches() {
     done
   done
 }
+run_hybrid_load() {  # issue 10: config.yaml's server (draft: hybrid) against the same with
+  # draft: prompt_lookup, 1-8 concurrent streams, taking turns per level
+  local lookup_config
+  lookup_config=$(mktemp --suffix .yaml)
+  sed 's/^  draft: hybrid .*/  draft: prompt_lookup/' config.yaml >"$lookup_config"
+  $PY -m server.model_files.default_model >/dev/null
+  $PY -m server --config config.yaml --port 8100 >"$OUT/load-hybrid-server.log" 2>&1 &
+  local hybrid=$!
+  $PY -m server --config "$lookup_config" --port 8101 >"$OUT/load-lookup-server.log" 2>&1 &
+  local lookup=$!
+  trap 'trap - RETURN; rm -f "$lookup_config"; stop $hybrid $lookup' RETURN
+  wait_up http://127.0.0.1:8100/health
+  wait_up http://127.0.0.1:8101/health
+  $PY -m server.bench.load --server hybrid=http://127.0.0.1:8100 \
+    --compare lookup=http://127.0.0.1:8101 --concurrency 1,2,4,8 --requests-per-client 2 \
+    --results-dir "$OUT" --tag hybrid-vs-lookup
+}
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
 }
@@ -255,5 +272,5 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load}
 for s in $sections; do echo "=== $s"; "run_$s"; done
