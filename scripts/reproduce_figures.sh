@@ -198,19 +198,23 @@ run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2
 run_draft_p_min() {  # issue 10: the shipped draft, adaptive k with a confidence cut-off; lookup
   on_smol_server models/smollm2-draft draft-p-min p_min_benches
 }
+smol_adaptive() {  # $1: drafter, $2: reps, $3: tag, then more bench arguments: the SmolLM2
+  # server on 8100 (on_smol_server) drafting with $1, adaptive k up to 4, 128 tokens
+  local d=$1 reps=$2 tag=$3
+  shift 3
+  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft "$d" \
+    $([ "$d" = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
+    --draft-tokens 4 --adaptive --reps "$reps" --max-tokens 128 --tag "$tag" "$@"
+}
 p_min_benches() {
   local p
   for p in ${P_MINS:-0 0.2 0.4 0.6}; do
-    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
-      --draft-tokens 4 --adaptive --draft-p-min "$p" --reps 2 --max-tokens 128 \
-      --tag "smollm2-draft-p-min-$p"
+    smol_adaptive model 2 "smollm2-draft-p-min-$p" --draft-p-min "$p"
   done
-  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft prompt_lookup \
-    --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 \
-    --tag smollm2-lookup-adaptive
+  smol_adaptive prompt_lookup 2 smollm2-lookup-adaptive
 }
-run_hybrid() {  # issue 10: lookup when it matches, the shipped draft when not (k = 1, 2, 4, 6, adaptive);
-  # beside lookup alone and the draft alone (adaptive), same server and run
+run_hybrid() {  # issue 10: lookup when it matches, the shipped draft when not (k = 1, 2, 4, 6,
+  # adaptive); beside lookup alone and the draft alone (adaptive), same server and run
   on_smol_server models/smollm2-draft hybrid hybrid_benches
 }
 hybrid_benches() {
@@ -218,9 +222,7 @@ hybrid_benches() {
   bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
     --draft hybrid --draft-tokens 1,2,4,6 --reps 2 --max-tokens 128 --tag smollm2-hybrid
   for d in hybrid prompt_lookup model; do
-    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft $d \
-      $([ $d = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
-      --draft-tokens 4 --adaptive --reps 2 --max-tokens 128 --tag "smollm2-$d-adaptive"
+    smol_adaptive $d 2 "smollm2-$d-adaptive"
   done
 }
 run_hybrid_ab() {  # issue 10: hybrid against lookup alone, adaptive k, alternated 3 times (one
@@ -231,9 +233,7 @@ hybrid_ab_benches() {
   local i d
   for i in 1 2 3; do
     for d in hybrid prompt_lookup; do
-      bench --server http://127.0.0.1:8100 --target-model $SMOL --draft $d \
-        $([ $d = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
-        --draft-tokens 4 --adaptive --reps 3 --max-tokens 128 --tag "ab$i-$d"
+      smol_adaptive $d 3 "ab$i-$d"
     done
   done
 }
