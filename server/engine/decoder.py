@@ -27,7 +27,6 @@ import mlx.core as mx
 import numpy as np
 
 from server.engine.batch import ModelBatch
-from server.engine.drafting import lookup_proposal
 from server.engine.sampling import apply_mask, normalize
 from server.engine.sequence import Sequence
 from server.engine.verification import count_exact_matches, verify_rejection
@@ -183,7 +182,8 @@ def _top_probability(seq: Sequence, processed: mx.array) -> mx.array:
 
 
 def _lookup(seq: Sequence, k: int) -> Proposal:
-    drafted = lookup_proposal(seq.context, k) if k > 0 else []
+    """The first k tokens of what `Sequence.plan_round` looked up, as far as a grammar allows."""
+    drafted = seq.looked_up[:k]
     masks = None
     if seq.constraint is not None and drafted:
         masks = []

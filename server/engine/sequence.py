@@ -72,6 +72,7 @@ class Sequence:
         self._schedules = {d: DraftSchedule(params.speculation) for d in ROUND_DRAFTERS}
         self.round_drafter = "prompt_lookup" if params.speculation.source == "prompt_lookup" \
             else "model"  # who drafts this round (`plan_round`)
+        self.looked_up: list[int] = []  # prompt lookup's continuation this round (`plan_round`)
         self.draft_name = draft_name
         self.draft_pending: list[int] = []  # context tokens the draft's cache has not seen
         self.constraint = params.constraint() if params.constraint is not None else None
@@ -98,13 +99,17 @@ class Sequence:
         return self.drafter in ("model", "hybrid")
 
     def plan_round(self) -> None:
-        """Choose this round's drafter: a hybrid row drafts by prompt lookup when lookup finds
-        a match, with the draft model when it finds none."""
+        """Choose this round's drafter, and look up the continuation when it may be lookup (as
+        many tokens as k can be; the round proposes its first k): a hybrid row drafts by prompt
+        lookup when lookup finds a match, with the draft model when it finds none."""
         drafter = self.drafter
+        if drafter is None:
+            return
+        self.looked_up = [] if drafter == "model" else \
+            lookup_proposal(self.context, self.params.speculation.num_draft_tokens)
         if drafter == "hybrid":
-            drafter = "prompt_lookup" if lookup_proposal(self.context, 1) else "model"
-        if drafter is not None:
-            self.round_drafter = drafter
+            drafter = "prompt_lookup" if self.looked_up else "model"
+        self.round_drafter = drafter
 
     @property
     def schedule(self) -> DraftSchedule:
