@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from server.bench.report import aligned
+
 
 def folder_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1e6
@@ -54,9 +56,7 @@ def table(drafts: dict[str, dict], kinds: tuple[str, ...]) -> str:
             line += [cell(entry.get(("fixed", kind)), True),
                      cell(entry.get(("adaptive", kind)), False)]
         lines.append(line)
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-                     for row in lines)
+    return aligned(lines, rule=False)
 
 
 def main(argv: list[str] | None = None) -> None:

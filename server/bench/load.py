@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from server.bench.http_runner import CellFailed, SseStreamReader
+from server.bench.report import aligned, num
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 96
@@ -309,12 +310,8 @@ async def run_load(servers: list[Server], settings: LoadSettings, *,
 
 
 # ------------------------------------------------------------------------------ report
-def _num(value, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def _pair(a, b, fmt: str) -> str:
-    return f"{_num(a, fmt)} / {_num(b, fmt)}"
+    return f"{num(a, fmt)} / {num(b, fmt)}"
 
 
 def format_load_table(rows: list[dict]) -> str:
@@ -325,19 +322,15 @@ def format_load_table(rows: list[dict]) -> str:
     for r in rows:
         ms = {k: None if r[k] is None else r[k] * 1000 for k in ("itl_p50_s", "itl_p99_s")}
         acceptance = ("-" if r["proposed"] is None else
-                      f"{r['accepted']}/{r['proposed']} {_num(r['acceptance_rate'], '.3f')}")
+                      f"{r['accepted']}/{r['proposed']} {num(r['acceptance_rate'], '.3f')}")
         lines.append([
-            str(r["concurrency"]), r["server"], _num(r["aggregate_tps"], ".1f"),
-            _num(r["stream_tps_p50"], ".1f"), _pair(r["ttft_p50_s"], r["ttft_p99_s"], ".3f"),
+            str(r["concurrency"]), r["server"], num(r["aggregate_tps"], ".1f"),
+            num(r["stream_tps_p50"], ".1f"), _pair(r["ttft_p50_s"], r["ttft_p99_s"], ".3f"),
             _pair(ms["itl_p50_s"], ms["itl_p99_s"], ".1f"), acceptance,
             f"{r['errors']}/{r['requests']}",
-            *(_num(r[k], ".2f") + ("x" if r[k] is not None else "") for k in RATIOS.values()),
+            *(num(r[k], ".2f") + ("x" if r[k] is not None else "") for k in RATIOS.values()),
         ])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            for line in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return aligned(lines)
 
 
 # ------------------------------------------------------------------------------ command line

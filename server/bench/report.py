@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 
-def _num(value, fmt: str, missing: str = "-") -> str:
+def num(value, fmt: str, missing: str = "-") -> str:
+    """`value` formatted with `fmt`, or `missing` when there is none."""
     return missing if value is None else format(value, fmt)
+
+
+def aligned(lines: list[list], *, rule: bool = True) -> str:
+    """Rows of cells (the first the header) as left-aligned columns two spaces apart, with a
+    dashed rule under the header unless `rule` is False."""
+    cells = [[str(c) for c in line] for line in lines]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    text = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            for line in cells]
+    if rule:
+        text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
 
 
 def _tps(row: dict) -> str:
@@ -16,7 +29,7 @@ def _tps(row: dict) -> str:
 def _acceptance(row: dict) -> str:
     if not row["k"] or row["proposed"] is None:
         return "-"
-    rate = _num(row["accept_rate_median"], ".3f", "n/a")
+    rate = num(row["accept_rate_median"], ".3f", "n/a")
     return f"{row['accepted']}/{row['proposed']} {rate}"
 
 
@@ -35,16 +48,12 @@ def format_table(rows: list[dict]) -> str:
             flag = "CV>0.10" if r["flagged"] else ""
         line = ([r["server"]] if servers else []) + [
             r["kind"], "base" if r["k"] == 0 else str(r["k"]), _tps(r),
-            _num(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
-            _num(r["theory"], ".2f") + ("x" if r["theory"] is not None else ""),
-            _acceptance(r), _num(r["from_draft_median"], ".3f") if r["k"] else "-",
-            _num(r["peak_gb_median"], ".3f"), flag,
+            num(r["speedup"], ".2f") + ("x" if r["speedup"] is not None else ""),
+            num(r["theory"], ".2f") + ("x" if r["theory"] is not None else ""),
+            _acceptance(r), num(r["from_draft_median"], ".3f") if r["k"] else "-",
+            num(r["peak_gb_median"], ".3f"), flag,
         ]
         if compare:
-            line.append(_num(r["compare_ratio"], ".2f"))
+            line.append(num(r["compare_ratio"], ".2f"))
         lines.append(line)
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
-    text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            for line in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return aligned(lines)
