@@ -28,6 +28,9 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import get_args
+
+from server.engine.params import DraftSource
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
 DEFAULT_DRAFT = Path("models/smollm2-draft")
@@ -152,7 +155,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target-model")
     parser.add_argument("--draft-model", help="a draft model path, or 'lookup'")
-    parser.add_argument("--drafter", choices=["model", "prompt_lookup", "hybrid"],
+    parser.add_argument("--drafter", choices=get_args(DraftSource),
                         help="the requests' draft (default: model with a draft model, else "
                              "prompt_lookup)")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per round")
