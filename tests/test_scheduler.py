@@ -36,11 +36,16 @@ NEAR_TIE = 1e-4
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def kit(tiny_pair) -> ModelKit:
+def pair_kit(tiny_pair) -> ModelKit:
+    """The tiny target with its draft loaded, as the server loads them."""
     kit = ModelKit(load_model(str(tiny_pair[0])))
     kit.load_draft(str(tiny_pair[1]))
     return kit
+
+
+@pytest.fixture(scope="module")
+def kit(tiny_pair) -> ModelKit:
+    return pair_kit(tiny_pair)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +54,7 @@ def noisy_draft_kit(tiny_pair) -> ModelKit:
     (nor with prompt lookup), so a draft cache that kept its own tokens shows."""
     from mlx.utils import tree_flatten, tree_unflatten
 
-    kit = ModelKit(load_model(str(tiny_pair[0])))
-    kit.load_draft(str(tiny_pair[1]))
+    kit = pair_kit(tiny_pair)
     model = kit.draft.model
     key = mx.random.key(0)
     noisy = []
@@ -472,8 +476,7 @@ async def test_draft_unload_during_a_running_batch(tiny_pair):
 
 
 def test_a_hybrid_row_goes_on_by_prompt_lookup_when_the_draft_is_unloaded(tiny_pair):
-    kit = ModelKit(load_model(str(tiny_pair[0])))
-    kit.load_draft(str(tiny_pair[1]))
+    kit = pair_kit(tiny_pair)  # its own: it unloads the draft
     p = params(kit, 2, k=4, max_tokens=60)
     p = replace(p, speculation=replace(p.speculation, source="hybrid"))
     expected = alone(kit, replace(p, speculation=replace(p.speculation, num_draft_tokens=0)))
