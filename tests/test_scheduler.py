@@ -475,23 +475,38 @@ async def test_draft_unload_during_a_running_batch(tiny_pair):
         assert r.status_code == 400
 
 
-def test_a_hybrid_row_goes_on_by_prompt_lookup_when_the_draft_is_unloaded(tiny_pair):
+@pytest.mark.parametrize("source", ["hybrid", "model"])
+@pytest.mark.parametrize("unload_after", [0, 20])
+def test_a_row_whose_draft_is_unloaded_goes_on_without_it(tiny_pair, source, unload_after):
+    """A hybrid row goes on by prompt lookup, a model row without drafting, with the same text;
+    the stats name the draft model only if it drafted for the request."""
     kit = pair_kit(tiny_pair)  # its own: it unloads the draft
+    name = kit.draft.name
     p = params(kit, 2, k=4, max_tokens=60)
-    p = replace(p, speculation=replace(p.speculation, source="hybrid"))
+    p = replace(p, speculation=replace(p.speculation, source=source))
     expected = alone(kit, replace(p, speculation=replace(p.speculation, num_draft_tokens=0)))
     scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), SpeculationPolicy())
     events = []
     seq = scheduler.submit(p, events.append)
-    while len(seq.output) < 20:
+    while len(seq.output) < unload_after:
         scheduler.step()
     proposed_before = seq.counters.proposed
+    assert (seq.counters.model_rounds > 0) == (unload_after > 0)
     kit.unload_draft()
     scheduler.draft_changed()
     while seq.phase is not Phase.DONE:
         scheduler.step()
     assert tokens_of(events) == expected
-    assert seq.drafter == "prompt_lookup" and seq.counters.proposed > proposed_before
+    stats = events[-1].stats
+    if source == "hybrid":
+        assert seq.drafter == "prompt_lookup" and seq.counters.proposed > proposed_before
+        assert stats.draft_model == (f"prompt_lookup+{name}" if unload_after else "prompt_lookup")
+        assert stats.num_draft_tokens == 4
+    else:
+        assert seq.drafter is None and seq.counters.proposed == proposed_before
+        assert stats.draft_model == (name if unload_after else None)
+        assert stats.num_draft_tokens == (4 if unload_after else 0)
+    assert stats.draft_tokens_proposed == seq.counters.proposed
 
 
 def test_penalties_see_the_prompt_with_and_without_a_draft(kit):

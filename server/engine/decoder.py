@@ -250,7 +250,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         n, tokens = v.outcome(p.tokens)
         emit = tokens[: n + 1][: max(seq.remaining, 0)]
         if ks.get(id(seq), 0) > 0:
-            seq.counters.record_round(len(p.tokens))
+            seq.counters.record_round(len(p.tokens), by_model=p.by_model)
             seq.schedule.update(ks.get(id(seq), 0), len(p.tokens), n)
             for j in range(n):
                 seq.accepted_per_position[j] += 1

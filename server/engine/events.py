@@ -22,10 +22,12 @@ class DraftCounters:
     proposed: int = 0
     accepted: int = 0
     rounds: int = 0
+    model_rounds: int = 0  # rounds the draft model drafted (the others: prompt lookup)
     k_histogram: Counter = field(default_factory=Counter)
 
-    def record_round(self, num_drafted: int) -> None:
+    def record_round(self, num_drafted: int, *, by_model: bool = False) -> None:
         self.rounds += 1
+        self.model_rounds += by_model
         self.proposed += num_drafted
         self.k_histogram[num_drafted] += 1
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
@@ -254,7 +254,7 @@ class Scheduler:
             if seq.drafter == "model" and spec.required:
                 raise InvalidRequest("the draft model was unloaded before this request ran",
                                      "num_draft_tokens")
-            _without_draft_model(seq)
+            seq.lose_draft_model()
         seq.started_at = time.perf_counter()
         seq.target_cache = new_cache(self.kit.target.model)
         seq.phase = Phase.PREFILL
@@ -468,20 +468,10 @@ class Scheduler:
         by prompt lookup, the others without drafting)."""
         for seq in list(self.target.rows) + list(self.prefilling):
             if seq.uses_draft_model:
-                _without_draft_model(seq)
+                seq.lose_draft_model()
                 seq.draft_cache = None
                 seq.draft_pending = []
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
         self._draft_epoch += 1
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
-
-
-def _without_draft_model(seq: Sequence) -> None:
-    """The draft model is gone: a hybrid row goes on with prompt lookup, a model row without
-    drafting."""
-    spec = seq.params.speculation
-    spec = replace(spec, source="prompt_lookup") if seq.drafter == "hybrid" else \
-        replace(spec, num_draft_tokens=0)
-    seq.params = replace(seq.params, speculation=spec)
-    seq.round_drafter = "prompt_lookup"

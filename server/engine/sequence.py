@@ -12,6 +12,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from enum import Enum
 
 import mlx.core as mx
@@ -74,6 +75,7 @@ class Sequence:
             else "model"  # who drafts this round (`plan_round`)
         self.looked_up: list[int] = []  # prompt lookup's continuation this round (`plan_round`)
         self.draft_name = draft_name
+        self._lost_k = 0  # the k it had when a draft model that drafted for it was unloaded
         self.draft_pending: list[int] = []  # context tokens the draft's cache has not seen
         self.constraint = params.constraint() if params.constraint is not None else None
         self.counters = DraftCounters()
@@ -110,6 +112,22 @@ class Sequence:
         if drafter == "hybrid":
             drafter = "prompt_lookup" if self.looked_up else "model"
         self.round_drafter = drafter
+
+    def lose_draft_model(self) -> None:
+        """The draft model is gone: a hybrid row goes on with prompt lookup, a model row without
+        drafting. The stats name the draft model only if it drafted for this request."""
+        spec = self.params.speculation
+        drafted = self.counters.model_rounds > 0
+        if self.drafter == "hybrid":
+            new = replace(spec, source="prompt_lookup")
+            if not drafted:
+                self.draft_name = "prompt_lookup"
+        else:
+            new = replace(spec, num_draft_tokens=0)
+            if drafted:
+                self._lost_k = spec.num_draft_tokens
+        self.params = replace(self.params, speculation=new)
+        self.round_drafter = "prompt_lookup"
 
     @property
     def schedule(self) -> DraftSchedule:
@@ -194,7 +212,8 @@ class Sequence:
     def stats(self) -> GenerationStats:
         end = time.perf_counter()
         n, c = len(self.output), self.counters
-        speculating = self.params.speculation.num_draft_tokens > 0
+        k = self.params.speculation.num_draft_tokens or self._lost_k
+        speculating = k > 0
         prefill_s = max(self.first_token_at - self.started_at, 1e-9)
         return GenerationStats(
             prompt_tokens=len(self.prompt),
@@ -205,7 +224,7 @@ class Sequence:
             total_s=end - self.submitted_at,
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             draft_model=self.draft_name if speculating else None,
-            num_draft_tokens=self.params.speculation.num_draft_tokens,
+            num_draft_tokens=k,
             draft_tokens_proposed=c.proposed,
             draft_tokens_accepted=c.accepted,
             acceptance_rate=c.accepted / c.proposed if c.proposed else None,
