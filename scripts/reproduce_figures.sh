@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
-# benchmarks at once), into RESULTS/. Takes ~45 min on a 2-core CPU. Usage:
+# benchmarks at once), into RESULTS/. Takes ~90 min on a 2-core CPU. Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
-#                                   draft_p_min draft_sizes feature_probe; default: all but
-#                                   draft (retrains models/smollm2-draft, ~90 min),
+#                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
+#                                   draft_sizes feature_probe; default: all but
+#                                   draft (retrains models/smollm2-draft, ~160 min),
 #                                   draft_sizes (trains 1- and 2-layer drafts, ~40 min,
 #                                   then benches them and the shipped one, ~15 min) and
 #                                   feature_probe (~15 min); these two need the
@@ -161,9 +162,9 @@ run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
   $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
 }
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
-  $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-2108} --minutes 90 \
+  $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-3990} --minutes 120 \
     | tee "$OUT/draft-data.txt"
-  $PY -m server.model_files.training.distill --max-minutes 30 | tee "$OUT/draft-training.txt"
+  $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
@@ -199,11 +200,12 @@ run_draft_p_min() {  # issue 10: the shipped draft, adaptive k with a confidence
   on_smol_server models/smollm2-draft draft-p-min p_min_benches
 }
 smol_adaptive() {  # $1: drafter, $2: reps, $3: tag, then more bench arguments: the SmolLM2
-  # server on 8100 (on_smol_server) drafting with $1, adaptive k up to 4, 128 tokens
+  # server on port $SMOL_PORT (default 8100, on_smol_server's) serving draft $SMOL_DRAFT (default
+  # the shipped one), drafting with $1, adaptive k up to 4, 128 tokens
   local d=$1 reps=$2 tag=$3
   shift 3
-  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft "$d" \
-    $([ "$d" = prompt_lookup ] || echo --draft-model models/smollm2-draft) \
+  bench --server "http://127.0.0.1:${SMOL_PORT:-8100}" --target-model $SMOL --draft "$d" \
+    $([ "$d" = prompt_lookup ] || echo --draft-model "${SMOL_DRAFT:-models/smollm2-draft}") \
     --draft-tokens 4 --adaptive --reps "$reps" --max-tokens 128 --tag "$tag" "$@"
 }
 p_min_benches() {
@@ -254,6 +256,28 @@ run_hybrid_load() {  # issue 10: config.yaml's server (draft: hybrid) against th
     --compare lookup=http://127.0.0.1:8101 --concurrency 1,2,4,8 --requests-per-client 2 \
     --results-dir "$OUT" --tag hybrid-vs-lookup
 }
+run_draft_ab() {  # issue 10: the shipped draft against the one before it (commit $OLD_DRAFT_REV,
+  # 2,108 answers), both through our server (ports 8100 and 8101), hybrid and the draft alone,
+  # adaptive k, taking turns 3 times
+  local old=models/generated/draft-old
+  rm -rf "$old" && mkdir -p "$old"
+  git archive "${OLD_DRAFT_REV:-2b4c874}" models/smollm2-draft | tar -x -C "$old" --strip-components 2
+  $PY -m server.model_files.default_model >/dev/null
+  $PY -m server --model $SMOL --draft-model "$old" --port 8101 >"$OUT/draft-ab-old-server.log" 2>&1 &
+  local previous=$!
+  trap 'trap - RETURN; stop $previous' RETURN
+  wait_up http://127.0.0.1:8101/health
+  on_smol_server models/smollm2-draft draft-ab draft_ab_benches "$old"
+}
+draft_ab_benches() {  # $1: the previous draft's folder (served on 8101)
+  local i d
+  for i in 1 2 3; do
+    for d in hybrid model; do
+      smol_adaptive $d 2 "draft-ab$i-new-$d"
+      SMOL_PORT=8101 SMOL_DRAFT=$1 smol_adaptive $d 2 "draft-ab$i-old-$d"
+    done
+  done
+}
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
 }
@@ -272,5 +296,5 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -128,7 +128,7 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "tokenizer.", "",
         "Rebuild (seeded; then measure and rewrite this card):", "",
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
-        " --minutes 90",
+        " --minutes 120",
         "    python -m server.model_files.training.distill",
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
