@@ -6,6 +6,7 @@
 #                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
+#                                   hybrid_k6 round_replay
 #                                   draft_sizes feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~160 min),
 #                                   draft_sizes (trains 1- and 2-layer drafts, ~40 min,
@@ -278,6 +279,20 @@ draft_ab_benches() {  # $1: the previous draft's folder (served on 8101)
     done
   done
 }
+run_hybrid_k6() {  # issue 10: hybrid with adaptive k up to 4 (the default) and up to 6, taking
+  # turns twice on one server (round_replay models a longer lookup draft as faster)
+  on_smol_server models/smollm2-draft hybrid-k6 hybrid_k6_benches
+}
+hybrid_k6_benches() {
+  local i
+  for i in 1 2; do
+    smol_adaptive hybrid 2 "k6ab$i-k4"
+    smol_adaptive hybrid 2 "k6ab$i-k6" --draft-tokens 6
+  done
+}
+run_round_replay() {  # issue 10: drafting policies priced from replayed greedy rounds
+  $PY -m server.bench.round_replay | tee "$OUT/round-replay.txt"
+}
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
 }
@@ -296,5 +311,5 @@ run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and step
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -434,3 +434,31 @@ def test_a_server_that_does_not_answer_is_an_error_not_an_mlx_lm_server(capsys):
                    transport=httpx.MockTransport(refused))
     assert main(["--server", "http://127.0.0.1:9", "--draft-tokens", "1", "--reps", "1"]) == 1
     assert "does not answer GET /health" in capsys.readouterr().err
+
+
+def test_round_replay_counts_and_prices_each_round():
+    from server.bench.round_replay import Costs, plain_ms, replay
+
+    costs = Costs(verify={1: 10.0, 2: 11.0, 3: 13.0}, draft_step=2.0, host=1.0)
+    answer = [5, 6, 7, 8, 9]
+    # Round 1 at j=0: lookup proposes [5, 6] (both right): emits 5, 6, 7 -> j=3.
+    # Round 2 at j=3: the model proposes [0, 9] (first wrong): emits 8 -> j=4.
+    # Round 3 at j=4: nothing proposed: emits 9.
+    plan = {0: ("prompt_lookup", [5, 6]), 3: ("model", [0, 9]), 4: ("model", [])}
+    r = replay(answer, plan.__getitem__, costs)
+    assert (r.rounds, r.proposed, r.accepted) == (3, 4, 2)
+    assert r.ms == (13 + 1) + (13 + 2 * 2 + 1) + (10 + 1)
+    assert plain_ms(answer, costs) == 5 * 11
+
+
+def test_round_replay_ngram_table_proposes_only_confident_continuations():
+    from server.bench.round_replay import NgramTable
+
+    # After (1, 2, 3): 4 twice and 9 once; after (7, 8, 3): 5 once.
+    table = NgramTable([([0], [1, 2, 3, 4]), ([0], [1, 2, 3, 4]), ([0], [1, 2, 3, 9]),
+                        ([0], [7, 8, 3, 5])])
+    assert table.propose([1, 2, 3], 1) == [4]  # seen 3 times, 4 holds 2/3
+    assert table.propose([7, 8, 3], 1) == []  # seen once: below min_count
+    assert table.propose([7, 8, 3], 1, min_count=1) == [5]
+    assert table.propose([6, 6, 3], 1) == []  # no 3-gram seen: the 1-gram (3,) is not asked
+    assert table.propose([6, 6, 3], 1, min_n=1, min_count=1, min_share=0.5) == [4]  # 2 of 4
