@@ -65,7 +65,7 @@ def draft_predictions(model, prompt: list[int], answer: list[int]) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     from server.engine.model_kit import load_model
     from server.model_files.training import target_answers
-    from server.model_files.training.distill import VAL_FRACTION
+    from server.model_files.training.distill import held_out_start
 
     ap = argparse.ArgumentParser(prog="python -m server.bench.lookup_vs_draft",
                                  description=__doc__,
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, default=4, help="Drafts per round.")
     args = ap.parse_args(argv)
     lines = [line for line in target_answers.read(args.answers) if line[1]]
-    held_out = lines[int(len(lines) * (1 - VAL_FRACTION)):][: args.count]
+    held_out = lines[held_out_start(lines):][: args.count]
     draft = load_model(args.draft_model, dequantize=True).model
     rows = [row for prompt, answer in held_out
             for row in positions(prompt, answer, draft_predictions(draft, prompt, answer),

@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
-
 from server.bench.lookup_vs_draft import draft_predictions, lookup_match
 from server.engine.verification import count_exact_matches
 
@@ -155,14 +153,12 @@ def measured_costs(target, draft, max_width: int, host_ms: float, reps: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mlx_lm.generate import generate_step
-    from mlx_lm.sample_utils import make_sampler
-
     from server.bench.cells import DEFAULT_PROMPT_KINDS, PROMPT_KINDS
     from server.engine.model_kit import load_model
     from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
     from server.model_files.training import target_answers
-    from server.model_files.training.distill import VAL_FRACTION
+    from server.model_files.training.distill import held_out_start
+    from server.model_files.training.distill_eval import prompt_ids, run_target
 
     ap = argparse.ArgumentParser(prog="python -m server.bench.round_replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,17 +175,16 @@ def main(argv: list[str] | None = None) -> None:
     corpus = None
     if args.answers.exists():
         lines = [line for line in target_answers.read(args.answers) if line[1]]
-        corpus = NgramTable(lines[: int(len(lines) * (1 - VAL_FRACTION))])
+        corpus = NgramTable(lines[: held_out_start(lines)])
     costs = measured_costs(target.model, draft, 7, args.host_ms, args.reps)
     print(f"{args.model} with {args.draft_model}; target forward ms by width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in costs.verify.items())
           + f"; draft step {costs.draft_step:.1f} ms; host {costs.host} ms per round")
     for kind in DEFAULT_PROMPT_KINDS:
-        prompt = list(target.tokenizer.apply_chat_template(
-            [{"role": "user", "content": PROMPT_KINDS[kind]}], add_generation_prompt=True))
-        answer = [int(t) for t, _ in generate_step(
-            mx.array(prompt), target.model,
-            max_tokens=args.max_tokens, sampler=make_sampler(0.0))]
+        ids = prompt_ids(target.tokenizer, PROMPT_KINDS[kind])
+        answer = run_target(target.model, ids, args.max_tokens,
+                            set(target.tokenizer.eos_token_ids))["tokens"]
+        prompt = ids.tolist()
         draft_next = draft_predictions(draft, prompt, answer)
         print(f"\n{kind}: {len(answer)} tokens")
         print(f"{'policy':<40} {'modeled speedup':>15} {'rounds':>6} {'accepted/proposed':>17}")

@@ -58,6 +58,12 @@ Example = tuple[list[int], list[int]]  # (prompt ids, answer ids), target ids
 Teacher = tuple[list[list[int]], list[list[float]]] | None  # target_answers.read_with_teacher
 
 
+def held_out_start(examples: list) -> int:
+    """Where the held-out answers begin: the answers file's last VAL_FRACTION (every tool that
+    reads it splits it here)."""
+    return int(len(examples) * (1 - VAL_FRACTION))
+
+
 def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]:
     """The n most frequent answer tokens (ties by id), `always` (EOS...) included."""
     counts = Counter(t for _, answer in examples for t in answer)
@@ -234,7 +240,7 @@ def main(argv=None) -> None:
     lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
     examples = [(prompt, answer) for prompt, answer, _ in lines]
     teachers = [teacher for _, _, teacher in lines]
-    split = int(len(examples) * (1 - VAL_FRACTION))
+    split = held_out_start(examples)
     train, val = examples[:split], examples[split:]
     kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))
     vocab_size = int(config["vocab_size"])

@@ -35,10 +35,10 @@ from server.engine.draft_vocab import draft_index
 from server.model_files.training import target_answers
 from server.model_files.training.distill import (
     DEFAULT_VOCAB,
-    VAL_FRACTION,
     Example,
     _rows,
     frequent_ids,
+    held_out_start,
     top1_hits,
 )
 
@@ -185,7 +185,7 @@ def main(argv=None) -> None:
     target, tokenizer, config = mlx_load(str(target_folder(args.target)), return_config=True)
     target.set_dtype(mx.float32)
     examples = [(p, a) for p, a in target_answers.read(args.answers) if a]
-    split = int(len(examples) * (1 - VAL_FRACTION))
+    split = held_out_start(examples)
     # The vocabulary distill keeps (from all its training answers); the held-out set is its.
     kept = frequent_ids(examples[:split], args.vocab, set(tokenizer.eos_token_ids))
     index = draft_index(kept, int(config["vocab_size"]))
