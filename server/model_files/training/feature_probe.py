@@ -42,7 +42,6 @@ from server.model_files.training.distill import (
     top1_hits,
 )
 
-DEFAULT_ANSWERS = Path("models/generated/target-answers.jsonl")
 DEFAULT_TRAIN = 600
 TOKEN_WEIGHT = 0.1  # EAGLE's loss: feature regression (smooth L1) + 0.1 x token CE
 
@@ -165,7 +164,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m server.model_files.training.feature_probe",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--answers", type=Path, default=DEFAULT_ANSWERS)
+    ap.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT)
     ap.add_argument("--target", default=None)
     ap.add_argument("--train", type=int, default=DEFAULT_TRAIN, help="Training answers.")
     ap.add_argument("--epochs", type=float, default=4)
