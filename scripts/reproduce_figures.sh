@@ -9,8 +9,8 @@
 #                                   hybrid_k6 round_replay
 #                                   draft_sizes feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~160 min),
-#                                   draft_sizes (trains 1- and 2-layer drafts, ~40 min,
-#                                   then benches them and the shipped one, ~15 min) and
+#                                   draft_sizes (trains 2- and 4-layer drafts, ~85 min,
+#                                   then benches them and the shipped one, ~20 min) and
 #                                   feature_probe (~15 min); these two need the
 #                                   target's answers, which draft writes first)
 set -euo pipefail
@@ -296,19 +296,36 @@ run_round_replay() {  # issue 10: drafting policies priced from replayed greedy 
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
 }
-run_draft_sizes() {  # issue 10: drafts of 1, 2 and 3 layers (same data and steps), by speedup
+run_draft_sizes() {  # issue 10: drafts of 2 and 4 layers ($DRAFT_SIZES) trained like the shipped
+  # 3-layer one, on the same answers, then each through our server by speedup: the draft alone
+  # and hybrid, k = 1, 2, 4 and adaptive
   local n d results=()
-  for n in 1 2; do
+  for n in ${DRAFT_SIZES:-2 4}; do
     d=models/generated/draft-${n}l
-    [ -f "$d/model.safetensors" ] || $PY -m server.model_files.training.distill \
+    trained_on_current_answers "$d" || $PY -m server.model_files.training.distill \
       --layers "$(seq -s, 0 $((n - 1)))" --out "$d" | tee "$OUT/draft-${n}l-training.txt"
   done
-  for d in models/generated/draft-1l models/generated/draft-2l models/smollm2-draft; do
-    bench_draft "$d" "size-$(basename "$d")" 1,2,4 2
-    results+=("$(ls -t "$OUT"/bench-*-size-"$(basename "$d")".json | head -1)"
-              "$(ls -t "$OUT"/bench-*-size-"$(basename "$d")"-adaptive.json | head -1)")
+  for n in ${DRAFT_SIZES:-2 4} 3; do
+    d=models/generated/draft-${n}l
+    [ "$n" = 3 ] && d=models/smollm2-draft
+    SMOL_DRAFT=$d on_smol_server "$d" "size-${n}l" size_benches "$d" "size-${n}l"
+    results+=($(ls -t "$OUT"/bench-*-size-${n}l-{model,hybrid}{,-adaptive}.json | head -4))
   done
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
+}
+trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
+  # are now in target_answers' file
+  [ -f "$1/training.json" ] && [ "$($PY -c "import json, sys
+print(json.load(open(sys.argv[1]))['answers'])" "$1/training.json")" = \
+    "$(wc -l <models/generated/target-answers.jsonl)" ]
+}
+size_benches() {  # $1: draft folder, $2: tag
+  local d
+  for d in model hybrid; do
+    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model "$1" --draft $d \
+      --draft-tokens 1,2,4 --reps 2 --max-tokens 128 --tag "$2-$d"
+    smol_adaptive $d 2 "$2-$d-adaptive"
+  done
 }
 
 sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay}

@@ -403,12 +403,14 @@ def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, cap
 
     def row(kind, k, speedup, acc):
         return {"kind": kind, "k": k, "speedup": speedup, "accept_rate_median": acc,
-                "cost_ratio": 0.09, "error": None}
+                "cost_ratio": 0.09, "error": None, "accepted": int((acc or 0) * 100),
+                "proposed": 100}
 
-    def result(name, adaptive, rows):
+    def result(name, adaptive, rows, drafter="model"):
         path = tmp_path / name
         path.write_text(json.dumps({"metadata": {"args": {"draft_model": str(draft),
-                                                          "adaptive": adaptive}},
+                                                          "adaptive": adaptive,
+                                                          "draft": drafter}},
                                     "rows": rows}))
         return str(path)
 
@@ -417,10 +419,14 @@ def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, cap
         row("structured", 2, 1.25, 0.3), row("structured", 4, 0.9, 0.2),
         row("open_ended", 1, 1.3, 0.5)])
     adaptive = result("adaptive.json", True, [row("structured", 4, 1.2, 0.35)])
-    draft_sizes([fixed, adaptive])
-    line = capsys.readouterr().out.splitlines()[1].split()
-    assert line == [str(draft), "2", "1.5", "0.090", "1.25x", "k=2", "(0.30)", "1.20x", "(0.35)",
-                    "1.30x", "k=1", "(0.50)", "-"]
+    hybrid = result("hybrid.json", True, [row("open_ended", 4, 1.5, 0.45)], drafter="hybrid")
+    draft_sizes([fixed, adaptive, hybrid])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()[1:3]]
+    assert lines[0] == [str(draft), "model", "2", "1.5", "0.090", "1.25x", "k=2", "(0.30,",
+                        "30/100)", "1.20x", "(0.35,", "35/100)", "1.30x", "k=1", "(0.50,",
+                        "50/100)", "-"]
+    assert lines[1] == [str(draft), "hybrid", "2", "1.5", "0.090", "-", "-", "-",
+                        "1.50x", "(0.45,", "45/100)"]
 
 
 def test_a_server_that_does_not_answer_is_an_error_not_an_mlx_lm_server(capsys):

@@ -2,10 +2,12 @@
 results (`python -m server.bench --server ...`, fixed k and `--adaptive` runs alike), to choose a
 draft's size by the speedup it gives rather than by its acceptance.
 
-Each result file names its draft (`args.draft_model`); per draft the table gives its layers, its
-size on disk, its cost relative to the target (the bench's measured `cost_ratio`), and per prompt
-kind the best fixed-k speedup (with that k and its acceptance) and the adaptive one. Speedups are
-over the target alone measured in the same run, so runs made at different times compare."""
+Each result file names its draft (`args.draft_model`) and drafter (`args.draft`: the draft alone,
+or hybrid); per draft and drafter the table gives its layers, its size on disk, its cost relative
+to the target (the bench's measured `cost_ratio`), and per prompt kind the best fixed-k speedup
+(with that k, its acceptance and its accepted/proposed counts, summed over the reps) and the
+adaptive one. Speedups are over the target alone measured in the same run, so runs made at
+different times compare; under greedy decoding the counts are the same in every run."""
 
 from __future__ import annotations
 
@@ -20,13 +22,13 @@ def folder_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1e6
 
 
-def collect(paths: list[str]) -> dict[str, dict]:
-    """{draft folder: {"cost": c, ("fixed"|"adaptive", kind): [rows with k > 0]}}."""
-    drafts: dict[str, dict] = {}
+def collect(paths: list[str]) -> dict[tuple[str, str], dict]:
+    """{(draft folder, drafter): {"cost": c, ("fixed"|"adaptive", kind): [rows with k > 0]}}."""
+    drafts: dict[tuple[str, str], dict] = {}
     for p in paths:
         result = json.loads(Path(p).read_text())
         args = result["metadata"]["args"]
-        entry = drafts.setdefault(args["draft_model"], {})
+        entry = drafts.setdefault((args["draft_model"], args.get("draft") or "model"), {})
         mode = "adaptive" if args["adaptive"] else "fixed"
         for row in result["rows"]:
             if row["error"] is None and row["k"]:
@@ -40,17 +42,18 @@ def cell(rows: list[dict] | None, label_k: bool) -> str:
         return "-"
     best = max(rows, key=lambda r: r["speedup"])
     k = f" k={best['k']}" if label_k else ""
-    return f"{best['speedup']:.2f}x{k} ({best['accept_rate_median']:.2f})"
+    counts = f", {best['accepted']}/{best['proposed']}" if "proposed" in best else ""
+    return f"{best['speedup']:.2f}x{k} ({best['accept_rate_median']:.2f}{counts})"
 
 
-def table(drafts: dict[str, dict], kinds: tuple[str, ...]) -> str:
-    head = ["draft", "layers", "MB", "cost"]
+def table(drafts: dict[tuple[str, str], dict], kinds: tuple[str, ...]) -> str:
+    head = ["draft", "drafter", "layers", "MB", "cost"]
     for kind in kinds:
         head += [f"{kind} best k (acc)", f"{kind} adaptive (acc)"]
     lines = [head]
-    for folder, entry in drafts.items():
+    for (folder, drafter), entry in drafts.items():
         config = json.loads((Path(folder) / "config.json").read_text())
-        line = [folder, str(config["num_hidden_layers"]), f"{folder_mb(Path(folder)):.1f}",
+        line = [folder, drafter, str(config["num_hidden_layers"]), f"{folder_mb(Path(folder)):.1f}",
                 f"{entry.get('cost') or 0:.3f}"]
         for kind in kinds:
             line += [cell(entry.get(("fixed", kind)), True),
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kinds", default="structured,open_ended")
     args = ap.parse_args(argv)
     print(table(collect(args.results), tuple(args.kinds.split(","))))
-    print("speedup over the target alone in the same run; acc: accepted / proposed")
+    print("speedup over the target alone in the same run; (acceptance, accepted/proposed)")
 
 
 if __name__ == "__main__":
