@@ -9,7 +9,7 @@
 #                                   hybrid_k6 round_replay
 #                                   draft_sizes feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~160 min),
-#                                   draft_sizes (trains 2- and 4-layer drafts, ~85 min,
+#                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
 #                                   then benches them and the shipped one, ~20 min) and
 #                                   feature_probe (~15 min); these two need the
 #                                   target's answers, which draft writes first)
