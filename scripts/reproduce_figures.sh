@@ -7,11 +7,12 @@
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay
-#                                   draft_sizes feature_probe; default: all but
+#                                   draft_sizes draft_epochs feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~160 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
-#                                   then benches them and the shipped one, ~20 min) and
-#                                   feature_probe (~15 min); these two need the
+#                                   then benches them and the shipped one, ~20 min),
+#                                   draft_epochs (~50 min) and
+#                                   feature_probe (~15 min); these three need the
 #                                   target's answers, which draft writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -312,6 +313,17 @@ run_draft_sizes() {  # issue 10: drafts of 2 and 4 layers ($DRAFT_SIZES) trained
     results+=($(ls -t "$OUT"/bench-*-size-${n}l-{model,hybrid}{,-adaptive}.json | head -4))
   done
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
+}
+run_draft_epochs() {  # issue 10: the 2-layer draft (tied with the shipped 3-layer one) trained
+  # 3 epochs instead of 2: held-out agreement, then hybrid and the draft alone, adaptive k
+  local d=models/generated/draft-2l-3ep
+  trained_on_current_answers "$d" || $PY -m server.model_files.training.distill --layers 0,1 \
+    --epochs 3 --out "$d" | tee "$OUT/draft-2l-3ep-training.txt"
+  SMOL_DRAFT=$d on_smol_server "$d" draft-2l-3ep epochs_benches
+}
+epochs_benches() {
+  local d
+  for d in hybrid model; do smol_adaptive $d 2 "draft-2l-3ep-$d-adaptive"; done
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
