@@ -189,11 +189,13 @@ bench_draft() {  # $1: draft folder, $2: tag; our server with it, k = $3 (defaul
   # adaptive, $4 reps (default 1)
   on_smol_server "$1" "$2" draft_benches "$@"
 }
-draft_benches() {
+draft_benches() {  # $1-$4 as bench_draft's, $5: drafter (default model)
   bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model "$1" \
-    --draft-tokens "${3:-1,2,4,6}" --reps "${4:-1}" --max-tokens 128 --tag "$2"
+    --draft "${5:-model}" --draft-tokens "${3:-1,2,4,6}" --reps "${4:-1}" --max-tokens 128 \
+    --tag "$2"
   bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model "$1" \
-    --draft-tokens 4 --adaptive --reps "${4:-1}" --max-tokens 128 --tag "$2-adaptive"
+    --draft "${5:-model}" --draft-tokens 4 --adaptive --reps "${4:-1}" --max-tokens 128 \
+    --tag "$2-adaptive"
 }
 run_draft_server() {  # issue 10: the SmolLM2 draft through our server, k = 1, 2, 4, 6 and adaptive
   bench_draft models/smollm2-draft smollm2-draft
@@ -309,7 +311,7 @@ run_draft_sizes() {  # issue 10: drafts of 2 and 4 layers ($DRAFT_SIZES) trained
   for n in ${DRAFT_SIZES:-2 4} 3; do
     d=models/generated/draft-${n}l
     [ "$n" = 3 ] && d=models/smollm2-draft
-    SMOL_DRAFT=$d on_smol_server "$d" "size-${n}l" size_benches "$d" "size-${n}l"
+    on_smol_server "$d" "size-${n}l" size_benches "$d" "size-${n}l"
     results+=($(ls -t "$OUT"/bench-*-size-${n}l-{model,hybrid}{,-adaptive}.json | head -4))
   done
   $PY -m server.bench.draft_sizes "${results[@]}" | tee "$OUT/draft-sizes.txt"
@@ -333,11 +335,7 @@ print(json.load(open(sys.argv[1]))['answers'])" "$1/training.json")" = \
 }
 size_benches() {  # $1: draft folder, $2: tag
   local d
-  for d in model hybrid; do
-    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model "$1" --draft $d \
-      --draft-tokens 1,2,4 --reps 2 --max-tokens 128 --tag "$2-$d"
-    smol_adaptive $d 2 "$2-$d-adaptive"
-  done
+  for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
 sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay}
