@@ -12,6 +12,7 @@ import re
 import time
 
 import httpx
+import mlx.core as mx
 import pytest
 from conftest import free_port
 
@@ -309,3 +310,27 @@ def test_engine_load_and_prefill_shapes_run_on_the_tiny_pair(tiny_pair, capsys):
     prefill_shapes.main(["--prompts", "2", "--lengths", "8,16", "--model", str(tiny_pair[0])])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[0] for r in rows] == ["8", "16"] and all(r[-1].endswith("x") for r in rows)
+
+
+def test_fused_and_prefill_head_run_on_the_tiny_pair(tiny_pair, capsys):
+    from server.bench import fused, prefill_head
+
+    fused.main(["--model", str(tiny_pair[0]), "--reps", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[:3] for r in rows] == [["1", "x", "1"], ["8", "x", "1"], ["8", "x", "2"],
+                                     ["16", "x", "1"]]
+    assert all(r[-1].endswith("x") and float(r[3]) > 0 for r in rows)
+    prefill_head.main(["--model", str(tiny_pair[0]), "--lengths", "8,16", "--rows", "1,2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[:2] for r in rows] == [["1", "8"], ["1", "16"], ["2", "8"], ["2", "16"]]
+
+
+def test_bench_prompts_stay_inside_the_vocabulary(loaded_pair):
+    """Ids past the embedding are no error in MLX: the gather reads out of bounds (a crash)."""
+    from server.bench.tokens import random_tokens, vocab_size
+
+    model = loaded_pair[0]
+    assert vocab_size(model) == model.model.embed_tokens.weight.shape[0] == 512
+    ids = random_tokens(model, (64, 256))
+    assert ids.dtype == mx.uint32 and ids.shape == (64, 256)
+    assert 0 <= ids.min().item() and ids.max().item() == 511  # 16,384 draws cover all 512

@@ -15,6 +15,8 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from server.bench.tokens import random_tokens
+
 SHAPES = ((1, 1), (8, 1), (8, 2), (16, 1))
 CONTEXT = 150
 
@@ -22,8 +24,8 @@ CONTEXT = 150
 def forward_ms(model, rows: int, tokens: int, steps: int = 20, context: int = CONTEXT) -> float:
     """Median time of one (rows, tokens) forward after a `context`-token prefill."""
     cache = [BatchKVCache([0] * rows) for _ in model.layers]
-    mx.eval(model(mx.random.randint(0, 256, (rows, context)).astype(mx.uint32), cache=cache))
-    x = mx.random.randint(0, 256, (rows, tokens)).astype(mx.uint32)
+    mx.eval(model(random_tokens(model, (rows, context)), cache=cache))
+    x = random_tokens(model, (rows, tokens))
     times = []
     for _ in range(steps):
         start = time.perf_counter()

@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-import mlx.core as mx
+from server.bench.tokens import random_tokens
 
 DEFAULT_MODEL = "models/generated/SmolLM2-135M-Instruct"
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.model}\n{'rows':>4} {'L':>5} {'head everywhere':>16} {'last only':>10}  ratio")
     for rows in (int(v) for v in args.rows.split(",")):
         for length in (int(v) for v in args.lengths.split(",")):
-            prompts = [mx.random.randint(0, 1000, (length,)).tolist() for _ in range(rows)]
+            prompts = random_tokens(model, (rows, length)).tolist()
             _time(model, prompts, reps=1)  # warm up
             head.set_split(model, whole)
             before = _time(model, prompts)
