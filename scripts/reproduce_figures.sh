@@ -7,12 +7,14 @@
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay
-#                                   draft_sizes draft_epochs feature_probe; default: all but
+#                                   draft_sizes draft_epochs draft_3ep_ab feature_probe;
+#                                   default: all but
 #                                   draft (retrains models/smollm2-draft, ~160 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
 #                                   then benches them and the shipped one, ~20 min),
-#                                   draft_epochs (~50 min) and
-#                                   feature_probe (~15 min); these three need the
+#                                   draft_epochs (~50 min), draft_3ep_ab (~65 min of
+#                                   training, then ~20 min of benches) and
+#                                   feature_probe (~15 min); these four need the
 #                                   target's answers, which draft writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -261,24 +263,30 @@ run_hybrid_load() {  # issue 10: config.yaml's server (draft: hybrid) against th
     --results-dir "$OUT" --tag hybrid-vs-lookup
 }
 run_draft_ab() {  # issue 10: the shipped draft against the one before it (commit $OLD_DRAFT_REV,
-  # 2,108 answers), both through our server (ports 8100 and 8101), hybrid and the draft alone,
-  # adaptive k, taking turns 3 times
+  # 2,108 answers)
   local old=models/generated/draft-old
   rm -rf "$old" && mkdir -p "$old"
   git archive "${OLD_DRAFT_REV:-2b4c874}" models/smollm2-draft | tar -x -C "$old" --strip-components 2
+  draft_ab models/smollm2-draft "$old" draft-ab
+}
+draft_ab() {  # $1: a draft ("new", port 8100), $2: another ("old", port 8101), $3: tag; both
+  # through our server, hybrid and the draft alone, adaptive k, taking turns 3 times; the table
+  # (server.bench.ab) goes to $OUT/$3.txt
   $PY -m server.model_files.default_model >/dev/null
-  $PY -m server --model $SMOL --draft-model "$old" --port 8101 >"$OUT/draft-ab-old-server.log" 2>&1 &
+  $PY -m server --model $SMOL --draft-model "$2" --port 8101 >"$OUT/$3-old-server.log" 2>&1 &
   local previous=$!
   trap 'trap - RETURN; stop $previous' RETURN
   wait_up http://127.0.0.1:8101/health
-  on_smol_server models/smollm2-draft draft-ab draft_ab_benches "$old"
+  on_smol_server "$1" "$3" draft_ab_benches "$1" "$2" "$3"
+  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-"$3"[123]-{new,old}-{hybrid,model}.json | head -12) \
+    | tee "$OUT/$3.txt"
 }
-draft_ab_benches() {  # $1: the previous draft's folder (served on 8101)
+draft_ab_benches() {  # $1-$3 as draft_ab's
   local i d
   for i in 1 2 3; do
     for d in hybrid model; do
-      smol_adaptive $d 2 "draft-ab$i-new-$d"
-      SMOL_PORT=8101 SMOL_DRAFT=$1 smol_adaptive $d 2 "draft-ab$i-old-$d"
+      SMOL_DRAFT=$1 smol_adaptive $d 2 "$3$i-new-$d"
+      SMOL_PORT=8101 SMOL_DRAFT=$2 smol_adaptive $d 2 "$3$i-old-$d"
     done
   done
 }
@@ -326,6 +334,13 @@ run_draft_epochs() {  # issue 10: the 2-layer draft (tied with the shipped 3-lay
 epochs_benches() {
   local d
   for d in hybrid model; do smol_adaptive $d 2 "draft-2l-3ep-$d-adaptive"; done
+}
+run_draft_3ep_ab() {  # issue 10: the shipped 3-layer draft trained 3 epochs instead of 2, then
+  # against the shipped one, taking turns (draft_ab)
+  local d=models/generated/draft-3l-3ep
+  trained_on_current_answers "$d" || $PY -m server.model_files.training.distill --layers 0,1,2 \
+    --epochs 3 --out "$d" | tee "$OUT/draft-3l-3ep-training.txt"
+  draft_ab "$d" models/smollm2-draft draft-3ep-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file

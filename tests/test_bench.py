@@ -429,6 +429,39 @@ def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, cap
                         "1.50x", "(0.45,", "45/100)"]
 
 
+def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
+    from server.bench.ab import main as ab
+
+    def result(name, draft, speedups, tps, counts, drafter="hybrid"):
+        rows = [{"kind": kind, "k": k, "speedup": speedup, "tps_median": t, "error": None,
+                 "adaptive": True, "accepted": acc, "proposed": prop}
+                for kind in ("structured", "open_ended")
+                for k, speedup, t, (acc, prop) in ((0, 1.0, 15.0, (0, 0)),
+                                                   (4, speedups, tps, counts))]
+        path = tmp_path / name
+        path.write_text(json.dumps({"metadata": {"args": {"draft_model": draft,
+                                                          "draft": drafter}},
+                                    "rows": rows}))
+        return str(path)
+
+    files = [result("n1.json", "new", 1.5, 24.0, (120, 246)),
+             result("o1.json", "old", 1.4, 22.0, (106, 256)),
+             result("n2.json", "new", 1.7, 26.0, (120, 246)),
+             result("o2.json", "old", 1.3, 21.0, (106, 256)),
+             result("n3.json", "new", 1.6, 25.0, (121, 246)),
+             result("m1.json", "new", 1.1, 18.0, (80, 250), drafter="model")]
+    ab(files)
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert lines[:3] == [
+        ["new", "hybrid", "open_ended", "adaptive", "1.50", "1.70", "1.60", "1.60x", "25.0",
+         "120/246", "121/246"],
+        ["old", "hybrid", "open_ended", "adaptive", "1.40", "1.30", "1.35x", "21.5", "106/256"],
+        ["new", "model", "open_ended", "adaptive", "1.10", "1.10x", "18.0", "80/250"]]
+    assert [line[:3] for line in lines[3:6]] == [["new", "hybrid", "structured"],
+                                                 ["old", "hybrid", "structured"],
+                                                 ["new", "model", "structured"]]
+
+
 def test_a_server_that_does_not_answer_is_an_error_not_an_mlx_lm_server(capsys):
     """Taken for mlx_lm.server, ours would get requests without our fields (adaptive: false
     among them), so a fixed-k sweep would silently measure adaptive k."""
