@@ -490,6 +490,18 @@ def test_round_replay_counts_and_prices_each_round():
     assert plain_ms(answer, costs) == 5 * 11
 
 
+def test_round_replay_hybrid_leaves_short_matches_to_the_draft_when_told():
+    from server.bench.round_replay import policies
+
+    # Context [1, 2, 3, 2] + answer: at j=0 only the 1-gram (2,) matches (earlier 2 -> 3, 2).
+    prompt, answer = [1, 2, 3, 2], [7, 7, 7, 7]
+    draft_next = [8, 8, 8, 8]
+    found = policies(prompt, answer, draft_next, None)
+    assert found["hybrid lookup 4 / model 2"](0) == ("prompt_lookup", [3, 2])
+    assert found["hybrid lookup 4 from a 2-match / model 2"](0) == ("model", [8, 8])
+    assert found["hybrid lookup 4 from a 2-match / model 4"](0) == ("model", [8, 8, 8, 8])
+
+
 def test_round_replay_ngram_table_proposes_only_confident_continuations():
     from server.bench.round_replay import NgramTable
 

@@ -11,7 +11,8 @@ speedup leaves out what the server adds (the draft's catch-up, prefill), so it r
 rather than predicting the server's figure.
 
 Policies: prompt lookup alone; hybrid (lookup when it matches, the draft model when not) with
-a lookup k and a model k; hybrid with a lookup k per match length; hybrid with a corpus n-gram
+a lookup k and a model k; hybrid with a lookup k per match length (0: the draft model drafts at
+that match length, as if lookup had found nothing); hybrid with a corpus n-gram
 table (the target's training answers, `--answers`: REST's datastore, llama.cpp's static lookup
 cache) asked before the draft model where lookup finds no match (its longest seen 3- or 4-gram,
 if seen twice and its top continuation holds half the count; up to the lookup k tokens).
@@ -116,7 +117,7 @@ def policies(prompt: list[int], answer: list[int], draft_next: list[int],
         def propose(j: int) -> tuple[str, list[int]]:
             context = prompt + answer[:j]
             n, found = lookup_match(context, max(lookup_k.values()))
-            if n:
+            if n and lookup_k[n]:
                 return "prompt_lookup", found[: lookup_k[n]]
             if use_corpus and corpus is not None:
                 guessed = corpus.propose(context, lookup_k[3])
@@ -139,6 +140,9 @@ def policies(prompt: list[int], answer: list[int], draft_next: list[int],
         "hybrid lookup 6 / model 2": hybrid(same(6), 2),
         "hybrid lookup 2,4,6 by match / model 2": hybrid({1: 2, 2: 4, 3: 6}, 2),
         "hybrid lookup 1,3,6 by match / model 2": hybrid({1: 1, 2: 3, 3: 6}, 2),
+        "hybrid lookup 4 from a 2-match / model 2": hybrid({1: 0, 2: 4, 3: 4}, 2),
+        "hybrid lookup 4 from a 2-match / model 4": hybrid({1: 0, 2: 4, 3: 4}, 4),
+        "hybrid lookup 4 from a 3-match / model 2": hybrid({1: 0, 2: 0, 3: 4}, 2),
     }
     if corpus is not None:
         found["hybrid + corpus, lookup 4 / model 2"] = hybrid(same(4), 2, use_corpus=True)

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from server.engine.draft_vocab import SubVocabModel
+
 
 def vocab_size(model) -> int:
-    """Rows of the model's token embedding (`mlx_lm` models keep it in `args.vocab_size`)."""
+    """Token ids the model takes: its embedding's rows (`mlx_lm` models keep them in
+    `args.vocab_size`), or the target's for a `SubVocabModel` draft."""
+    if isinstance(model, SubVocabModel):
+        return model.vocab_size
     return int(model.args.vocab_size)
 
 

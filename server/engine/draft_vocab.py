@@ -56,6 +56,11 @@ class SubVocabModel(nn.Module):
     def layers(self):  # make_prompt_cache counts them
         return self.inner.layers
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids it takes and scores: the target's."""
+        return self._index.shape[0]
+
     def __call__(self, inputs: mx.array, cache=None, **kwargs) -> mx.array:
         logits = self.inner(self._index[inputs], cache=cache, **kwargs)
         kept = logits[..., : self.num_kept]
