@@ -9,7 +9,7 @@
 #                                   hybrid_k6 round_replay
 #                                   draft_sizes draft_epochs draft_3ep_ab feature_probe;
 #                                   default: all but
-#                                   draft (retrains models/smollm2-draft, ~160 min),
+#                                   draft (retrains models/smollm2-draft, ~185 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
 #                                   then benches them and the shipped one, ~20 min),
 #                                   draft_epochs (~50 min), draft_3ep_ab (~65 min of
