@@ -6,7 +6,7 @@
 #                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
-#                                   hybrid_k6 round_replay
+#                                   hybrid_k6 round_replay default_reps
 #                                   draft_sizes draft_epochs draft_3ep_ab feature_probe;
 #                                   default: all but
 #                                   draft (retrains models/smollm2-draft, ~185 min),
@@ -290,6 +290,16 @@ draft_ab_benches() {  # $1-$3 as draft_ab's
     done
   done
 }
+run_default_reps() {  # issue 10: the default (hybrid, adaptive k up to 4, the shipped draft) three
+  # times on one server; their median and counts (server.bench.ab) go to $OUT/default-reps.txt
+  on_smol_server models/smollm2-draft default-reps default_reps_benches
+  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-default-rep[123].json | head -3) \
+    | tee "$OUT/default-reps.txt"
+}
+default_reps_benches() {
+  local i
+  for i in 1 2 3; do smol_adaptive hybrid 2 "default-rep$i"; done
+}
 run_hybrid_k6() {  # issue 10: hybrid with adaptive k up to 4 (the default) and up to 6, taking
   # turns twice on one server (round_replay models a longer lookup draft as faster)
   on_smol_server models/smollm2-draft hybrid-k6 hybrid_k6_benches
@@ -354,5 +364,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps}
 for s in $sections; do echo "=== $s"; "run_$s"; done
