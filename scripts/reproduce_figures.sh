@@ -6,15 +6,13 @@
 #                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
-#                                   hybrid_k6 round_replay default_reps
-#                                   draft_sizes draft_epochs draft_3ep_ab feature_probe;
-#                                   default: all but
+#                                   hybrid_k6 round_replay default_reps draft_3ep_ab
+#                                   draft_sizes draft_epochs feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~185 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
 #                                   then benches them and the shipped one, ~20 min),
-#                                   draft_epochs (~50 min), draft_3ep_ab (~65 min of
-#                                   training, then ~20 min of benches) and
-#                                   feature_probe (~15 min); these four need the
+#                                   draft_epochs (~50 min) and
+#                                   feature_probe (~15 min); these three need the
 #                                   target's answers, which draft writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -262,12 +260,15 @@ run_hybrid_load() {  # issue 10: config.yaml's server (draft: hybrid) against th
     --compare lookup=http://127.0.0.1:8101 --concurrency 1,2,4,8 --requests-per-client 2 \
     --results-dir "$OUT" --tag hybrid-vs-lookup
 }
-run_draft_ab() {  # issue 10: the shipped draft against the one before it (commit $OLD_DRAFT_REV,
-  # 2,108 answers)
-  local old=models/generated/draft-old
-  rm -rf "$old" && mkdir -p "$old"
-  git archive "${OLD_DRAFT_REV:-2b4c874}" models/smollm2-draft | tar -x -C "$old" --strip-components 2
-  draft_ab models/smollm2-draft "$old" draft-ab
+run_draft_ab() {  # issue 10: the draft shipped at commit 989a207 (3,990 answers, 2 epochs)
+  # against the one before it (commit $OLD_DRAFT_REV, 2,108 answers)
+  draft_at 989a207 models/generated/draft-2ep
+  draft_at "${OLD_DRAFT_REV:-2b4c874}" models/generated/draft-old
+  draft_ab models/generated/draft-2ep models/generated/draft-old draft-ab
+}
+draft_at() {  # $1: a commit, $2: a folder: models/smollm2-draft as it was at that commit
+  rm -rf "$2" && mkdir -p "$2"
+  git archive "$1" models/smollm2-draft | tar -x -C "$2" --strip-components 2
 }
 draft_ab() {  # $1: a draft ("new", port 8100), $2: another ("old", port 8101), $3: tag; both
   # through our server, hybrid and the draft alone, adaptive k, taking turns 3 times; the table
@@ -345,12 +346,10 @@ epochs_benches() {
   local d
   for d in hybrid model; do smol_adaptive $d 2 "draft-2l-3ep-$d-adaptive"; done
 }
-run_draft_3ep_ab() {  # issue 10: the shipped 3-layer draft trained 3 epochs instead of 2, then
-  # against the shipped one, taking turns (draft_ab)
-  local d=models/generated/draft-3l-3ep
-  trained_on_current_answers "$d" || $PY -m server.model_files.training.distill --layers 0,1,2 \
-    --epochs 3 --out "$d" | tee "$OUT/draft-3l-3ep-training.txt"
-  draft_ab "$d" models/smollm2-draft draft-3ep-ab
+run_draft_3ep_ab() {  # issue 10: the shipped draft (3 epochs) against the same recipe trained 2
+  # epochs (the draft shipped at commit 989a207), taking turns (draft_ab)
+  draft_at 989a207 models/generated/draft-2ep
+  draft_ab models/smollm2-draft models/generated/draft-2ep draft-3ep-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
@@ -364,5 +363,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab}
 for s in $sections; do echo "=== $s"; "run_$s"; done
