@@ -232,8 +232,10 @@ hybrid_benches() {
   done
 }
 run_hybrid_ab() {  # issue 10: hybrid against lookup alone, adaptive k, alternated 3 times (one
-  # run's cells move by about 0.1x on this shared CPU)
+  # run's cells move by about 0.1x on this shared CPU); the table goes to $OUT/hybrid-ab.txt
   on_smol_server models/smollm2-draft hybrid-ab hybrid_ab_benches
+  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-ab[123]-{hybrid,prompt_lookup}.json | head -6) \
+    | tee "$OUT/hybrid-ab.txt"
 }
 hybrid_ab_benches() {
   local i d

@@ -449,7 +449,8 @@ def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
              result("n2.json", "new", 1.7, 26.0, (120, 246)),
              result("o2.json", "old", 1.3, 21.0, (106, 256)),
              result("n3.json", "new", 1.6, 25.0, (121, 246)),
-             result("m1.json", "new", 1.1, 18.0, (80, 250), drafter="model")]
+             result("m1.json", "new", 1.1, 18.0, (80, 250), drafter="model"),
+             result("l1.json", None, 1.2, 19.0, (70, 150), drafter="prompt_lookup")]
     ab(files)
     lines = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert lines[:3] == [
@@ -457,9 +458,11 @@ def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
          "120/246", "121/246"],
         ["old", "hybrid", "open_ended", "adaptive", "1.40", "1.30", "1.35x", "21.5", "106/256"],
         ["new", "model", "open_ended", "adaptive", "1.10", "1.10x", "18.0", "80/250"]]
-    assert [line[:3] for line in lines[3:6]] == [["new", "hybrid", "structured"],
+    assert lines[3][:4] == ["-", "prompt_lookup", "open_ended", "adaptive"]  # no draft model
+    assert [line[:3] for line in lines[4:8]] == [["new", "hybrid", "structured"],
                                                  ["old", "hybrid", "structured"],
-                                                 ["new", "model", "structured"]]
+                                                 ["new", "model", "structured"],
+                                                 ["-", "prompt_lookup", "structured"]]
 
 
 def test_a_server_that_does_not_answer_is_an_error_not_an_mlx_lm_server(capsys):

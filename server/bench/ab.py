@@ -18,14 +18,16 @@ from server.bench.report import aligned
 
 
 def collect(paths: list[str]) -> dict[tuple[str, str, str, int], list[dict]]:
-    """{(draft folder, drafter, kind, k): [the drafting row of each run, in file order]}."""
+    """{(draft folder or "-", drafter, kind, k): [the drafting row of each run, in file
+    order]}."""
     runs: dict[tuple[str, str, str, int], list[dict]] = {}
     for p in paths:
         result = json.loads(Path(p).read_text())
         args = result["metadata"]["args"]
         for row in result["rows"]:
             if row["error"] is None and row["k"]:
-                key = (args["draft_model"], args.get("draft") or "model", row["kind"], row["k"])
+                key = (args.get("draft_model") or "-", args.get("draft") or "model", row["kind"],
+                       row["k"])
                 runs.setdefault(key, []).append(row)
     return runs
 
