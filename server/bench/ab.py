@@ -10,25 +10,21 @@ machine; the median of alternated runs, and the counts, are what to compare."""
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 
 from server.bench.report import aligned
+from server.bench.writer import drafting_runs
 
 
 def collect(paths: list[str]) -> dict[tuple[str, str, str, int], list[dict]]:
     """{(draft folder or "-", drafter, kind, k): [the drafting row of each run, in file
     order]}."""
     runs: dict[tuple[str, str, str, int], list[dict]] = {}
-    for p in paths:
-        result = json.loads(Path(p).read_text())
-        args = result["metadata"]["args"]
-        for row in result["rows"]:
-            if row["error"] is None and row["k"]:
-                key = (args.get("draft_model") or "-", args.get("draft") or "model", row["kind"],
-                       row["k"])
-                runs.setdefault(key, []).append(row)
+    for args, rows in drafting_runs(paths):
+        for row in rows:
+            key = (args.get("draft_model") or "-", args.get("draft") or "model", row["kind"],
+                   row["k"])
+            runs.setdefault(key, []).append(row)
     return runs
 
 

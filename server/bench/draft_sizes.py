@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from server.bench.report import aligned
+from server.bench.writer import drafting_runs
 
 
 def folder_mb(path: Path) -> float:
@@ -25,15 +26,12 @@ def folder_mb(path: Path) -> float:
 def collect(paths: list[str]) -> dict[tuple[str, str], dict]:
     """{(draft folder, drafter): {"cost": c, ("fixed"|"adaptive", kind): [rows with k > 0]}}."""
     drafts: dict[tuple[str, str], dict] = {}
-    for p in paths:
-        result = json.loads(Path(p).read_text())
-        args = result["metadata"]["args"]
+    for args, rows in drafting_runs(paths):
         entry = drafts.setdefault((args["draft_model"], args.get("draft") or "model"), {})
         mode = "adaptive" if args["adaptive"] else "fixed"
-        for row in result["rows"]:
-            if row["error"] is None and row["k"]:
-                entry.setdefault((mode, row["kind"]), []).append(row)
-                entry.setdefault("cost", row["cost_ratio"])
+        for row in rows:
+            entry.setdefault((mode, row["kind"]), []).append(row)
+            entry.setdefault("cost", row["cost_ratio"])
     return drafts
 
 

@@ -1,4 +1,5 @@
-"""Results on disk: `<name>.jsonl` row by row as cells finish, then `.csv`, `.json` and `.png`."""
+"""Results on disk: `<name>.jsonl` row by row as cells finish, then `.csv`, `.json` and `.png`;
+and the `.json` files read back."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -75,3 +76,12 @@ class ResultsWriter:
             out.writeheader()
             for row in rows:
                 out.writerow({k: csv_value(row.get(k)) for k in columns})
+
+
+def drafting_runs(paths: list[str]) -> Iterator[tuple[dict, list[dict]]]:
+    """Per result `.json` file: the bench's arguments and the rows that drafted (k > 0) without
+    an error."""
+    for p in paths:
+        result = json.loads(Path(p).read_text())
+        rows = [row for row in result["rows"] if row["error"] is None and row["k"]]
+        yield result["metadata"]["args"], rows
