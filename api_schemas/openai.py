@@ -243,6 +243,10 @@ class SamplingRequest(RequestModel):
     draft_p_min: float | None = Field(
         None, ge=0.0, le=1.0, description="Stop drafting a round below this draft probability."
     )
+    hybrid_min_match: int | None = Field(
+        None, ge=1, le=3, description="Hybrid drafts by prompt lookup only where the last"
+        " this-many tokens occurred before (1-3); elsewhere the draft model drafts."
+    )
     top_k: NonNegInt | None = Field(
         None, description="Keep the k most likely tokens; 0 = off; at most the vocabulary size."
     )

@@ -7,6 +7,7 @@
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
+#                                   hybrid_match_ab held_out_ab
 #                                   draft_sizes draft_epochs feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~185 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
@@ -245,6 +246,40 @@ hybrid_ab_benches() {
     done
   done
 }
+run_hybrid_match_ab() {  # issue 10: hybrid drafting by lookup from a 1-token match (before)
+  # against from a 2-token match (the default), adaptive k, alternated 3 times on one server
+  on_smol_server models/smollm2-draft hybrid-match-ab hybrid_match_ab_benches
+  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-match-ab[123]-m[12].json | head -6) \
+    | tee "$OUT/hybrid-match-ab.txt"
+}
+hybrid_match_ab_benches() {
+  local i m
+  for i in 1 2 3; do
+    for m in 1 2; do
+      smol_adaptive hybrid 2 "match-ab$i-m$m" --hybrid-min-match $m
+    done
+  done
+}
+run_held_out_ab() {  # issue 10: plain decoding, hybrid from a 1-token lookup match (before) and
+  # from a 2-token one (the default), through our server on 16 held-out code requests and 16
+  # prose requests on unseen topics, each request under the three in turn
+  have_answers || return 0
+  on_smol_server models/smollm2-draft held-out-ab held_out_benches
+}
+held_out_benches() {
+  $PY -m server.bench.held_out --server http://127.0.0.1:8100 \
+    --setting plain='{"num_draft_tokens": 0}' \
+    --setting match1='{"draft": "hybrid", "hybrid_min_match": 1}' \
+    --setting match2='{"draft": "hybrid", "hybrid_min_match": 2}' --count 16 \
+    | tee "$OUT/held-out-ab.txt"
+}
+have_answers() {  # the target's answers (section draft writes them) and the prose kept for
+  # measuring (written here if missing, ~2 min)
+  [ -s models/generated/target-answers.jsonl ] || {
+    echo "no target answers: run section draft first"; return 1; }
+  [ -s models/generated/target-answers-eval-prose.jsonl ] ||
+    $PY -m server.model_files.training.target_answers --eval-prose
+}
 run_hybrid_load() {  # issue 10: config.yaml's server (draft: hybrid) against the same with
   # draft: prompt_lookup, 1-8 concurrent streams, taking turns per level
   local lookup_config
@@ -314,8 +349,12 @@ hybrid_k6_benches() {
     smol_adaptive hybrid 2 "k6ab$i-k6" --draft-tokens 6
   done
 }
-run_round_replay() {  # issue 10: drafting policies priced from replayed greedy rounds
+run_round_replay() {  # issue 10: drafting policies priced from replayed greedy rounds: on
+  # the bench prompts' answers, then on 200 held-out code answers and 100 prose answers on
+  # topics no training request used (written first if missing: ~2 min)
   $PY -m server.bench.round_replay | tee "$OUT/round-replay.txt"
+  have_answers || return 0
+  $PY -m server.bench.round_replay --held-out 200 | tee "$OUT/round-replay-held-out.txt"
 }
 run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
   $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
@@ -365,5 +404,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -14,12 +14,13 @@ import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from server.engine.params import Acceptance, DraftSource
+from server.engine.params import HYBRID_MIN_MATCH, Acceptance, DraftSource
 from server.engine.policy import (
     DEFAULT_BATCH_DRAFT_TOKENS,
     DEFAULT_NUM_DRAFT_TOKENS,
     DEFAULT_SPEC_MAX_BATCH,
 )
+from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM
 from server.engine.scheduler import DEFAULT_IDLE_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK
 
 
@@ -131,6 +132,11 @@ class GenerationDefaults(BaseModel):
     adaptive: bool = Field(True, description="Adapt the draft length per round by default.")
     draft_p_min: float = Field(
         0.0, ge=0.0, le=1.0, description="Stop drafting a round below this draft probability."
+    )
+    hybrid_min_match: int = Field(
+        HYBRID_MIN_MATCH, ge=1, le=DEFAULT_MAX_NGRAM,
+        description="Hybrid drafts by prompt lookup only where the context's last this-many"
+        " tokens occurred before; elsewhere the draft model drafts.",
     )
 
 

@@ -137,9 +137,12 @@ async def test_logprobs(client, loaded_pair):
 @pytest.mark.parametrize("extra", [
     {"draft": "prompt_lookup", "num_draft_tokens": 4},
     {"draft": "hybrid", "num_draft_tokens": 4},
+    {"draft": "hybrid", "num_draft_tokens": 4, "hybrid_min_match": 1},
+    {"draft": "hybrid", "num_draft_tokens": 4, "hybrid_min_match": 3},
     {"acceptance": "exact", "adaptive": False, "num_draft_tokens": 3},
     {"acceptance": "rejection", "adaptive": True, "draft_p_min": 0.2, "num_draft_tokens": 8},
-], ids=["prompt_lookup", "hybrid", "exact-fixed", "rejection-adaptive-pmin"])
+], ids=["prompt_lookup", "hybrid", "hybrid-match-1", "hybrid-match-3", "exact-fixed",
+        "rejection-adaptive-pmin"])
 async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair, extra):
     content = "def add(a, b): return a + b\ndef add(a, b): return a + b\n"
     expected = reference_text(loaded_pair, chat_tokens(loaded_pair[1], content))

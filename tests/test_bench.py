@@ -306,8 +306,9 @@ def test_mlx_lm_server_protocol():
 def test_draft_p_min_reaches_our_server_with_the_speculation_settings():
     from server.bench.cli import speculation_of
 
-    spec = speculation_of(parse_args(["--adaptive", "--draft-p-min", "0.6"]))
-    assert spec.adaptive and spec.draft_p_min == 0.6
+    spec = speculation_of(parse_args(["--adaptive", "--draft-p-min", "0.6",
+                                      "--hybrid-min-match", "1"]))
+    assert spec.adaptive and spec.draft_p_min == 0.6 and spec.hybrid_min_match == 1
 
     def ours(request):
         return httpx.Response(200, json={"status": "ok", "target": "t"})
@@ -317,7 +318,7 @@ def test_draft_p_min_reaches_our_server_with_the_speculation_settings():
     assert runner.flavor == "ours"
     body = runner.request_body(Cell("structured", 4), max_tokens=6, seed=0)
     assert body["num_draft_tokens"] == 4 and body["adaptive"] is True
-    assert body["draft_p_min"] == 0.6
+    assert body["draft_p_min"] == 0.6 and body["hybrid_min_match"] == 1
     assert "draft_p_min" not in runner.request_body(Cell("structured", 0), max_tokens=6, seed=0)
 
 
@@ -432,7 +433,7 @@ def test_draft_sizes_picks_each_drafts_best_k_and_its_adaptive_run(tmp_path, cap
 def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
     from server.bench.ab import main as ab
 
-    def result(name, draft, speedups, tps, counts, drafter="hybrid"):
+    def result(name, draft, speedups, tps, counts, drafter="hybrid", **args):
         rows = [{"kind": kind, "k": k, "speedup": speedup, "tps_median": t, "error": None,
                  "adaptive": True, "accepted": acc, "proposed": prop}
                 for kind in ("structured", "open_ended")
@@ -440,7 +441,7 @@ def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
                                                    (4, speedups, tps, counts))]
         path = tmp_path / name
         path.write_text(json.dumps({"metadata": {"args": {"draft_model": draft,
-                                                          "draft": drafter}},
+                                                          "draft": drafter, **args}},
                                     "rows": rows}))
         return str(path)
 
@@ -453,6 +454,10 @@ def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
              result("l1.json", None, 1.2, 19.0, (70, 150), drafter="prompt_lookup")]
     ab(files)
     lines = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    ab([result("h1.json", "new", 1.5, 24.0, (120, 246), hybrid_min_match=1),
+        result("h2.json", "new", 1.6, 25.0, (126, 240), hybrid_min_match=2)])
+    hybrids = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:4]]
+    assert hybrids == [["new", "hybrid,match>=1"], ["new", "hybrid,match>=2"]]
     assert lines[:3] == [
         ["new", "hybrid", "open_ended", "adaptive", "1.50", "1.70", "1.60", "1.60x", "25.0",
          "120/246", "121/246"],
@@ -516,3 +521,58 @@ def test_round_replay_ngram_table_proposes_only_confident_continuations():
     assert table.propose([7, 8, 3], 1, min_count=1) == [5]
     assert table.propose([6, 6, 3], 1) == []  # no 3-gram seen: the 1-gram (3,) is not asked
     assert table.propose([6, 6, 3], 1, min_n=1, min_count=1, min_share=0.5) == [4]  # 2 of 4
+
+
+def test_round_replay_adaptive_follows_the_servers_schedule():
+    """The replayed adaptive policy moves k as the server's DraftSchedule does, per drafter,
+    and chooses lookup only from its minimum match."""
+    from server.bench.round_replay import Adaptive, Costs, replay
+
+    costs = Costs(verify={w: 10.0 for w in range(1, 6)}, draft_step=1.0, host=0.0)
+    answer = list(range(10))
+    # No lookup match anywhere; a draft that is always right: two rounds of 4 (k stays 4).
+    right = replay(answer, Adaptive([100, 101], answer, answer, max_k=4), costs)
+    assert (right.rounds, right.proposed, right.accepted) == (2, 8, 8)
+    # A draft that is always wrong: k goes 4, 2 (half after an early miss), then 1.
+    wrong = replay(answer[:5], Adaptive([100, 101], answer[:5], [99] * 5, max_k=4), costs)
+    assert (wrong.rounds, wrong.proposed, wrong.accepted) == (5, 4 + 2 + 1 + 1 + 1, 0)
+    # The 1-gram "7" occurred before (then 1, 2, 7): lookup from a 1-match, else the model.
+    prompt, answer = [7, 1, 2, 7], [1, 2, 3]
+    assert Adaptive(prompt, answer, [5, 5, 5], 4, lookup_from=1)(0) == ("prompt_lookup",
+                                                                        [1, 2, 7])
+    assert Adaptive(prompt, answer, [5, 5, 5], 4, lookup_from=2)(0) == ("model", [5, 5, 5])
+    alone = Adaptive(prompt, answer, [5, 5, 5], 4, drafters=("prompt_lookup",))
+    assert alone(0) == ("prompt_lookup", [1, 2, 7])
+
+
+def test_held_out_bench_sums_decode_time_per_setting():
+    import argparse
+
+    from server.bench.held_out import parse_setting, run, summary
+
+    assert parse_setting('m2={"hybrid_min_match": 2}') == ("m2", {"hybrid_min_match": 2})
+    for bad in ("m2=[1]", '={"a": 1}', "m2={oops"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_setting(bad)
+    sent = []
+
+    def ours(request):
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "hi"}], "stats": {
+            "generation_tokens": 10, "generation_tps": 5.0, "draft_tokens_accepted": 3,
+            "draft_tokens_proposed": 4}})
+
+    with httpx.Client(base_url="http://ours", transport=httpx.MockTransport(ours)) as client:
+        r = run(client, [1, 2], {"draft": "hybrid"}, 8)
+    assert r["text"] == "hi" and r["generation_tokens"] == 10
+    assert sent == [{"prompt": [1, 2], "max_tokens": 8, "temperature": 0.0,
+                     "cache_prompt": False, "draft": "hybrid"}]
+    results = {"plain": [{"generation_tokens": 10, "generation_tps": 5.0,  # 2 s
+                          "draft_tokens_accepted": 0, "draft_tokens_proposed": 0}] * 2,
+               "fast": [{"generation_tokens": 10, "generation_tps": 10.0,  # 1 s
+                         "draft_tokens_accepted": 3, "draft_tokens_proposed": 4},
+                        {"generation_tokens": 10, "generation_tps": 5.0,  # 2 s
+                         "draft_tokens_accepted": 1, "draft_tokens_proposed": 4}]}
+    assert summary(["plain", "fast"], results) == [
+        ["plain", "20", "4.0", "5.0", "1.00x", "0/0"],
+        ["fast", "20", "3.0", "6.7", "1.33x", "4/8"]]

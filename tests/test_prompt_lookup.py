@@ -95,3 +95,33 @@ def test_proposals_look_up_prompt_plus_output():
     # "... 7 12 3": "12 3" is new, "3" was followed by 5 6 7
     assert lookup_proposal(prompt + [7, 12, 3], 3) == [5, 6, 7]
     assert lookup_proposal(prompt + [7, 12, 3], 0) == []
+    # from a 2-gram only: "12 3" never occurred, and the 1-gram "3" is not asked
+    assert lookup_proposal(prompt + [7, 12, 3], 3, min_ngram=2) == []
+
+
+def test_hybrid_drafts_by_lookup_only_from_its_minimum_match():
+    """A hybrid row drafts by lookup where its last `hybrid_min_match` tokens occurred before,
+    with the draft model elsewhere; lookup alone takes any match."""
+    from types import SimpleNamespace
+
+    from server.engine.params import HYBRID_MIN_MATCH, GenerationParams, SpeculationParams
+    from server.engine.sequence import Sequence
+
+    tokenizer = SimpleNamespace(eos_token_ids={0}, detokenizer=None)  # plan_round reads neither
+
+    def planned(source, min_match, prompt):
+        spec = SpeculationParams(num_draft_tokens=3, source=source, hybrid_min_match=min_match)
+        seq = Sequence(GenerationParams(prompt_tokens=tuple(prompt), max_tokens=8,
+                                        speculation=spec),
+                       tokenizer=tokenizer, vocab_size=32, sink=lambda event: None, draft_name="d")
+        seq.plan_round()
+        return seq.round_drafter, seq.looked_up
+
+    one = [5, 6, 7, 8, 9, 3, 5]  # only the 1-gram "5" occurred before (then 6 7 8)
+    two = [5, 6, 7, 8, 9, 3, 5, 6]  # the 2-gram "5 6" occurred before (then 7 8 9)
+    assert planned("hybrid", 1, one) == ("prompt_lookup", [6, 7, 8])
+    assert planned("hybrid", 2, one) == ("model", [])
+    assert planned("hybrid", 2, two) == ("prompt_lookup", [7, 8, 9])
+    assert planned("hybrid", 3, two) == ("model", [])
+    assert planned("prompt_lookup", 3, one) == ("prompt_lookup", [6, 7, 8])
+    assert SpeculationParams().hybrid_min_match == HYBRID_MIN_MATCH == 2

@@ -22,10 +22,16 @@ def collect(paths: list[str]) -> dict[tuple[str, str, str, int], list[dict]]:
     runs: dict[tuple[str, str, str, int], list[dict]] = {}
     for args, rows in drafting_runs(paths):
         for row in rows:
-            key = (args.get("draft_model") or "-", args.get("draft") or "model", row["kind"],
-                   row["k"])
+            key = (args.get("draft_model") or "-", drafter_label(args), row["kind"], row["k"])
             runs.setdefault(key, []).append(row)
     return runs
+
+
+def drafter_label(args: dict) -> str:
+    """The drafter, with hybrid's minimum lookup match when the run recorded one."""
+    drafter = args.get("draft") or "model"
+    match = args.get("hybrid_min_match")
+    return f"{drafter},match>={match}" if drafter == "hybrid" and match else drafter
 
 
 def line(key: tuple[str, str, str, int], rows: list[dict], adaptive: bool) -> list[str]:

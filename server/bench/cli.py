@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-p-min", type=float, default=0.0,
                       help="With --adaptive: end a round's drafting at the first token whose "
                            "draft probability is below this (the request's draft_p_min).")
+    spec.add_argument("--hybrid-min-match", type=int, choices=(1, 2, 3),
+                      default=SpeculationParams().hybrid_min_match,
+                      help="With --draft hybrid: draft by prompt lookup only where the last this-"
+                           "many tokens occurred before (the request's hybrid_min_match).")
     spec.add_argument("--cost-ratio", type=float,
                       help="Draft/target cost per token, c (default: measured).")
     remote = p.add_argument_group("servers")
@@ -153,7 +157,8 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def speculation_of(args: argparse.Namespace) -> SpeculationParams:
     return SpeculationParams(source=args.draft, acceptance=args.acceptance,
-                             adaptive=args.adaptive, draft_p_min=args.draft_p_min)
+                             adaptive=args.adaptive, draft_p_min=args.draft_p_min,
+                             hybrid_min_match=args.hybrid_min_match)
 
 
 def _distinct_labels(runners: list) -> list:

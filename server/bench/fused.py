@@ -23,17 +23,26 @@ CONTEXT = 150
 
 def forward_ms(model, rows: int, tokens: int, steps: int = 20, context: int = CONTEXT) -> float:
     """Median time of one (rows, tokens) forward after a `context`-token prefill."""
+    return forwards_ms(model, rows, [tokens], steps, context)[tokens]
+
+
+def forwards_ms(model, rows: int, widths: list[int], steps: int = 20,
+                context: int = CONTEXT) -> dict[int, float]:
+    """Median time of one (rows, w) forward for each w in `widths`, after one `context`-token
+    prefill; the widths take turns in each of the `steps` passes, so a drift of the machine
+    moves them alike."""
     cache = [BatchKVCache([0] * rows) for _ in model.layers]
     mx.eval(model(random_tokens(model, (rows, context)), cache=cache))
-    x = random_tokens(model, (rows, tokens))
-    times = []
+    inputs = {w: random_tokens(model, (rows, w)) for w in widths}
+    times: dict[int, list[float]] = {w: [] for w in widths}
     for _ in range(steps):
-        start = time.perf_counter()
-        mx.eval(model(x, cache=cache))
-        times.append(time.perf_counter() - start)
-        for c in cache:
-            c.trim(tokens)
-    return statistics.median(times) * 1e3
+        for w, x in inputs.items():
+            start = time.perf_counter()
+            mx.eval(model(x, cache=cache))
+            times[w].append(time.perf_counter() - start)
+            for c in cache:
+                c.trim(w)
+    return {w: statistics.median(t) * 1e3 for w, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -96,7 +96,7 @@ class HttpRunner:
             body["num_draft_tokens"] = cell.k
             if cell.k:
                 body.update(draft=spec.source, acceptance=spec.acceptance, adaptive=spec.adaptive,
-                            draft_p_min=spec.draft_p_min)
+                            draft_p_min=spec.draft_p_min, hybrid_min_match=spec.hybrid_min_match)
         elif cell.k == 0:
             body["draft_model"] = None
         elif spec.source != "model":

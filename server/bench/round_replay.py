@@ -15,7 +15,14 @@ a lookup k and a model k; hybrid with a lookup k per match length (0: the draft 
 that match length, as if lookup had found nothing); hybrid with a corpus n-gram
 table (the target's training answers, `--answers`: REST's datastore, llama.cpp's static lookup
 cache) asked before the draft model where lookup finds no match (its longest seen 3- or 4-gram,
-if seen twice and its top continuation holds half the count; up to the lookup k tokens).
+if seen twice and its top continuation holds half the count; up to the lookup k tokens); and the
+server's own adaptive k (`DraftSchedule`, one per drafter, as `Sequence` keeps them) for hybrid,
+lookup alone and the draft model alone, hybrid with lookup used from a 1-, 2- or 3-token match
+(`hybrid_min_match`; the server's default is `HYBRID_MIN_MATCH`).
+
+`--held-out N` replays the first N held-out answers of `--answers` (the 5% no draft trained on)
+instead of the two bench prompts' answers: thousands of rounds instead of ~60 per prompt, summed
+per request family (code: a function, a module or an explanation asked for; prose).
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.bench.lookup_vs_draft import draft_predictions, lookup_match
+from server.engine.drafting import DraftSchedule
+from server.engine.params import HYBRID_MIN_MATCH, SpeculationParams
+from server.engine.sequence import ROUND_DRAFTERS
 from server.engine.verification import count_exact_matches
 
 # (drafter, proposed tokens) for the round starting at answer position j
@@ -60,9 +70,12 @@ def replay(answer: list[int], propose: Propose, costs: Costs) -> Replay:
     and emits one more token (the target's own)."""
     j = rounds = proposed = accepted = 0
     ms = 0.0
+    observe = getattr(propose, "observe", None)  # an adaptive policy learns from each round
     while j < len(answer):
         drafter, tokens = propose(j)
         n = count_exact_matches(answer[j: j + len(tokens)], tokens)
+        if observe is not None:
+            observe(n)
         ms += costs.round(drafter, len(tokens))
         rounds, proposed, accepted = rounds + 1, proposed + len(tokens), accepted + n
         j += n + 1
@@ -71,6 +84,35 @@ def replay(answer: list[int], propose: Propose, costs: Costs) -> Replay:
 
 def plain_ms(answer: list[int], costs: Costs) -> float:
     return len(answer) * (costs.verify[1] + costs.host)
+
+
+class Adaptive:
+    """The server's adaptive drafting for one answer: a hybrid row drafts by lookup where lookup
+    matches (here: at least `lookup_from` tokens), with the draft model elsewhere; each drafter
+    keeps its own `DraftSchedule` (up to `max_k`), updated after each of its rounds, as
+    `Sequence.plan_round` and the decoder do. `drafters` limits it to one of them."""
+
+    def __init__(self, prompt: list[int], answer: list[int], draft_next: list[int], max_k: int,
+                 lookup_from: int = 1, drafters: tuple[str, ...] = ROUND_DRAFTERS):
+        self.prompt, self.answer, self.draft_next = prompt, answer, draft_next
+        self.max_k, self.lookup_from, self.drafters = max_k, lookup_from, drafters
+        spec = SpeculationParams(num_draft_tokens=max_k, adaptive=True)
+        self.schedules = {d: DraftSchedule(spec) for d in ROUND_DRAFTERS}
+        self.last: tuple[str, int, int] | None = None  # (drafter, requested k, proposed)
+
+    def __call__(self, j: int) -> tuple[str, list[int]]:
+        n, found = (lookup_match(self.prompt + self.answer[:j], self.max_k)
+                    if "prompt_lookup" in self.drafters else (0, []))
+        use_lookup = n >= self.lookup_from or "model" not in self.drafters
+        drafter = "prompt_lookup" if use_lookup else "model"
+        k = self.schedules[drafter].next(len(self.answer) - j)
+        tokens = found[:k] if use_lookup else self.draft_next[j: j + k]
+        self.last = (drafter, k, len(tokens))
+        return drafter, tokens
+
+    def observe(self, accepted: int) -> None:
+        drafter, k, proposed = self.last
+        self.schedules[drafter].update(k, proposed, accepted)
 
 
 class NgramTable:
@@ -146,23 +188,87 @@ def policies(prompt: list[int], answer: list[int], draft_next: list[int],
     }
     if corpus is not None:
         found["hybrid + corpus, lookup 4 / model 2"] = hybrid(same(4), 2, use_corpus=True)
+    adaptive = lambda **kw: Adaptive(prompt, answer, draft_next, 4, **kw)  # noqa: E731
+    for n in (1, 2, 3):  # the server's default: k up to 4, lookup from HYBRID_MIN_MATCH
+        default = " (default)" if n == HYBRID_MIN_MATCH else ""
+        found[f"adaptive hybrid, lookup from a {n}-match{default}"] = adaptive(lookup_from=n)
+    found["adaptive lookup alone"] = adaptive(drafters=("prompt_lookup",))
+    found["adaptive draft model alone"] = adaptive(drafters=("model",))
     return found
 
 
 def measured_costs(target, draft, max_width: int, host_ms: float, reps: int) -> Costs:
-    from server.bench.fused import forward_ms
+    from server.bench.fused import forward_ms, forwards_ms
 
-    verify = {w: forward_ms(target, 1, w, reps) for w in range(1, max_width + 1)}
+    verify = forwards_ms(target, 1, list(range(1, max_width + 1)), reps)
     return Costs(verify, forward_ms(draft, 1, 1, reps), host_ms)
 
 
-def main(argv: list[str] | None = None) -> None:
+def replay_all(examples: list[tuple[list[int], list[int]]], draft, costs: Costs,
+               corpus: NgramTable | None) -> tuple[dict[str, Replay], float]:
+    """Every policy replayed on every (prompt, answer), summed per policy; and plain decoding's
+    summed ms."""
+    totals: dict[str, Replay] = {}
+    plain = 0.0
+    for prompt, answer in examples:
+        draft_next = draft_predictions(draft, prompt, answer)
+        plain += plain_ms(answer, costs)
+        for name, propose in policies(prompt, answer, draft_next, corpus).items():
+            r, t = replay(answer, propose, costs), totals.get(name, Replay(0, 0, 0, 0.0))
+            totals[name] = Replay(t.rounds + r.rounds, t.proposed + r.proposed,
+                                  t.accepted + r.accepted, t.ms + r.ms)
+    return totals, plain
+
+
+def table(title: str, totals: dict[str, Replay], plain: float) -> str:
+    lines = [f"\n{title}", f"{'policy':<50} {'modeled speedup':>15} {'rounds':>6} "
+             f"{'accepted/proposed':>17} {'acceptance':>10}"]
+    for name, r in totals.items():
+        lines.append(f"{name:<50} {plain / r.ms:14.2f}x {r.rounds:>6} "
+                     f"{r.accepted:>8}/{r.proposed:<8} {r.accepted / max(r.proposed, 1):10.2f}")
+    return "\n".join(lines)
+
+
+def held_out_by_family(path: Path, count: int, tokenizer) -> dict[str, list]:
+    """The first `count` held-out (prompt, answer) lines of the answers file, split into code
+    requests and prose ones (`chat_requests`' prose family), and the first `count` answers to
+    the prose requests kept for measuring (`target_answers --eval-prose`, if written): the
+    held-out split is the end of the request order, where only code requests are left."""
+    from server.model_files.training import target_answers
+    from server.model_files.training.chat_requests import prose_requests
+    from server.model_files.training.distill import held_out_start
+
+    lines = [line for line in target_answers.read(path) if line[1]]
+    prose = prose_requests()
+    families: dict[str, list] = {"code": [], "prose": []}
+    for prompt, answer in lines[held_out_start(lines):][:count]:
+        text = tokenizer.decode(prompt)
+        families["prose" if any(r in text for r in prose) else "code"].append((prompt, answer))
+    if target_answers.EVAL_PROSE_OUT.exists():
+        families["prose"] += [line for line in target_answers.read(target_answers.EVAL_PROSE_OUT)
+                              if line[1]][:count]
+    return {name: examples for name, examples in families.items() if examples}
+
+
+def bench_answers(target, max_tokens: int) -> dict[str, list]:
+    """The target's greedy answer to each bench prompt kind."""
     from server.bench.cells import DEFAULT_PROMPT_KINDS, PROMPT_KINDS
+    from server.model_files.training.distill_eval import prompt_ids, run_target
+
+    out = {}
+    for kind in DEFAULT_PROMPT_KINDS:
+        ids = prompt_ids(target.tokenizer, PROMPT_KINDS[kind])
+        answer = run_target(target.model, ids, max_tokens,
+                            set(target.tokenizer.eos_token_ids))["tokens"]
+        out[kind] = [(ids.tolist(), answer)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
     from server.engine.model_kit import load_model
     from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
     from server.model_files.training import target_answers
     from server.model_files.training.distill import held_out_start
-    from server.model_files.training.distill_eval import prompt_ids, run_target
 
     ap = argparse.ArgumentParser(prog="python -m server.bench.round_replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +276,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft-model", default=str(DEFAULT_DRAFT_DIR))
     ap.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT,
                     help="The corpus: its training split (no corpus policy if it is missing).")
+    ap.add_argument("--held-out", type=int, default=0, metavar="N",
+                    help="Replay the first N held-out answers of --answers instead of the bench "
+                         "prompts' answers.")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--host-ms", type=float, default=3.0, help="Host work per round.")
     ap.add_argument("--reps", type=int, default=20, help="Forwards per measured cost.")
@@ -184,18 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.model} with {args.draft_model}; target forward ms by width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in costs.verify.items())
           + f"; draft step {costs.draft_step:.1f} ms; host {costs.host} ms per round")
-    for kind in DEFAULT_PROMPT_KINDS:
-        ids = prompt_ids(target.tokenizer, PROMPT_KINDS[kind])
-        answer = run_target(target.model, ids, args.max_tokens,
-                            set(target.tokenizer.eos_token_ids))["tokens"]
-        prompt = ids.tolist()
-        draft_next = draft_predictions(draft, prompt, answer)
-        print(f"\n{kind}: {len(answer)} tokens")
-        print(f"{'policy':<40} {'modeled speedup':>15} {'rounds':>6} {'accepted/proposed':>17}")
-        for name, propose in policies(prompt, answer, draft_next, corpus).items():
-            r = replay(answer, propose, costs)
-            print(f"{name:<40} {plain_ms(answer, costs) / r.ms:14.2f}x {r.rounds:>6} "
-                  f"{r.accepted:>8}/{r.proposed:<8}")
+    families = (held_out_by_family(args.answers, args.held_out, target.tokenizer)
+                if args.held_out else bench_answers(target, args.max_tokens))
+    for family, examples in families.items():
+        totals, plain = replay_all(examples, draft, costs, corpus)
+        tokens = sum(len(answer) for _, answer in examples)
+        print(table(f"{family}: {len(examples)} answers, {tokens} tokens", totals, plain))
 
 
 if __name__ == "__main__":

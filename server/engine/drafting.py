@@ -34,7 +34,9 @@ class DraftSchedule:
             self.k = max(1, self.k - 1)
 
 
-def lookup_proposal(context: list[int], num_tokens: int) -> list[int]:
-    """Prompt lookup: the continuation of the last n-gram's earlier occurrence."""
+def lookup_proposal(context: list[int], num_tokens: int,
+                    min_ngram: int = DEFAULT_MIN_NGRAM) -> list[int]:
+    """Prompt lookup: the continuation of the last n-gram's earlier occurrence (an n-gram of at
+    least `min_ngram` tokens)."""
     return find_continuation(context, num_tokens, max_ngram=DEFAULT_MAX_NGRAM,
-                             min_ngram=DEFAULT_MIN_NGRAM)
+                             min_ngram=min_ngram)

@@ -103,12 +103,15 @@ class Sequence:
     def plan_round(self) -> None:
         """Choose this round's drafter, and look up the continuation when it may be lookup (as
         many tokens as k can be; the round proposes its first k): a hybrid row drafts by prompt
-        lookup when lookup finds a match, with the draft model when it finds none."""
+        lookup when the context's last `hybrid_min_match` tokens occurred before, with the draft
+        model when they did not."""
         drafter = self.drafter
         if drafter is None:
             return
+        spec = self.params.speculation
+        min_match = spec.hybrid_min_match if drafter == "hybrid" else 1
         self.looked_up = [] if drafter == "model" else \
-            lookup_proposal(self.context, self.params.speculation.num_draft_tokens)
+            lookup_proposal(self.context, spec.num_draft_tokens, min_match)
         if drafter == "hybrid":
             drafter = "prompt_lookup" if self.looked_up else "model"
         self.round_drafter = drafter

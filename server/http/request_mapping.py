@@ -70,6 +70,8 @@ def generation_params(
         acceptance=body.acceptance or defaults.acceptance,
         adaptive=defaults.adaptive if body.adaptive is None else body.adaptive,
         draft_p_min=defaults.draft_p_min if body.draft_p_min is None else body.draft_p_min,
+        hybrid_min_match=(defaults.hybrid_min_match if body.hybrid_min_match is None
+                          else body.hybrid_min_match),
     )
     speculation = engine.resolve_speculation(
         use_draft=body.use_draft, num_draft_tokens=body.num_draft_tokens,

@@ -61,6 +61,13 @@ TOPICS = (
     "kindness at work", "a thunderstorm", "learning chess", "living abroad",
 )
 
+# Topics for measuring only (`eval_prose_requests`), none of them in TOPICS.
+EVAL_TOPICS = (
+    "a first day at school", "learning to bake pies", "a lighthouse keeper's week",
+    "choosing a second-hand car", "a year without travel", "writing a song", "a street parade",
+    "a broken umbrella", "visiting a zoo", "moving to the countryside",
+)
+
 PROSE_TEMPLATES = (
     "Write a short reflection on {topic}. Use a few paragraphs of plain prose.",
     "What have people learned from {topic}? Answer in plain prose.",
@@ -82,7 +89,7 @@ def requests(seed: int) -> list[str]:
     """Every request, the four families interleaved, in a seeded order."""
     rng = random.Random(seed)
     functions, explains = _stdlib_requests()
-    families = [functions, _module_requests(functions, rng), explains, _prose_requests()]
+    families = [functions, _module_requests(functions, rng), explains, prose_requests()]
     for family in families:
         rng.shuffle(family)
     out = []
@@ -118,5 +125,13 @@ def _module_requests(function_requests: list[str], rng: random.Random) -> list[s
     return out
 
 
-def _prose_requests() -> list[str]:
-    return [t.format(topic=topic) for topic in TOPICS for t in PROSE_TEMPLATES]
+def prose_requests(topics: tuple[str, ...] = TOPICS) -> list[str]:
+    """The prose family: every topic under every prose template."""
+    return [t.format(topic=topic) for topic in topics for t in PROSE_TEMPLATES]
+
+
+def eval_prose_requests() -> list[str]:
+    """Prose requests on topics no training request uses (`EVAL_TOPICS`): the held-out answers
+    are the last 5% of `requests`, where only code requests are left, so prose is measured on
+    these."""
+    return prose_requests(EVAL_TOPICS)

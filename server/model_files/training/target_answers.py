@@ -1,7 +1,7 @@
 """The target's own greedy answers to chat requests: training data for a draft that agrees with it.
 
     python -m server.model_files.training.target_answers [--target PATH] [--out FILE]
-        [--minutes 25] [--max-tokens 160] [--batch 32] [--seed 0]
+        [--minutes 25] [--max-tokens 160] [--batch 32] [--seed 0] [--eval-prose]
 
 A draft is accepted as often as it predicts what the target itself writes, so the best text to
 train it on is the target's output (sequence-level distillation), and the best signal is the
@@ -11,7 +11,8 @@ everyday prose) are answered greedily by the target with `mlx_lm`'s `BatchGenera
 appended to a JSONL file as they finish, one line per answer: `{"prompt": [ids], "answer": [ids],
 "top_ids": [[ids]], "top_logprobs": [[logprobs]]}`, the last two the target's most likely
 tokens (at most `TOP_K`, log-probability above `MIN_LOGPROB`) at each answer position. A second
-run resumes where the file ends.
+run resumes where the file ends. `--eval-prose` answers the prose requests kept for measuring
+(`chat_requests.eval_prose_requests`, topics no training request uses) into `EVAL_PROSE_OUT`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import numpy as np
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
-from server.model_files.training.chat_requests import requests
+from server.model_files.training.chat_requests import eval_prose_requests, requests
 
 DEFAULT_OUT = Path("models/generated/target-answers.jsonl")
+EVAL_PROSE_OUT = Path("models/generated/target-answers-eval-prose.jsonl")
 DEFAULT_MINUTES = 25.0
 DEFAULT_MAX_TOKENS = 160
 DEFAULT_BATCH = 32
@@ -53,14 +55,14 @@ def done_count(out: Path) -> int:
 
 
 def generate(target_dir: Path, out: Path, *, minutes: float, max_tokens: int, batch: int,
-             seed: int, limit: int | None = None) -> int:
+             seed: int, limit: int | None = None, texts: list[str] | None = None) -> int:
     """Append answers to `out` until `minutes` pass, `limit` answers are written or the
-    requests run out; returns how many were appended."""
+    requests (`texts`, default `requests(seed)`) run out; returns how many were appended."""
     from tqdm import tqdm
 
     model, tokenizer = mlx_load(str(target_dir))
     model.set_dtype(mx.float32)
-    texts = requests(seed)[done_count(out):]
+    texts = (requests(seed) if texts is None else texts)[done_count(out):]
     texts = texts[:limit] if limit is not None else texts
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
                                              add_generation_prompt=True) for t in texts]
@@ -128,16 +130,22 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m server.model_files.training.target_answers",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--target", help="Target model folder or GGUF (default: the default target).")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSONL file (appended to).")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"JSONL file (appended to; default {DEFAULT_OUT}, with --eval-prose "
+                        f"{EVAL_PROSE_OUT}).")
     p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, help="Time budget.")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Per answer.")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="Answers decoded at once.")
     p.add_argument("--seed", type=int, default=0, help="Order of the requests.")
     p.add_argument("--limit", type=int, default=None, help="At most this many answers.")
+    p.add_argument("--eval-prose", action="store_true",
+                   help="Answer the prose requests kept for measuring instead.")
     args = p.parse_args(argv)
-    n = generate(target_folder(args.target), args.out, minutes=args.minutes,
-                 max_tokens=args.max_tokens, batch=args.batch, seed=args.seed, limit=args.limit)
-    print(f"{n} answers appended to {args.out} ({done_count(args.out)} in all)")
+    out = args.out or (EVAL_PROSE_OUT if args.eval_prose else DEFAULT_OUT)
+    n = generate(target_folder(args.target), out, minutes=args.minutes,
+                 max_tokens=args.max_tokens, batch=args.batch, seed=args.seed, limit=args.limit,
+                 texts=eval_prose_requests() if args.eval_prose else None)
+    print(f"{n} answers appended to {out} ({done_count(out)} in all)")
 
 
 if __name__ == "__main__":
