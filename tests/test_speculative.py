@@ -348,13 +348,16 @@ def run_hybrid(pair, **spec) -> None:
     assert tokens == greedy_reference(target, prompts[1], 80)
 
 
-def test_hybrid_looks_up_exactly_where_lookup_finds_a_match(pair, drafting_rounds):
-    """Lookup where the context's last token occurred earlier in it, the draft model where it
-    did not."""
-    run_hybrid(pair, num_draft_tokens=3, adaptive=False)
+@pytest.mark.parametrize("min_match", [1, 2])
+def test_hybrid_looks_up_exactly_where_lookup_finds_a_match(pair, drafting_rounds, min_match):
+    """Lookup where the context's last `hybrid_min_match` tokens occurred earlier in it, the
+    draft model where they did not."""
+    run_hybrid(pair, num_draft_tokens=3, adaptive=False, hybrid_min_match=min_match)
     assert {d for _, d in drafting_rounds} == {"model", "prompt_lookup"}
     for context, drafter in drafting_rounds:
-        assert drafter == ("prompt_lookup" if context[-1] in context[:-1] else "model")
+        tail = context[-min_match:]
+        before = any(context[i: i + min_match] == tail for i in range(len(context) - min_match))
+        assert drafter == ("prompt_lookup" if before else "model")
 
 
 def test_hybrid_keeps_one_adaptive_k_per_drafter(pair, drafting_rounds, monkeypatch):
