@@ -13,9 +13,9 @@ Acceptance = Literal["exact", "rejection"]
 # (`Sequence.plan_round`).
 DraftSource = Literal["model", "prompt_lookup", "hybrid"]
 # Hybrid drafts by lookup from a 2-token match: for SmolLM2 with its draft, through the server on
-# 32 requests no draft trained on, 1.42x / 1.30x plain decoding's tok/s on code / prose against
-# 1.35x / 1.24x from a 1-token match (RESULTS/held-out-ab.txt); replayed on 300 such answers, 7%
-# fewer rounds (RESULTS/round-replay-held-out.txt).
+# 32 requests no draft trained on, two runs: 1.38-1.42x / 1.29-1.30x plain decoding's tok/s on
+# code / prose against 1.35x / 1.24-1.29x from a 1-token match (RESULTS/held-out-ab*.txt);
+# replayed on 300 such answers, 7% fewer rounds (RESULTS/round-replay-held-out.txt).
 HYBRID_MIN_MATCH = 2
 
 
