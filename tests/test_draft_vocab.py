@@ -122,13 +122,28 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     assert tokens[: len(text)] == text[: len(tokens)]
 
     distill_eval.main(["--target", str(tiny_pair[0]), "--draft", str(out), "--k", "1,3",
-                       "--max-tokens", "16"])
+                       "--max-tokens", "16", "--answers", str(answers),
+                       "--eval-prose", str(tmp_path / "none.jsonl")])
     evaluation = json.loads((out / "evaluation.json").read_text())
+    held_out = evaluation["agreement"]["held-out code"]
+    assert held_out["answers"] == 80 - distill.held_out_start(list(range(80)))
+    assert "prose, unseen topics" not in evaluation["agreement"]  # no such file
     runs = [r for row in evaluation["prompts"].values() for r in row["by_k"].values()]
     assert runs and all(r["identical_to_target"] for r in runs)
     assert all(0 <= r["accepted"] <= r["proposed"] for r in runs)
     card = (out / "README.md").read_text()
     assert "predicts only the 60 tokens" in card and f"trained: {card_after(out)}" in card
+    assert f"- held-out code: {held_out['agreement']:.3f} ({held_out['answers']} answers" in card
+
+
+def test_answer_agreement_counts_the_positions_where_the_draft_predicts_the_answer():
+    class Echo:  # predicts that the last token repeats
+        def __call__(self, x):
+            return mx.eye(16)[x]
+
+    examples = [([1, 2], [2, 2, 5]), ([3], [4, 4])]  # hits: 2 after 2, 2 after 2; 4 after 4
+    assert distill_eval.answer_agreement(Echo(), examples) == {
+        "answers": 2, "tokens": 5, "agreement": round(3 / 5, 4)}
 
 
 def test_soft_targets_mix_the_written_token_with_the_targets_kept_distribution():

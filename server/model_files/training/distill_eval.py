@@ -1,13 +1,17 @@
 """Measure a distilled draft against its target and write its model card.
 
     python -m server.model_files.training.distill_eval [--target PATH] [--draft DIR]
-        [--k 1,2,4,6] [--max-tokens 128] [--draft-dtype float32|stored]
+        [--k 1,2,4,6] [--max-tokens 128] [--draft-dtype float32|stored] [--answers FILE]
+        [--eval-prose FILE]
 
 Greedy speculative decoding with `mlx_lm`'s own `speculative_generate_step` on the benchmark's
 `structured` and `open_ended` chat prompts: per k, accepted/proposed, tokens/s, and the speedup
-over the target alone (`generate_step`), same prompts, same machine, one after the other. Writes
-`evaluation.json` and `README.md` (the card, from `training.json` and the evaluation) into the
-draft's folder.
+over the target alone (`generate_step`), same prompts, same machine, one after the other. And the
+draft's top-1 agreement with the target's answers, teacher-forced, per request family: the
+held-out split of `target_answers`' file (the end of the request order: code requests only) and
+the prose requests on topics no training request used (`target_answers --eval-prose`), where
+those files exist. Writes `evaluation.json` and `README.md` (the card, from `training.json` and
+the evaluation) into the draft's folder.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mlx_lm.utils import dequantize_model
 from server.bench.cells import OPEN_ENDED, STRUCTURED
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.model_files.default_model import target_folder
+from server.model_files.training import target_answers
 from server.model_files.training.distill import DEFAULT_OUT
 
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
@@ -111,6 +116,32 @@ def draft_decode_ms(draft, n: int = 32) -> float:
     return (time.perf_counter() - start) / n * 1000
 
 
+def answer_agreement(draft, examples: list[tuple[list[int], list[int]]]) -> dict:
+    """How often the draft's argmax after prompt + answer[:j] is answer[j], over all examples."""
+    hits = total = 0
+    for prompt, answer in examples:
+        logits = draft(mx.array(prompt + answer, mx.uint32)[None])[0, len(prompt) - 1: -1]
+        hits += int((mx.argmax(logits, axis=-1) == mx.array(answer)).sum().item())
+        total += len(answer)
+    return {"answers": len(examples), "tokens": total, "agreement": round(hits / total, 4)}
+
+
+def family_agreement(draft, answers: Path, eval_prose: Path, count: int = 200) -> dict:
+    """Agreement on the first `count` held-out answers of `answers` (code requests) and of the
+    eval prose answers, for each file that exists."""
+    from server.model_files.training import target_answers
+    from server.model_files.training.distill import held_out_start
+
+    out = {}
+    if answers.exists():
+        lines = [line for line in target_answers.read(answers) if line[1]]
+        out["held-out code"] = answer_agreement(draft, lines[held_out_start(lines):][:count])
+    if eval_prose.exists():
+        lines = [line for line in target_answers.read(eval_prose) if line[1]]
+        out["prose, unseen topics"] = answer_agreement(draft, lines[:count])
+    return out
+
+
 def write_card(draft_dir: Path, evaluation: dict) -> None:
     training = json.loads((draft_dir / "training.json").read_text())
     config = json.loads((draft_dir / "config.json").read_text())
@@ -148,6 +179,11 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "(what greedy acceptance is per drafted token).", "",
         f"- initialised: {training['before']:.3f}",
         f"- trained: {training['after']:.3f}", "",
+        "The held-out split is the end of the request order, where only code requests are "
+        "left. Measured again by `distill_eval` (teacher-forced over the target's vocabulary), "
+        "with prose on topics no training request used:", "",
+        *(f"- {family}: {a['agreement']:.3f} ({a['answers']} answers, {a['tokens']} tokens)"
+          for family, a in evaluation.get("agreement", {}).items()), "",
         "Training loss (mean cross-entropy to the training target per 50 steps): "
         + ", ".join(f"{s}: {v:.2f}" for s, v in training["losses"]), "",
         "## Acceptance and speed (greedy, mlx_lm's speculative decoding)", "",
@@ -201,6 +237,10 @@ def main(argv=None) -> None:
     p.add_argument("--draft-dtype", choices=["float32", "stored"], default="float32",
                    help="float32: dequantize the draft (faster on CPU); stored: run it as saved.")
     p.add_argument("--no-card", action="store_true", help="Measure only; leave the card alone.")
+    p.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT,
+                   help="The target's answers: agreement on their held-out split.")
+    p.add_argument("--eval-prose", type=Path, default=target_answers.EVAL_PROSE_OUT,
+                   help="Answers to prose requests on unseen topics: agreement on them.")
     args = p.parse_args(argv)
     target, tokenizer = load(str(target_folder(args.target)))
     target.set_dtype(mx.float32)
@@ -215,6 +255,7 @@ def main(argv=None) -> None:
         "draft_dtype": args.draft_dtype, "max_tokens": args.max_tokens,
         "draft_decode_ms": round(draft_decode_ms(draft), 2),
         "prompts": evaluate(target, draft, tokenizer, ks, args.max_tokens),
+        "agreement": family_agreement(draft, args.answers, args.eval_prose),
     }
     print(json.dumps(evaluation, indent=2))
     if not args.no_card:
