@@ -234,7 +234,8 @@ class SamplingRequest(RequestModel):
     use_draft: bool | None = Field(None, description="Default: true when a drafter is loaded.")
     draft: Literal["model", "prompt_lookup", "hybrid"] | None = Field(
         None, description="Where drafts come from: the draft model, prompt lookup, or hybrid"
-        " (prompt lookup when it finds a match, the draft model when it finds none)."
+        " (prompt lookup when it finds a match of hybrid_min_match tokens, the draft model when"
+        " it finds none)."
     )
     acceptance: Literal["exact", "rejection"] | None = Field(
         None, description="Acceptance rule at temperature > 0."

@@ -125,7 +125,7 @@ class GenerationDefaults(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default top_p.")
     draft: DraftSource = Field(
         "model", description="Default drafter: model, prompt_lookup or hybrid (prompt lookup"
-        " when it finds a match, the draft model when it finds none).")
+        " when it finds a match of hybrid_min_match tokens, the draft model when it finds none).")
     acceptance: Acceptance = Field(
         "rejection", description="Default acceptance rule at temperature > 0."
     )
