@@ -232,11 +232,16 @@ hybrid_benches() {
     smol_adaptive $d 2 "smollm2-$d-adaptive"
   done
 }
+ab_table() {  # $1: N, $2: a file name, then result files: the N newest of them taken in turn
+  # (server.bench.ab) into $OUT/$2
+  local n=$1 table=$2
+  shift 2
+  $PY -m server.bench.ab $(ls -t "$@" | head -"$n") | tee "$OUT/$table"
+}
 run_hybrid_ab() {  # issue 10: hybrid against lookup alone, adaptive k, alternated 3 times (one
   # run's cells move by about 0.1x on this shared CPU); the table goes to $OUT/hybrid-ab.txt
   on_smol_server models/smollm2-draft hybrid-ab hybrid_ab_benches
-  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-ab[123]-{hybrid,prompt_lookup}.json | head -6) \
-    | tee "$OUT/hybrid-ab.txt"
+  ab_table 6 hybrid-ab.txt "$OUT"/bench-*-ab[123]-{hybrid,prompt_lookup}.json
 }
 hybrid_ab_benches() {
   local i d
@@ -249,8 +254,7 @@ hybrid_ab_benches() {
 run_hybrid_match_ab() {  # issue 10: hybrid drafting by lookup from a 1-token match (before)
   # against from a 2-token match (the default), adaptive k, alternated 3 times on one server
   on_smol_server models/smollm2-draft hybrid-match-ab hybrid_match_ab_benches
-  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-match-ab[123]-m[12].json | head -6) \
-    | tee "$OUT/hybrid-match-ab.txt"
+  ab_table 6 hybrid-match-ab.txt "$OUT"/bench-*-match-ab[123]-m[12].json
 }
 hybrid_match_ab_benches() {
   local i m
@@ -316,8 +320,7 @@ draft_ab() {  # $1: a draft ("new", port 8100), $2: another ("old", port 8101), 
   trap 'trap - RETURN; stop $previous' RETURN
   wait_up http://127.0.0.1:8101/health
   on_smol_server "$1" "$3" draft_ab_benches "$1" "$2" "$3"
-  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-"$3"[123]-{new,old}-{hybrid,model}.json | head -12) \
-    | tee "$OUT/$3.txt"
+  ab_table 12 "$3.txt" "$OUT"/bench-*-"$3"[123]-{new,old}-{hybrid,model}.json
 }
 draft_ab_benches() {  # $1-$3 as draft_ab's
   local i d
@@ -331,8 +334,7 @@ draft_ab_benches() {  # $1-$3 as draft_ab's
 run_default_reps() {  # issue 10: the default (hybrid, adaptive k up to 4, the shipped draft) three
   # times on one server; their median and counts (server.bench.ab) go to $OUT/default-reps.txt
   on_smol_server models/smollm2-draft default-reps default_reps_benches
-  $PY -m server.bench.ab $(ls -t "$OUT"/bench-*-default-rep[123].json | head -3) \
-    | tee "$OUT/default-reps.txt"
+  ab_table 3 default-reps.txt "$OUT"/bench-*-default-rep[123].json
 }
 default_reps_benches() {
   local i
