@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
-# benchmarks at once), into RESULTS/. Takes ~90 min on a 2-core CPU. Usage:
+# benchmarks at once), into RESULTS/. Takes roughly 4 h on a 2-core CPU (the issue-10 SmolLM2
+# sections about 2 h of it). Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
