@@ -65,7 +65,7 @@ def draft_predictions(model, prompt: list[int], answer: list[int]) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     from server.engine.model_kit import load_model
     from server.model_files.training import target_answers
-    from server.model_files.training.distill import held_out_start
+    from server.model_files.training.distill import answer_split
 
     ap = argparse.ArgumentParser(prog="python -m server.bench.lookup_vs_draft",
                                  description=__doc__,
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=150, help="Held-out answers to read.")
     ap.add_argument("--k", type=int, default=4, help="Drafts per round.")
     args = ap.parse_args(argv)
-    lines = [line for line in target_answers.read(args.answers) if line[1]]
-    held_out = lines[held_out_start(lines):][: args.count]
+    held_out = answer_split(args.answers)[1][: args.count]
     draft = load_model(args.draft_model, dequantize=True).model
     rows = [row for prompt, answer in held_out
             for row in positions(prompt, answer, draft_predictions(draft, prompt, answer),

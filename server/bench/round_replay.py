@@ -236,17 +236,15 @@ def held_out_by_family(path: Path, count: int, tokenizer) -> dict[str, list]:
     held-out split is the end of the request order, where only code requests are left."""
     from server.model_files.training import target_answers
     from server.model_files.training.chat_requests import prose_requests
-    from server.model_files.training.distill import held_out_start
+    from server.model_files.training.distill import answer_split
 
-    lines = [line for line in target_answers.read(path) if line[1]]
     prose = prose_requests()
     families: dict[str, list] = {"code": [], "prose": []}
-    for prompt, answer in lines[held_out_start(lines):][:count]:
+    for prompt, answer in answer_split(path)[1][:count]:
         text = tokenizer.decode(prompt)
         families["prose" if any(r in text for r in prose) else "code"].append((prompt, answer))
     if target_answers.EVAL_PROSE_OUT.exists():
-        families["prose"] += [line for line in target_answers.read(target_answers.EVAL_PROSE_OUT)
-                              if line[1]][:count]
+        families["prose"] += target_answers.answered(target_answers.EVAL_PROSE_OUT)[:count]
     return {name: examples for name, examples in families.items() if examples}
 
 
@@ -268,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     from server.engine.model_kit import load_model
     from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
     from server.model_files.training import target_answers
-    from server.model_files.training.distill import held_out_start
+    from server.model_files.training.distill import answer_split
 
     ap = argparse.ArgumentParser(prog="python -m server.bench.round_replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -287,8 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     draft = load_model(args.draft_model, dequantize=True).model
     corpus = None
     if args.answers.exists():
-        lines = [line for line in target_answers.read(args.answers) if line[1]]
-        corpus = NgramTable(lines[: held_out_start(lines)])
+        corpus = NgramTable(answer_split(args.answers)[0])
     costs = measured_costs(target.model, draft, 7, args.host_ms, args.reps)
     print(f"{args.model} with {args.draft_model}; target forward ms by width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in costs.verify.items())

@@ -27,6 +27,7 @@ from server.engine.events import (
     TokenEvent,
 )
 from server.engine.params import GenerationParams
+from server.engine.prompt_lookup import DEFAULT_MIN_NGRAM
 from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
 
@@ -109,7 +110,7 @@ class Sequence:
         if drafter is None:
             return
         spec = self.params.speculation
-        min_match = spec.hybrid_min_match if drafter == "hybrid" else 1
+        min_match = spec.hybrid_min_match if drafter == "hybrid" else DEFAULT_MIN_NGRAM
         self.looked_up = [] if drafter == "model" else \
             lookup_proposal(self.context, spec.num_draft_tokens, min_match)
         if drafter == "hybrid":

@@ -65,6 +65,14 @@ def held_out_start(examples: list) -> int:
     return int(len(examples) * (1 - VAL_FRACTION))
 
 
+def answer_split(path: Path) -> tuple[list[Example], list[Example]]:
+    """An answers file's (prompt, answer) lines that have an answer, as (training split,
+    held-out split)."""
+    lines = target_answers.answered(path)
+    split = held_out_start(lines)
+    return lines[:split], lines[split:]
+
+
 def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]:
     """The n most frequent answer tokens (ties by id), `always` (EOS...) included."""
     counts = Counter(t for _, answer in examples for t in answer)

@@ -29,6 +29,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.utils import dequantize_model
 
 from server.bench.cells import OPEN_ENDED, STRUCTURED
+from server.bench.lookup_vs_draft import draft_predictions
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.model_files.default_model import target_folder
 from server.model_files.training import target_answers
@@ -120,8 +121,8 @@ def answer_agreement(draft, examples: list[tuple[list[int], list[int]]]) -> dict
     """How often the draft's argmax after prompt + answer[:j] is answer[j], over all examples."""
     hits = total = 0
     for prompt, answer in examples:
-        logits = draft(mx.array(prompt + answer, mx.uint32)[None])[0, len(prompt) - 1: -1]
-        hits += int((mx.argmax(logits, axis=-1) == mx.array(answer)).sum().item())
+        predicted = draft_predictions(draft, prompt, answer)
+        hits += sum(p == a for p, a in zip(predicted, answer, strict=True))
         total += len(answer)
     return {"answers": len(examples), "tokens": total, "agreement": round(hits / total, 4)}
 
@@ -129,16 +130,14 @@ def answer_agreement(draft, examples: list[tuple[list[int], list[int]]]) -> dict
 def family_agreement(draft, answers: Path, eval_prose: Path, count: int = 200) -> dict:
     """Agreement on the first `count` held-out answers of `answers` (code requests) and of the
     eval prose answers, for each file that exists."""
-    from server.model_files.training import target_answers
-    from server.model_files.training.distill import held_out_start
+    from server.model_files.training.distill import answer_split
 
     out = {}
     if answers.exists():
-        lines = [line for line in target_answers.read(answers) if line[1]]
-        out["held-out code"] = answer_agreement(draft, lines[held_out_start(lines):][:count])
+        out["held-out code"] = answer_agreement(draft, answer_split(answers)[1][:count])
     if eval_prose.exists():
-        lines = [line for line in target_answers.read(eval_prose) if line[1]]
-        out["prose, unseen topics"] = answer_agreement(draft, lines[:count])
+        out["prose, unseen topics"] = answer_agreement(
+            draft, target_answers.answered(eval_prose)[:count])
     return out
 
 

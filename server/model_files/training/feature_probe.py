@@ -37,8 +37,8 @@ from server.model_files.training.distill import (
     DEFAULT_VOCAB,
     Example,
     _rows,
+    answer_split,
     frequent_ids,
-    held_out_start,
     top1_hits,
 )
 
@@ -183,12 +183,11 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(args.seed)
     target, tokenizer, config = mlx_load(str(target_folder(args.target)), return_config=True)
     target.set_dtype(mx.float32)
-    examples = [(p, a) for p, a in target_answers.read(args.answers) if a]
-    split = held_out_start(examples)
+    training, held_out = answer_split(args.answers)
     # The vocabulary distill keeps (from all its training answers); the held-out set is its.
-    kept = frequent_ids(examples[:split], args.vocab, set(tokenizer.eos_token_ids))
+    kept = frequent_ids(training, args.vocab, set(tokenizer.eos_token_ids))
     index = draft_index(kept, int(config["vocab_size"]))
-    train, val = examples[: min(args.train, split)], examples[split:][: args.held_out]
+    train, val = training[: args.train], held_out[: args.held_out]
     feats = cached_features(target, train + val, args.features)
     train_f, val_f = feats[: len(train)], feats[len(train):]
     model = build_head(target, config, kept)

@@ -115,6 +115,11 @@ def read(path: Path) -> list[tuple[list[int], list[int]]]:
     return [(prompt, answer) for prompt, answer, _ in read_with_teacher(path)]
 
 
+def answered(path: Path) -> list[tuple[list[int], list[int]]]:
+    """Per line whose answer is not empty, (prompt, answer)."""
+    return [line for line in read(path) if line[1]]
+
+
 def read_with_teacher(path: Path) -> list[tuple[list[int], list[int], tuple | None]]:
     """Per line, (prompt, answer, teacher): the teacher is the target's (top_ids, top_logprobs)
     at each answer position, None for a line written without them."""
