@@ -8,7 +8,7 @@
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
-#                                   hybrid_match_ab held_out_ab
+#                                   hybrid_match_ab held_out_ab p_min_ab
 #                                   draft_sizes draft_epochs feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~185 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
@@ -278,6 +278,19 @@ held_out_benches() {
     --setting match2='{"draft": "hybrid", "hybrid_min_match": 2}' --count 16 \
     | tee "$OUT/held-out-ab.txt"
 }
+run_p_min_ab() {  # draft_p_min with a fixed k against the default (adaptive k), through our
+  # server on the same held-out requests, each request under every setting in turn
+  have_answers || return 0
+  on_smol_server models/smollm2-draft held-out-p-min held_out_p_min_benches
+}
+held_out_p_min_benches() {
+  $PY -m server.bench.held_out --server http://127.0.0.1:8100 \
+    --setting plain='{"num_draft_tokens": 0}' \
+    --setting adaptive='{"draft": "hybrid"}' \
+    --setting k4-p0.3='{"draft": "hybrid", "adaptive": false, "num_draft_tokens": 4, "draft_p_min": 0.3}' \
+    --setting k4-p0.4='{"draft": "hybrid", "adaptive": false, "num_draft_tokens": 4, "draft_p_min": 0.4}' \
+    --count 16 | tee "$OUT/held-out-p-min-ab.txt"
+}
 have_answers() {  # the target's answers (section draft writes them) and the prose kept for
   # measuring (written here if missing, ~2 min)
   [ -s models/generated/target-answers.jsonl ] || {
@@ -407,5 +420,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab}
 for s in $sections; do echo "=== $s"; "run_$s"; done

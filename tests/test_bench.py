@@ -506,8 +506,9 @@ def test_round_replay_hybrid_leaves_short_matches_to_the_draft_when_told():
     draft_next = [8, 8, 8, 8]
     found = policies(prompt, answer, draft_next, None)
     assert found["hybrid lookup 4 / model 2"](0) == ("prompt_lookup", [3, 2])
-    assert found["hybrid lookup 4 from a 2-match / model 2"](0) == ("model", [8, 8])
-    assert found["hybrid lookup 4 from a 2-match / model 4"](0) == ("model", [8, 8, 8, 8])
+    # the draft model's rounds also say how many draft steps they ran
+    assert found["hybrid lookup 4 from a 2-match / model 2"](0) == ("model", [8, 8], 2)
+    assert found["hybrid lookup 4 from a 2-match / model 4"](0) == ("model", [8, 8, 8, 8], 4)
 
 
 def test_round_replay_ngram_table_proposes_only_confident_continuations():
@@ -538,11 +539,36 @@ def test_round_replay_adaptive_follows_the_servers_schedule():
     assert (wrong.rounds, wrong.proposed, wrong.accepted) == (5, 4 + 2 + 1 + 1 + 1, 0)
     # The 1-gram "7" occurred before (then 1, 2, 7): lookup from a 1-match, else the model.
     prompt, answer = [7, 1, 2, 7], [1, 2, 3]
+    # (drafter, proposed, draft-model steps run)
     assert Adaptive(prompt, answer, [5, 5, 5], 4, lookup_from=1)(0) == ("prompt_lookup",
-                                                                        [1, 2, 7])
-    assert Adaptive(prompt, answer, [5, 5, 5], 4, lookup_from=2)(0) == ("model", [5, 5, 5])
+                                                                        [1, 2, 7], 0)
+    assert Adaptive(prompt, answer, [5, 5, 5], 4, lookup_from=2)(0) == ("model", [5, 5, 5], 3)
     alone = Adaptive(prompt, answer, [5, 5, 5], 4, drafters=("prompt_lookup",))
-    assert alone(0) == ("prompt_lookup", [1, 2, 7])
+    assert alone(0) == ("prompt_lookup", [1, 2, 7], 0)
+
+
+def test_round_replay_draft_p_min_cuts_the_draft_models_rounds():
+    """Under draft_p_min the draft model proposes up to its first token below it and runs
+    that token's step too; replayed rounds are priced with the steps run."""
+    from server.bench.round_replay import Adaptive, Costs, confident_draft, policies, replay
+
+    draft_next, confidence = [5, 6, 7, 8], [0.9, 0.6, 0.2, 0.9]
+    assert confident_draft(draft_next, confidence, 0, 4, 0.0) == ([5, 6, 7, 8], 4)
+    assert confident_draft(draft_next, confidence, 0, 4, 0.5) == ([5, 6], 3)
+    assert confident_draft(draft_next, confidence, 2, 4, 0.5) == ([], 1)
+    assert confident_draft(draft_next, confidence, 0, 2, 0.5) == ([5, 6], 2)  # k ends it
+    # No lookup match in [100, 101] + answer: the draft model drafts, cut at position 2.
+    answer = [5, 6, 7, 8]
+    found = policies([100, 101], answer, draft_next, None, confidence)
+    assert found["hybrid k=4, draft_p_min 0.3"](0) == ("model", [5, 6], 3)
+    assert found["hybrid k=4, draft_p_min 0.2"](0) == ("model", [5, 6, 7, 8], 4)
+    costs = Costs(verify={w: 10.0 + w for w in range(1, 6)}, draft_step=2.0, host=0.0)
+    # Round 1: proposes 5, 6 (3 steps), accepts both, emits 7 -> j=3; round 2 at j=3:
+    # 8 (0.9) proposed and k covers the answer's end: 1 step; accepted, the answer is done.
+    r = replay(answer, Adaptive([100, 101], answer, draft_next, 4, p_min=0.5,
+                                confidence=confidence), costs)
+    assert (r.rounds, r.proposed, r.accepted) == (2, 3, 3)
+    assert r.ms == (13 + 3 * 2) + (12 + 1 * 2)
 
 
 def test_held_out_bench_sums_decode_time_per_setting():

@@ -253,9 +253,9 @@ def test_draft_stops_below_draft_p_min(pair, references):
         num_draft_tokens=4,
         max_tokens=16,
         draft_p_min=1.01,
-        adaptive=False,  # fixed k: draft_p_min belongs to the adaptive policy
+        adaptive=False,  # a fixed k is cut by draft_p_min alike
     )
-    assert set(fixed.k_histogram) == {4}
+    assert fixed.draft_tokens_proposed == 0 and set(fixed.k_histogram) == {0}
 
 
 def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypatch):

@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Adapt k per round (default off: the sweep measures a fixed k, "
                            "which the theory column models).")
     spec.add_argument("--draft-p-min", type=float, default=0.0,
-                      help="With --adaptive: end a round's drafting at the first token whose "
-                           "draft probability is below this (the request's draft_p_min).")
+                      help="End a round's drafting at the first token whose draft "
+                           "probability is below this (the request's draft_p_min).")
     spec.add_argument("--hybrid-min-match", type=int, choices=(1, 2, 3),
                       default=SpeculationParams().hybrid_min_match,
                       help="With --draft hybrid: draft by prompt lookup only where the last this-"

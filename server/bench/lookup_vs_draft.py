@@ -58,8 +58,16 @@ def table(rows: np.ndarray, k: int) -> str:
 
 
 def draft_predictions(model, prompt: list[int], answer: list[int]) -> list[int]:
+    return draft_top(model, prompt, answer)[0]
+
+
+def draft_top(model, prompt: list[int], answer: list[int]) -> tuple[list[int], list[float]]:
+    """At each answer position (teacher forced): the draft's greedy token and the probability
+    it gives that token (what `draft_p_min` compares)."""
     logits = model(mx.array(prompt + answer, mx.uint32)[None])[0, len(prompt) - 1 : -1]
-    return mx.argmax(logits, axis=-1).tolist()
+    logits = logits.astype(mx.float32)
+    top = mx.exp(logits.max(axis=-1) - mx.logsumexp(logits, axis=-1))
+    return mx.argmax(logits, axis=-1).tolist(), top.tolist()
 
 
 def main(argv: list[str] | None = None) -> None:

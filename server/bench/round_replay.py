@@ -18,7 +18,11 @@ cache) asked before the draft model where lookup finds no match (its longest see
 if seen twice and its top continuation holds half the count; up to the lookup k tokens); and the
 server's own adaptive k (`DraftSchedule`, one per drafter, as `Sequence` keeps them) for hybrid,
 lookup alone and the draft model alone, hybrid with lookup used from a 1-, 2- or 3-token match
-(`hybrid_min_match`; the server's default is `HYBRID_MIN_MATCH`).
+(`hybrid_min_match`; the server's default is `HYBRID_MIN_MATCH`), and hybrid with a
+`draft_p_min` (the draft model's round ends at its first token whose teacher-forced
+probability is below it; that step is priced, its token not proposed; past a round's first miss
+the draft's real probabilities, which read its own wrong token, are not known, so the
+teacher-forced ones stand in there).
 
 `--held-out N` replays the first N held-out answers of `--answers` (the 5% no draft trained on)
 instead of the two bench prompts' answers: thousands of rounds instead of ~60 per prompt, summed
@@ -33,14 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.bench.lookup_vs_draft import draft_predictions, lookup_match
+from server.bench.lookup_vs_draft import draft_top, lookup_match
 from server.engine.drafting import DraftSchedule
 from server.engine.params import HYBRID_MIN_MATCH, SpeculationParams
 from server.engine.sequence import ROUND_DRAFTERS
 from server.engine.verification import count_exact_matches
 
-# (drafter, proposed tokens) for the round starting at answer position j
-Propose = Callable[[int], tuple[str, list[int]]]
+# (drafter, proposed tokens[, draft steps run]) for the round starting at answer position j;
+# the draft steps default to one per proposed token
+Propose = Callable[[int], tuple]
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,9 @@ class Costs:
     draft_step: float
     host: float
 
-    def round(self, drafter: str, proposed: int) -> float:
-        draft = self.draft_step * proposed if drafter == "model" else 0.0
+    def round(self, drafter: str, proposed: int, steps: int | None = None) -> float:
+        steps = proposed if steps is None else steps
+        draft = self.draft_step * steps if drafter == "model" else 0.0
         return self.verify[proposed + 1] + draft + self.host
 
 
@@ -72,11 +78,11 @@ def replay(answer: list[int], propose: Propose, costs: Costs) -> Replay:
     ms = 0.0
     observe = getattr(propose, "observe", None)  # an adaptive policy learns from each round
     while j < len(answer):
-        drafter, tokens = propose(j)
+        drafter, tokens, *steps = propose(j)
         n = count_exact_matches(answer[j: j + len(tokens)], tokens)
         if observe is not None:
             observe(n)
-        ms += costs.round(drafter, len(tokens))
+        ms += costs.round(drafter, len(tokens), *steps)
         rounds, proposed, accepted = rounds + 1, proposed + len(tokens), accepted + n
         j += n + 1
     return Replay(rounds, proposed, accepted, ms)
@@ -86,29 +92,48 @@ def plain_ms(answer: list[int], costs: Costs) -> float:
     return len(answer) * (costs.verify[1] + costs.host)
 
 
+def confident_draft(draft_next: list[int], confidence: list[float] | None, j: int, k: int,
+                    p_min: float) -> tuple[list[int], int]:
+    """The draft model's round at answer position j, k steps at most, under `draft_p_min`:
+    (tokens proposed, draft steps run); the steps include the one whose token fell below
+    p_min, as the server's decoder runs it."""
+    tokens = draft_next[j: j + k]
+    if not p_min:
+        return tokens, len(tokens)
+    cut = next((i for i, p in enumerate(confidence[j: j + len(tokens)]) if p < p_min),
+               len(tokens))
+    return tokens[:cut], min(len(tokens), cut + 1)
+
+
 class Adaptive:
     """The server's adaptive drafting for one answer: a hybrid row drafts by lookup where lookup
     matches (here: at least `lookup_from` tokens), with the draft model elsewhere; each drafter
     keeps its own `DraftSchedule` (up to `max_k`), updated after each of its rounds, as
-    `Sequence.plan_round` and the decoder do. `drafters` limits it to one of them."""
+    `Sequence.plan_round` and the decoder do. `drafters` limits it to one of them; `p_min`
+    is the request's `draft_p_min` (`confidence`: the draft's probability per position)."""
 
     def __init__(self, prompt: list[int], answer: list[int], draft_next: list[int], max_k: int,
-                 lookup_from: int = 1, drafters: tuple[str, ...] = ROUND_DRAFTERS):
+                 lookup_from: int = 1, drafters: tuple[str, ...] = ROUND_DRAFTERS,
+                 p_min: float = 0.0, confidence: list[float] | None = None):
         self.prompt, self.answer, self.draft_next = prompt, answer, draft_next
         self.max_k, self.lookup_from, self.drafters = max_k, lookup_from, drafters
+        self.p_min, self.confidence = p_min, confidence
         spec = SpeculationParams(num_draft_tokens=max_k, adaptive=True)
         self.schedules = {d: DraftSchedule(spec) for d in ROUND_DRAFTERS}
         self.last: tuple[str, int, int] | None = None  # (drafter, requested k, proposed)
 
-    def __call__(self, j: int) -> tuple[str, list[int]]:
+    def __call__(self, j: int) -> tuple[str, list[int], int]:
         n, found = (lookup_match(self.prompt + self.answer[:j], self.max_k)
                     if "prompt_lookup" in self.drafters else (0, []))
         use_lookup = n >= self.lookup_from or "model" not in self.drafters
         drafter = "prompt_lookup" if use_lookup else "model"
         k = self.schedules[drafter].next(len(self.answer) - j)
-        tokens = found[:k] if use_lookup else self.draft_next[j: j + k]
+        if use_lookup:
+            tokens, steps = found[:k], 0
+        else:
+            tokens, steps = confident_draft(self.draft_next, self.confidence, j, k, self.p_min)
         self.last = (drafter, k, len(tokens))
-        return drafter, tokens
+        return drafter, tokens, steps
 
     def observe(self, accepted: int) -> None:
         drafter, k, proposed = self.last
@@ -151,12 +176,18 @@ class NgramTable:
         return out
 
 
-def policies(prompt: list[int], answer: list[int], draft_next: list[int],
-             corpus: NgramTable | None) -> dict[str, Propose]:
-    """Each policy's `propose` for this prompt and answer."""
+P_MINS = (0.2, 0.3, 0.4, 0.5)  # the draft_p_min values replayed
 
-    def hybrid(lookup_k: dict[int, int], model_k: int, use_corpus: bool = False) -> Propose:
-        def propose(j: int) -> tuple[str, list[int]]:
+
+def policies(prompt: list[int], answer: list[int], draft_next: list[int],
+             corpus: NgramTable | None,
+             confidence: list[float] | None = None) -> dict[str, Propose]:
+    """Each policy's `propose` for this prompt and answer (the `draft_p_min` ones only with the
+    draft's `confidence` per position)."""
+
+    def hybrid(lookup_k: dict[int, int], model_k: int, use_corpus: bool = False,
+               p_min: float = 0.0) -> Propose:
+        def propose(j: int) -> tuple:
             context = prompt + answer[:j]
             n, found = lookup_match(context, max(lookup_k.values()))
             if n and lookup_k[n]:
@@ -165,7 +196,7 @@ def policies(prompt: list[int], answer: list[int], draft_next: list[int],
                 guessed = corpus.propose(context, lookup_k[3])
                 if guessed:
                     return "corpus", guessed
-            return "model", draft_next[j: j + model_k]
+            return "model", *confident_draft(draft_next, confidence, j, model_k, p_min)
         return propose
 
     def lookup(k: int) -> Propose:
@@ -194,6 +225,14 @@ def policies(prompt: list[int], answer: list[int], draft_next: list[int],
         found[f"adaptive hybrid, lookup from a {n}-match{default}"] = adaptive(lookup_from=n)
     found["adaptive lookup alone"] = adaptive(drafters=("prompt_lookup",))
     found["adaptive draft model alone"] = adaptive(drafters=("model",))
+    if confidence is not None:
+        from_match = {n: 4 if n >= HYBRID_MIN_MATCH else 0 for n in (1, 2, 3)}
+        for k in (4, 6):
+            for p in P_MINS:
+                found[f"hybrid k={k}, draft_p_min {p}"] = hybrid(from_match, k, p_min=p)
+        for p in P_MINS:
+            found[f"adaptive hybrid (default), draft_p_min {p}"] = adaptive(
+                lookup_from=HYBRID_MIN_MATCH, p_min=p, confidence=confidence)
     return found
 
 
@@ -211,9 +250,9 @@ def replay_all(examples: list[tuple[list[int], list[int]]], draft, costs: Costs,
     totals: dict[str, Replay] = {}
     plain = 0.0
     for prompt, answer in examples:
-        draft_next = draft_predictions(draft, prompt, answer)
+        draft_next, confidence = draft_top(draft, prompt, answer)
         plain += plain_ms(answer, costs)
-        for name, propose in policies(prompt, answer, draft_next, corpus).items():
+        for name, propose in policies(prompt, answer, draft_next, corpus, confidence).items():
             r, t = replay(answer, propose, costs), totals.get(name, Replay(0, 0, 0, 0.0))
             totals[name] = Replay(t.rounds + r.rounds, t.proposed + r.proposed,
                                   t.accepted + r.accepted, t.ms + r.ms)

@@ -171,8 +171,7 @@ def _all_stopped(rows: list[Sequence], ks: dict[int, int], confidence: list[list
 
 
 def _p_min(seq: Sequence) -> float:
-    spec = seq.params.speculation
-    return spec.draft_p_min if spec.adaptive else 0.0
+    return seq.params.speculation.draft_p_min
 
 
 def _top_probability(seq: Sequence, processed: mx.array) -> mx.array:
