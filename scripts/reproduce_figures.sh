@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every figure quoted in the issues' closing notes, one after the other (never two
-# benchmarks at once), into RESULTS/. Takes roughly 4 h on a 2-core CPU (the issue-10 SmolLM2
-# sections about 2 h of it). Usage:
+# benchmarks at once), into RESULTS/. Takes roughly 5 h on a 2-core CPU (the issue-10 SmolLM2
+# sections about 3 h of it). Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
 #                                   engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
-#                                   hybrid_match_ab held_out_ab p_min_ab
+#                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min
 #                                   draft_sizes draft_epochs feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~185 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
@@ -233,6 +233,18 @@ hybrid_benches() {
     smol_adaptive $d 2 "smollm2-$d-adaptive"
   done
 }
+run_hybrid_p_min() {  # issue 10: hybrid at a fixed k = 1, 2, 4, 6 without and with draft_p_min
+  # 0.4 (the draft model's round cut at its first token under it), one server, one after the other
+  on_smol_server models/smollm2-draft hybrid-p-min hybrid_p_min_benches
+}
+hybrid_p_min_benches() {
+  local p
+  for p in 0 0.4; do
+    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
+      --draft hybrid --draft-tokens 1,2,4,6 --draft-p-min $p --reps 2 --max-tokens 128 \
+      --tag "smollm2-hybrid-p-min-$p"
+  done
+}
 ab_table() {  # $1: N, $2: a file name, then result files: the N newest of them taken in turn
   # (server.bench.ab) into $OUT/$2
   local n=$1 table=$2
@@ -290,6 +302,11 @@ held_out_p_min_benches() {
     --setting k4-p0.3='{"draft": "hybrid", "adaptive": false, "num_draft_tokens": 4, "draft_p_min": 0.3}' \
     --setting k4-p0.4='{"draft": "hybrid", "adaptive": false, "num_draft_tokens": 4, "draft_p_min": 0.4}' \
     --count 16 | tee "$OUT/held-out-p-min-ab.txt"
+  $PY -m server.bench.held_out --server http://127.0.0.1:8100 \
+    --setting plain='{"num_draft_tokens": 0}' \
+    --setting adaptive='{"draft": "hybrid"}' \
+    --setting k6-p0.4='{"draft": "hybrid", "adaptive": false, "num_draft_tokens": 6, "draft_p_min": 0.4}' \
+    --count 16 | tee "$OUT/held-out-p-min-k6.txt"
 }
 have_answers() {  # the target's answers (section draft writes them) and the prose kept for
   # measuring (written here if missing, ~2 min)
@@ -420,5 +437,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min}
 for s in $sections; do echo "=== $s"; "run_$s"; done
