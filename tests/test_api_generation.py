@@ -141,8 +141,9 @@ async def test_logprobs(client, loaded_pair):
     {"draft": "hybrid", "num_draft_tokens": 4, "hybrid_min_match": 3},
     {"acceptance": "exact", "adaptive": False, "num_draft_tokens": 3},
     {"acceptance": "rejection", "adaptive": True, "draft_p_min": 0.2, "num_draft_tokens": 8},
+    {"draft": "hybrid", "adaptive": False, "draft_p_min": 0.4, "num_draft_tokens": 6},
 ], ids=["prompt_lookup", "hybrid", "hybrid-match-1", "hybrid-match-3", "exact-fixed",
-        "rejection-adaptive-pmin"])
+        "rejection-adaptive-pmin", "hybrid-fixed-pmin"])
 async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair, extra):
     content = "def add(a, b): return a + b\ndef add(a, b): return a + b\n"
     expected = reference_text(loaded_pair, chat_tokens(loaded_pair[1], content))

@@ -245,7 +245,7 @@ def test_draft_stops_below_draft_p_min(pair, references):
     assert tokens == references[0][:16]
     assert counters.draft_tokens_proposed == 0 and set(counters.k_histogram) == {0}
 
-    _, _, fixed = run(
+    fixed_tokens, _, fixed = run(
         target,
         draft,
         prompts[0],
@@ -255,10 +255,12 @@ def test_draft_stops_below_draft_p_min(pair, references):
         draft_p_min=1.01,
         adaptive=False,  # a fixed k is cut by draft_p_min alike
     )
+    assert fixed_tokens == references[0][:16]
     assert fixed.draft_tokens_proposed == 0 and set(fixed.k_histogram) == {0}
 
 
-def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypatch):
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypatch, adaptive):
     target, draft, vocab, prompts = pair
     # The first token comes from the prefill; the first draft follows it.
     first = greedy_reference(target, prompts[1], 1)
@@ -277,7 +279,8 @@ def test_draft_stops_at_the_first_token_it_is_not_confident_about(pair, monkeypa
         return result
 
     monkeypatch.setattr(decoder, "_draft_with_model", spy)
-    run(target, draft, prompts[1], max_tokens=12, num_draft_tokens=8, draft_p_min=p_min)
+    run(target, draft, prompts[1], max_tokens=12, num_draft_tokens=8, draft_p_min=p_min,
+        adaptive=adaptive)
     assert proposals[0].tokens == [int(t) for t, _ in steps[:stop]]
     # ... and drafts no further than that token: stop + 1 draft steps of the 8 it could take
     assert runs[0] == stop + 1
