@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.bench.lookup_vs_draft import draft_top, lookup_match
-from server.engine.drafting import DraftSchedule
+from server.engine.drafting import DraftSchedule, confident_count
 from server.engine.params import HYBRID_MIN_MATCH, SpeculationParams
 from server.engine.sequence import ROUND_DRAFTERS
 from server.engine.verification import count_exact_matches
@@ -100,8 +100,7 @@ def confident_draft(draft_next: list[int], confidence: list[float] | None, j: in
     tokens = draft_next[j: j + k]
     if not p_min:
         return tokens, len(tokens)
-    cut = next((i for i, p in enumerate(confidence[j: j + len(tokens)]) if p < p_min),
-               len(tokens))
+    cut = confident_count(confidence[j: j + len(tokens)], len(tokens), p_min)
     return tokens[:cut], min(len(tokens), cut + 1)
 
 

@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from server.engine.batch import ModelBatch
+from server.engine.drafting import confident_count
 from server.engine.sampling import apply_mask, normalize
 from server.engine.sequence import Sequence
 from server.engine.verification import count_exact_matches, verify_rejection
@@ -155,7 +156,7 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
 def _confident(seq: Sequence, confidence: list[mx.array], k: int) -> int:
     """How many of the row's first k draft tokens it proposes: those before the first one the
     draft gives less than its draft_p_min (all k without a cut-off)."""
-    return next((j for j, c in enumerate(confidence[:k]) if c.item() < _p_min(seq)), k)
+    return confident_count((c.item() for c in confidence), k, _p_min(seq))
 
 
 def _all_stopped(rows: list[Sequence], ks: dict[int, int], confidence: list[list],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import islice
+
 from server.engine.params import SpeculationParams
 from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, find_continuation
 
@@ -40,3 +43,9 @@ def lookup_proposal(context: list[int], num_tokens: int,
     least `min_ngram` tokens)."""
     return find_continuation(context, num_tokens, max_ngram=DEFAULT_MAX_NGRAM,
                              min_ngram=min_ngram)
+
+
+def confident_count(probabilities: Iterable[float], k: int, p_min: float) -> int:
+    """How many of a round's first k draft tokens it proposes under `draft_p_min`: those before
+    the first one the draft gives a probability below p_min (all k when none is)."""
+    return next((j for j, p in enumerate(islice(probabilities, k)) if p < p_min), k)
