@@ -14,7 +14,7 @@
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
 #                                   then benches them and the shipped one, ~20 min),
 #                                   draft_epochs (~50 min) and
-#                                   feature_probe (~15 min); these three need the
+#                                   feature_probe (~110 min); these three need the
 #                                   target's answers, which draft writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -389,8 +389,24 @@ run_round_replay() {  # issue 10: drafting policies priced from replayed greedy 
   have_answers || return 0
   $PY -m server.bench.round_replay --held-out 200 | tee "$OUT/round-replay-held-out.txt"
 }
-run_feature_probe() {  # issue 10: what a draft reading the target's features would agree
-  $PY -m server.model_files.training.feature_probe ${PROBE_ARGS:-} | tee "$OUT/feature-probe.txt"
+run_feature_probe() {  # issue 10: what a draft reading the target's features would agree: an
+  # EAGLE-style head trained on the first 2,000 answers (the target's features first, ~35 min,
+  # kept for the next run), shaped as EAGLE's and started as a 1-layer token draft (~27 min
+  # each); then a 1-layer token draft trained on the same first answers (distill on the first
+  # 2,108 lines: 2,002 training answers, ~19 min, if missing), measured on the same 200
+  # held-out answers
+  local f=models/generated/target-features-2000.npz d=models/generated/draft-1l init
+  local first=models/generated/target-answers-2108.jsonl
+  for init in "last --token-weight 0.1" "first --token-weight 1"; do
+    $PY -m server.model_files.training.feature_probe --train 2000 --features $f --init $init \
+      ${PROBE_ARGS:-} | tee "$OUT/feature-probe-2000-${init%% *}.txt"
+  done
+  if [ ! -f $d/training.json ]; then
+    head -n 2108 models/generated/target-answers.jsonl > $first
+    $PY -m server.model_files.training.distill --answers $first --layers 0 --out $d
+  fi
+  $PY -m server.model_files.training.distill_eval --draft $d --no-card --k 1 \
+    | tee "$OUT/draft-1l-held-out-agreement.txt"
 }
 run_draft_sizes() {  # issue 10: drafts of 2 and 4 layers ($DRAFT_SIZES) trained like the shipped
   # 3-layer one, on the same answers, then each through our server by speedup: the draft alone

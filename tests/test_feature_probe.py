@@ -7,6 +7,7 @@ import json
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm import load
 
 from server.model_files.training import feature_probe
@@ -60,3 +61,40 @@ def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp
     first, second = (float(x.split(" -> ")[1].split(";")[0])
                      for x in out.split("first token: ")[1].split("second token")[:2])
     assert 0 <= first <= 1 and 0 <= second <= 1
+
+
+def test_the_probe_reports_each_epoch_and_trains_only_its_own_layer(tiny_pair, tmp_path, capsys,
+                                                                   monkeypatch):
+    rng = np.random.default_rng(1)
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(
+        json.dumps({"prompt": rng.integers(3, 100, 6).tolist(),
+                    "answer": rng.integers(3, 100, 8).tolist()}) + "\n" for _ in range(40)))
+    built = []
+    build = feature_probe.build_head
+    monkeypatch.setattr(feature_probe, "build_head", lambda *a: built.append(build(*a)) or built[0])
+    feature_probe.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--train", "16",
+                        "--epochs", "3", "--batch", "8", "--vocab", "50"])
+    out = capsys.readouterr().out
+    # 2 steps an epoch: a line after epochs 1 and 2, the final line after the third
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("epoch")] == [
+        "epoch 1 (step 2)", "epoch 2 (step 4)"]
+    assert "16 training answers, 2 held out; 6 steps" in out
+    trained = {k for k, _ in tree_flatten(built[0].trainable_parameters())}
+    assert not any("embed" in k for k in trained) and "fc.weight" in trained
+
+
+def test_first_init_is_the_targets_first_layer_on_the_token_alone(tiny_pair):
+    """--init first: before training the head reads no feature and gives the logits of the
+    target cut to its first layer (over the kept rows), the 1-layer token draft's start."""
+    target, _ = load(str(tiny_pair[0]))
+    config = json.loads((tiny_pair[0] / "config.json").read_text())
+    kept = [3, 7, 11, 20, 42, 50]
+    head = feature_probe.build_head(target, config, kept, "first")
+    rows = mx.array([[0, 4, 2, 5, 1]])
+    feats = mx.random.normal((1, 5, config["hidden_size"]))
+    got = head.logits(head(rows, feats))[..., : len(kept)]  # the last row: "other"
+    cut, _ = load(str(tiny_pair[0]))
+    cut.model.layers = cut.model.layers[:1]
+    want = cut(mx.array([[kept[r] for r in rows[0].tolist()]]))[..., mx.array(kept)]
+    assert np.allclose(np.array(got), np.array(want), atol=1e-4)

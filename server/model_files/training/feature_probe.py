@@ -1,7 +1,8 @@
 """How far a draft that reads the target's features would get: a measurement, not a drafter.
 
     python -m server.model_files.training.feature_probe [--answers FILE] [--train 600]
-        [--epochs 4] [--vocab 8192] [--token-weight 0.1] [--features CACHE.npz] [--seed 0]
+        [--epochs 4] [--vocab 8192] [--token-weight 0.1] [--features CACHE.npz]
+        [--init last|first] [--seed 0]
 
 The llama drafts of `distill` see only tokens. An EAGLE-style draft (Li et al., 2024) also reads
 the target's last hidden state: at position t it takes the target's (final-norm) feature f_t and
@@ -82,6 +83,7 @@ class FeatureHead(nn.Module):
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d)
         self.body = llama.LlamaModel(args)  # one layer, its own final norm
+        self.body.embed_tokens.freeze()  # unused: the input is fc's
         self._embed, self._head = embed, head  # frozen: the target's (kept) rows
 
     def __call__(self, tokens: mx.array, feats: mx.array) -> mx.array:
@@ -92,7 +94,11 @@ class FeatureHead(nn.Module):
         return feats @ self._head.T
 
 
-def build_head(target, config: dict, kept: list[int]) -> FeatureHead:
+def build_head(target, config: dict, kept: list[int], init: str = "last") -> FeatureHead:
+    """The head, its layer a copy of the target's last layer under a random fc (`init="last"`),
+    or of its first layer under an fc that passes the token's embedding through and reads no
+    feature yet (`init="first"`: at step 0 it is a 1-layer token draft, initialised as
+    `distill` initialises one, so training can only add what the features tell)."""
     fields = {k: v for k, v in config.items()
               if k in llama.ModelArgs.__dataclass_fields__ and k != "quantization"}
     fields.update(num_hidden_layers=1)
@@ -101,10 +107,15 @@ def build_head(target, config: dict, kept: list[int]) -> FeatureHead:
     head = embed if config.get("tie_word_embeddings", True) else _rows(
         params["lm_head.weight"], kept)
     model = FeatureHead(llama.ModelArgs(**fields), embed, head)
-    last = f"model.layers.{config['num_hidden_layers'] - 1}."  # start from the target's last
-    weights = {f"body.layers.0.{k[len(last):]}": v.astype(mx.float32)
-               for k, v in params.items() if k.startswith(last)}
+    source = 0 if init == "first" else config["num_hidden_layers"] - 1
+    prefix = f"model.layers.{source}."
+    weights = {f"body.layers.0.{k[len(prefix):]}": v.astype(mx.float32)
+               for k, v in params.items() if k.startswith(prefix)}
     weights["body.norm.weight"] = params["model.norm.weight"].astype(mx.float32)
+    if init == "first":
+        d = config["hidden_size"]
+        weights["fc.weight"] = mx.concatenate([mx.eye(d), mx.zeros((d, d))], axis=1)
+        weights["fc.bias"] = mx.zeros((d,))
     model.load_weights(list(weights.items()), strict=False)
     mx.eval(model.parameters())
     return model
@@ -177,6 +188,10 @@ def main(argv=None) -> None:
                     help="Weight of the token cross-entropy beside the feature regression.")
     ap.add_argument("--features", type=Path, default=None,
                     help="Keep the target's features in this .npz and reuse them next run.")
+    ap.add_argument("--init", choices=("last", "first"), default="last",
+                    help="last: the target's last layer under a random fc (EAGLE's shape); "
+                         "first: its first layer under an fc that starts as the token's "
+                         "embedding alone (a 1-layer token draft at step 0).")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     mx.random.seed(args.seed)
@@ -190,7 +205,7 @@ def main(argv=None) -> None:
     train, val = training[: args.train], held_out[: args.held_out]
     feats = cached_features(target, train + val, args.features)
     train_f, val_f = feats[: len(train)], feats[len(train):]
-    model = build_head(target, config, kept)
+    model = build_head(target, config, kept, args.init)
     del target
     before = agreement(model, val, val_f, index, len(kept))
     steps = int(args.epochs * -(-len(train) // args.batch))
@@ -198,7 +213,7 @@ def main(argv=None) -> None:
                       weight_decay=0.0)
     loss_and_grad = nn.value_and_grad(model, loss_fn)
     bar = tqdm(total=steps, desc="feature head", unit="step")
-    step, losses, start = 0, [], time.time()
+    step, losses, start, epoch = 0, [], time.time(), 0
     while step < steps:
         for batch in batches(train, train_f, index, args.batch, rng):
             loss, grads = loss_and_grad(model, *batch, args.token_weight)
@@ -210,10 +225,16 @@ def main(argv=None) -> None:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", refresh=False)
             if step >= steps:
                 break
+        epoch += 1
+        if step < steps:  # the learning curve: is it still climbing?
+            first, second = agreement(model, val, val_f, index, len(kept))
+            bar.write(f"epoch {epoch} (step {step}): first token {first:.3f}, "
+                      f"second {second:.3f}, loss {np.mean(losses[-50:]):.3f}")
     bar.close()
     first, second = agreement(model, val, val_f, index, len(kept))
     print(f"{len(train)} training answers, {len(val)} held out; {step} steps, "
-          f"{(time.time() - start) / 60:.1f} min; token weight {args.token_weight}")
+          f"{(time.time() - start) / 60:.1f} min; token weight {args.token_weight}; "
+          f"init {args.init}")
     print(f"held-out top-1 agreement, first token: {before[0]:.3f} -> {first:.3f}; "
           f"second token (from its own feature): {before[1]:.3f} -> {second:.3f}")
 
