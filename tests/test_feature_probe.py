@@ -38,13 +38,19 @@ def test_features_are_the_targets_final_norm_states_whatever_the_padding(tiny_pa
         assert got.shape == alone.shape and np.allclose(got, alone, atol=1e-2)
 
 
-def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp_path, capsys,
-                                                                 monkeypatch):
-    rng = np.random.default_rng(0)
-    answers = tmp_path / "answers.jsonl"
+def random_answers(folder, seed: int, count: int = 40):
+    """An answers file of `count` random 6-token prompts with 8-token answers."""
+    rng = np.random.default_rng(seed)
+    answers = folder / "answers.jsonl"
     answers.write_text("".join(
         json.dumps({"prompt": rng.integers(3, 100, 6).tolist(),
-                    "answer": rng.integers(3, 100, 8).tolist()}) + "\n" for _ in range(40)))
+                    "answer": rng.integers(3, 100, 8).tolist()}) + "\n" for _ in range(count)))
+    return answers
+
+
+def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp_path, capsys,
+                                                                 monkeypatch):
+    answers = random_answers(tmp_path, seed=0)
     args = ["--answers", str(answers), "--target", str(tiny_pair[0]), "--train", "30",
             "--epochs", "1", "--vocab", "50", "--features", str(tmp_path / "f.npz")]
     feature_probe.main(args)
@@ -65,11 +71,7 @@ def test_the_probe_trains_and_reports_agreements_on_the_tiny_pair(tiny_pair, tmp
 
 def test_the_probe_reports_each_epoch_and_trains_only_its_own_layer(tiny_pair, tmp_path, capsys,
                                                                    monkeypatch):
-    rng = np.random.default_rng(1)
-    answers = tmp_path / "answers.jsonl"
-    answers.write_text("".join(
-        json.dumps({"prompt": rng.integers(3, 100, 6).tolist(),
-                    "answer": rng.integers(3, 100, 8).tolist()}) + "\n" for _ in range(40)))
+    answers = random_answers(tmp_path, seed=1)
     built = []
     build = feature_probe.build_head
     monkeypatch.setattr(feature_probe, "build_head", lambda *a: built.append(build(*a)) or built[0])
