@@ -8,7 +8,7 @@
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
-#                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min
+#                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
 #                                   draft_sizes draft_epochs feature_probe; default: all but
 #                                   draft (retrains models/smollm2-draft, ~185 min),
 #                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
@@ -245,6 +245,22 @@ hybrid_p_min_benches() {
       --tag "smollm2-hybrid-p-min-$p"
   done
 }
+run_k4_p_min() {  # issue 10: acceptance and speedup at k = 4 as the draft model's confidence
+  # cut-off rises (0 = none, the default; llama.cpp's server defaults to 0.75), the draft alone and
+  # hybrid, one server; the table goes to $OUT/k4-p-min.txt
+  on_smol_server models/smollm2-draft k4-p-min k4_p_min_benches
+  ab_table 10 k4-p-min.txt "$OUT"/bench-*-k4-p-min-*.json
+}
+k4_p_min_benches() {
+  local d p
+  for d in model hybrid; do
+    for p in 0 0.4 0.6 0.75 0.9; do
+      bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
+        --draft $d --draft-tokens 4 --draft-p-min $p --reps 2 --max-tokens 128 \
+        --tag "k4-p-min-$d-$p"
+    done
+  done
+}
 ab_table() {  # $1: N, $2: a file name, then result files: the N newest of them taken in turn
   # (server.bench.ab) into $OUT/$2
   local n=$1 table=$2
@@ -453,5 +469,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min}
 for s in $sections; do echo "=== $s"; "run_$s"; done

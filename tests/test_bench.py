@@ -458,6 +458,12 @@ def test_ab_gives_each_drafts_runs_their_median_and_counts(tmp_path, capsys):
         result("h2.json", "new", 1.6, 25.0, (126, 240), hybrid_min_match=2)])
     hybrids = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:4]]
     assert hybrids == [["new", "hybrid,match>=1"], ["new", "hybrid,match>=2"]]
+    ab([result("p0.json", "new", 1.4, 21.0, (130, 290), draft_p_min=0.0),
+        result("p6.json", "new", 1.3, 20.0, (120, 200), draft_p_min=0.6),
+        result("q6.json", "new", 1.2, 19.0, (100, 190), drafter="model", draft_p_min=0.75)])
+    cut_offs = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:5]]
+    assert cut_offs == [["new", "hybrid"], ["new", "hybrid,p_min=0.6"],
+                        ["new", "model,p_min=0.75"]]
     assert lines[:3] == [
         ["new", "hybrid", "open_ended", "adaptive", "1.50", "1.70", "1.60", "1.60x", "25.0",
          "120/246", "121/246"],

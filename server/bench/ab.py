@@ -28,10 +28,13 @@ def collect(paths: list[str]) -> dict[tuple[str, str, str, int], list[dict]]:
 
 
 def drafter_label(args: dict) -> str:
-    """The drafter, with hybrid's minimum lookup match when the run recorded one."""
+    """The drafter, with hybrid's minimum lookup match when the run recorded one and the
+    draft model's confidence cut-off (`draft_p_min`) when it was set."""
     drafter = args.get("draft") or "model"
     match = args.get("hybrid_min_match")
-    return f"{drafter},match>={match}" if drafter == "hybrid" and match else drafter
+    label = f"{drafter},match>={match}" if drafter == "hybrid" and match else drafter
+    p_min = args.get("draft_p_min")
+    return f"{label},p_min={p_min:g}" if p_min and drafter != "prompt_lookup" else label
 
 
 def line(key: tuple[str, str, str, int], rows: list[dict], adaptive: bool) -> list[str]:
