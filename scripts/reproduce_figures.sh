@@ -9,13 +9,14 @@
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
-#                                   draft_sizes draft_epochs feature_probe; default: all but
-#                                   draft (retrains models/smollm2-draft, ~185 min),
-#                                   draft_sizes (trains 2- and 4-layer drafts, ~75 min,
-#                                   then benches them and the shipped one, ~20 min),
-#                                   draft_epochs (~50 min) and
-#                                   feature_probe (~110 min); these three need the
-#                                   target's answers, which draft writes first)
+#                                   draft_sizes draft_epochs draft_4ep_ab feature_probe;
+#                                   default: all but draft (retrains
+#                                   models/smollm2-draft, ~205 min), draft_sizes (trains 2-
+#                                   and 4-layer drafts, ~75 min, then benches them and the
+#                                   shipped one, ~20 min), draft_epochs (~50 min),
+#                                   draft_4ep_ab (~40 min) and feature_probe (~110 min);
+#                                   these four need the target's answers, which draft
+#                                   writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=/usr/lib/x86_64-linux-gnu/libopenblas.so.0
@@ -169,6 +170,8 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-3990} --minutes 120 \
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
+  $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
+    --out models/smollm2-draft --epochs 1 --lr 3e-4 --seed 3 | tee -a "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
@@ -456,6 +459,18 @@ run_draft_3ep_ab() {  # issue 10: the shipped draft (3 epochs) against the same 
   # epochs (the draft shipped at commit 989a207), taking turns (draft_ab)
   draft_at 989a207 models/generated/draft-2ep
   draft_ab models/smollm2-draft models/generated/draft-2ep draft-3ep-ab
+}
+run_draft_4ep_ab() {  # issue 10: the draft shipped until commit 8db9f29 (3 epochs) trained one
+  # epoch more (a warm start, a new cosine from lr 3e-4, 474 steps, ~19 min: the draft shipped
+  # since) against it: agreement (distill_eval), then taking turns through the server (draft_ab)
+  local d=models/generated/draft-3l-4ep
+  draft_at 8db9f29 models/generated/draft-3ep
+  [ -f "$d/training.json" ] || $PY -m server.model_files.training.distill \
+    --init-from models/generated/draft-3ep --out "$d" --epochs 1 --lr 3e-4 --seed 3 \
+    | tee "$OUT/draft-3l-4ep-training.txt"
+  $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
+    | tee "$OUT/draft-3l-4ep-eval.txt"
+  draft_ab "$d" models/generated/draft-3ep draft-4ep-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models import llama
 
-from server.engine.draft_vocab import VOCAB_FILE, SubVocabModel, write_vocab
+from server.engine.draft_vocab import VOCAB_FILE, SubVocabModel, draft_index, write_vocab
 from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, ModelLoadError, load_model
@@ -121,6 +121,29 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     text = [t for t in answer if t not in tokenizer.eos_token_ids]
     assert tokens[: len(text)] == text[: len(tokens)]
 
+    # Trained further from the saved draft (--init-from): its weights, tokens and card go on.
+    warm, kept, _ = distill.warm_start(out)
+    quantized, _ = load(str(out))  # mlx_lm's own load of the saved 8-bit draft
+    ids = mx.array([list(range(0, 60, 3))])
+    assert np.allclose(warm(ids), quantized(ids).astype(mx.float32), rtol=1e-2, atol=5e-2)
+    assert kept == json.loads((out / VOCAB_FILE).read_text())["target_ids"]
+    more = tmp_path / "draft-more"
+    distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--out", str(more),
+                  "--init-from", str(out), "--epochs", "1", "--batch", "4", "--lr", "1e-3",
+                  "--hard-weight", "1", "--seed", "1"])
+    assert (more / VOCAB_FILE).read_text() == (out / VOCAB_FILE).read_text()
+    card_more = json.loads((more / "training.json").read_text())
+    (run,) = card_more["continued"]
+    assert run["steps"] == distill.held_out_start(list(range(80))) // 4
+    assert card_more["steps"] == card["steps"] + run["steps"]
+    assert card_more["losses"][: len(card["losses"])] == card["losses"]
+    assert card_more["before"] == card["before"]  # the first run's initialisation
+    # it starts from the saved draft (8-bit): its agreement is the warm-started model's
+    target_vocab = json.loads((out / VOCAB_FILE).read_text())["target_vocab_size"]
+    held_out = distill.answer_split(answers)[1]
+    assert run["agreement_before"] == distill.agreement(
+        warm, held_out, draft_index(kept, target_vocab), len(kept))
+
     distill_eval.main(["--target", str(tiny_pair[0]), "--draft", str(out), "--k", "1,3",
                        "--max-tokens", "16", "--answers", str(answers),
                        "--eval-prose", str(tmp_path / "none.jsonl")])
@@ -134,6 +157,13 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     card = (out / "README.md").read_text()
     assert "predicts only the 60 tokens" in card and f"trained: {card_after(out)}" in card
     assert f"- held-out code: {held_out['agreement']:.3f} ({held_out['answers']} answers" in card
+    distill_eval.write_card(more, evaluation)  # the continued draft's card names its runs
+    card = (more / "README.md").read_text()
+    assert f"--init-from {more} --out {more} --epochs 1 --lr 0.001 --seed 1" in card
+    assert (f"- batch 4, {card_more['steps'] - run['steps']} steps from lr 0.003 (cosine), seed"
+            f" 0; then {run['steps']} more steps from lr 0.001 (cosine again), seed 1: agreement"
+            f" {run['agreement_before']:.3f} -> {run['agreement_after']:.3f}; in all"
+            f" {card_more['steps']} steps") in card
 
 
 def test_answer_agreement_counts_the_positions_where_the_draft_predicts_the_answer():

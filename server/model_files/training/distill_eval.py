@@ -141,6 +141,11 @@ def family_agreement(draft, answers: Path, eval_prose: Path, count: int = 200) -
     return out
 
 
+def _first_steps(training: dict) -> int:
+    """The steps of the run that made the draft, before any `--init-from` continuation."""
+    return training["steps"] - sum(run["steps"] for run in training.get("continued", []))
+
+
 def write_card(draft_dir: Path, evaluation: dict) -> None:
     training = json.loads((draft_dir / "training.json").read_text())
     config = json.loads((draft_dir / "config.json").read_text())
@@ -160,6 +165,9 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
         " --minutes 120",
         "    python -m server.model_files.training.distill",
+        *(f"    python -m server.model_files.training.distill --init-from {draft_dir} "
+          f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g} --seed {run['seed']}"
+          for run in training.get("continued", [])),
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
         f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "
@@ -170,9 +178,13 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "everyday topics under prose templates (reflections, advice, stories, letters). 5% "
         f"held out. The kept tokens cover {training['held_out_coverage']:.1%} of the held-out "
         "answer tokens.", "",
-        f"- batch {training['batch']}, {training['steps']} steps, "
-        f"{training['answer_tokens_seen']} answer tokens seen, {training['train_minutes']} "
-        f"minutes, lr {training['lr']} (cosine), seed {training['seed']}",
+        f"- batch {training['batch']}, {_first_steps(training)} steps from lr "
+        f"{training['lr']} (cosine), seed {training['seed']}"
+        + "".join(f"; then {run['steps']} more steps from lr {run['lr']:g} (cosine again), "
+                  f"seed {run['seed']}: agreement {run['agreement_before']:.3f} -> "
+                  f"{run['agreement_after']:.3f}" for run in training.get("continued", []))
+        + f"; in all {training['steps']} steps, {training['answer_tokens_seen']} answer tokens "
+        f"seen, {training['train_minutes']} minutes",
         "", "## Agreement with the target (held-out answers)", "",
         "Top-1 agreement: how often the draft's most likely token is the target's next token "
         "(what greedy acceptance is per drafted token).", "",
