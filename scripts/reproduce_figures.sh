@@ -9,6 +9,7 @@
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
+#                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~205 min), draft_sizes (trains 2-
@@ -381,6 +382,17 @@ draft_ab_benches() {  # $1-$3 as draft_ab's
     done
   done
 }
+run_held_out_default() {  # issue 10: the default (hybrid from a 2-token match, adaptive k, the
+  # shipped draft) against plain decoding on held_out_ab's 32 requests, each under both in turn
+  have_answers || return 0
+  on_smol_server models/smollm2-draft held-out-default held_out_default_benches
+}
+held_out_default_benches() {
+  $PY -m server.bench.held_out --server http://127.0.0.1:8100 \
+    --setting plain='{"num_draft_tokens": 0}' \
+    --setting default='{"draft": "hybrid", "hybrid_min_match": 2}' --count 16 \
+    | tee "$OUT/held-out-default.txt"
+}
 run_default_reps() {  # issue 10: the default (hybrid, adaptive k up to 4, the shipped draft) three
   # times on one server; their median and counts (server.bench.ab) go to $OUT/default-reps.txt
   on_smol_server models/smollm2-draft default-reps default_reps_benches
@@ -484,5 +496,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min held_out_default}
 for s in $sections; do echo "=== $s"; "run_$s"; done
