@@ -41,9 +41,10 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
 from mlx_lm.models import llama
-from mlx_lm.utils import dequantize_model, load_model, quantize_model
+from mlx_lm.utils import quantize_model
 
 from server.engine.draft_vocab import draft_index, read_vocab, write_vocab
+from server.engine.model_kit import load_model as load_draft
 from server.model_files.training import target_answers
 
 DEFAULT_OUT = Path("models/smollm2-draft")
@@ -114,16 +115,13 @@ def build_draft(target: nn.Module, config: dict, layer_ids: list[int],
 
 
 def warm_start(folder: Path) -> tuple[llama.Model, list[int], dict]:
-    """A draft this script saved, to train further: the model in float32 (dequantized), the
-    target ids it predicts and its `training.json`."""
+    """A draft this script saved, to train further: the model in float32 (dequantized, as the
+    server loads a draft; unfused, over its own rows), the target ids it predicts and its
+    `training.json`."""
     folder = Path(folder)
-    draft, config = load_model(folder)
-    if "quantization" in config:
-        draft = dequantize_model(draft)
-    draft.set_dtype(mx.float32)
-    mx.eval(draft.parameters())
+    loaded = load_draft(str(folder), dtype="float32", fuse=False, dequantize=True)
     kept, _ = read_vocab(folder)
-    return draft, kept, json.loads((folder / "training.json").read_text())
+    return loaded.model.inner, kept, json.loads((folder / "training.json").read_text())
 
 
 def continued_card(previous: dict, run: dict) -> dict:
