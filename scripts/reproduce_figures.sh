@@ -167,12 +167,16 @@ run_before() {  # issue 8: one stream, this engine vs the one before the schedul
 run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
   $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
 }
+fourth_epoch() {  # $1: a 3-epoch draft, $2: where it goes trained one epoch more (the shipped
+  # draft's 4th epoch: a new cosine from lr 3e-4)
+  $PY -m server.model_files.training.distill --init-from "$1" --out "$2" --epochs 1 --lr 3e-4 \
+    --seed 3
+}
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
   $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-3990} --minutes 120 \
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
-  $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
-    --out models/smollm2-draft --epochs 1 --lr 3e-4 --seed 3 | tee -a "$OUT/draft-training.txt"
+  fourth_epoch models/smollm2-draft models/smollm2-draft | tee -a "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
@@ -243,11 +247,12 @@ run_hybrid_p_min() {  # issue 10: hybrid at a fixed k = 1, 2, 4, 6 without and w
 }
 hybrid_p_min_benches() {
   local p
-  for p in 0 0.4; do
-    bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
-      --draft hybrid --draft-tokens 1,2,4,6 --draft-p-min $p --reps 2 --max-tokens 128 \
-      --tag "smollm2-hybrid-p-min-$p"
-  done
+  for p in 0 0.4; do smol_p_min hybrid 1,2,4,6 $p "smollm2-hybrid-p-min-$p"; done
+}
+smol_p_min() {  # $1: drafter, $2: fixed draft lengths, $3: draft_p_min, $4: tag; the SmolLM2
+  # server on_smol_server started, the shipped draft, 128 tokens, 2 reps
+  bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
+    --draft "$1" --draft-tokens "$2" --draft-p-min "$3" --reps 2 --max-tokens 128 --tag "$4"
 }
 run_k4_p_min() {  # issue 10: acceptance and speedup at k = 4 as the draft model's confidence
   # cut-off rises (0 = none, the default; llama.cpp's server defaults to 0.75), the draft alone and
@@ -258,11 +263,7 @@ run_k4_p_min() {  # issue 10: acceptance and speedup at k = 4 as the draft model
 k4_p_min_benches() {
   local d p
   for d in model hybrid; do
-    for p in 0 0.4 0.6 0.75 0.9; do
-      bench --server http://127.0.0.1:8100 --target-model $SMOL --draft-model models/smollm2-draft \
-        --draft $d --draft-tokens 4 --draft-p-min $p --reps 2 --max-tokens 128 \
-        --tag "k4-p-min-$d-$p"
-    done
+    for p in 0 0.4 0.6 0.75 0.9; do smol_p_min $d 4 $p "k4-p-min-$d-$p"; done
   done
 }
 ab_table() {  # $1: N, $2: a file name, then result files: the N newest of them taken in turn
@@ -304,11 +305,16 @@ run_held_out_ab() {  # issue 10: plain decoding, hybrid from a 1-token lookup ma
   on_smol_server models/smollm2-draft held-out-ab held_out_benches
 }
 held_out_benches() {
+  held_out_against_plain held-out-ab.txt match1='{"draft": "hybrid", "hybrid_min_match": 1}' \
+    match2='{"draft": "hybrid", "hybrid_min_match": 2}'
+}
+held_out_against_plain() {  # $1: a file name in $OUT, then NAME=JSON settings: plain decoding and
+  # each setting on the 16 + 16 held-out requests, each request under all in turn
+  local out=$1 setting args=()
+  shift
+  for setting in "$@"; do args+=(--setting "$setting"); done
   $PY -m server.bench.held_out --server http://127.0.0.1:8100 \
-    --setting plain='{"num_draft_tokens": 0}' \
-    --setting match1='{"draft": "hybrid", "hybrid_min_match": 1}' \
-    --setting match2='{"draft": "hybrid", "hybrid_min_match": 2}' --count 16 \
-    | tee "$OUT/held-out-ab.txt"
+    --setting plain='{"num_draft_tokens": 0}' "${args[@]}" --count 16 | tee "$OUT/$out"
 }
 run_p_min_ab() {  # draft_p_min with a fixed k against the default (adaptive k), through our
   # server on the same held-out requests, each request under every setting in turn
@@ -388,10 +394,7 @@ run_held_out_default() {  # issue 10: the default (hybrid from a 2-token match, 
   on_smol_server models/smollm2-draft held-out-default held_out_default_benches
 }
 held_out_default_benches() {
-  $PY -m server.bench.held_out --server http://127.0.0.1:8100 \
-    --setting plain='{"num_draft_tokens": 0}' \
-    --setting default='{"draft": "hybrid", "hybrid_min_match": 2}' --count 16 \
-    | tee "$OUT/held-out-default.txt"
+  held_out_against_plain held-out-default.txt default='{"draft": "hybrid", "hybrid_min_match": 2}'
 }
 run_default_reps() {  # issue 10: the default (hybrid, adaptive k up to 4, the shipped draft) three
   # times on one server; their median and counts (server.bench.ab) go to $OUT/default-reps.txt
@@ -477,8 +480,7 @@ run_draft_4ep_ab() {  # issue 10: the draft shipped until commit 8db9f29 (3 epoc
   # since) against it: agreement (distill_eval), then taking turns through the server (draft_ab)
   local d=models/generated/draft-3l-4ep
   draft_at 8db9f29 models/generated/draft-3ep
-  [ -f "$d/training.json" ] || $PY -m server.model_files.training.distill \
-    --init-from models/generated/draft-3ep --out "$d" --epochs 1 --lr 3e-4 --seed 3 \
+  [ -f "$d/training.json" ] || fourth_epoch models/generated/draft-3ep "$d" \
     | tee "$OUT/draft-3l-4ep-training.txt"
   $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
     | tee "$OUT/draft-3l-4ep-eval.txt"
