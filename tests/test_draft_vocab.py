@@ -89,7 +89,8 @@ def test_frequent_ids_rank_by_count_and_keep_eos():
     assert distill.frequent_ids(examples, 3, {2}) == [2, 3, 7]
 
 
-def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair, tmp_path):
+def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair, tmp_path,
+                                                                       monkeypatch):
     answers = tmp_path / "answers.jsonl"
     n = target_answers.generate(tiny_pair[0], answers, minutes=5, max_tokens=24, batch=8,
                                 seed=0, limit=80)
@@ -108,10 +109,16 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     # The tiny random target is near-uniform (its top tokens within 0.5 nats), so its
     # distribution teaches no agreement: train on what it wrote (--hard-weight 1).
     out = tmp_path / "draft"
+    clip, norms = distill.optim.clip_grad_norm, []
+    monkeypatch.setattr(distill.optim, "clip_grad_norm",
+                        lambda g, max_norm: norms.append(max_norm) or clip(g, max_norm))
     distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]),
                           "--out", str(out), "--layers", "0,1", "--vocab", "60",
-                          "--epochs", "3", "--batch", "4", "--lr", "3e-3", "--hard-weight", "1"])
+                          "--epochs", "3", "--batch", "4", "--lr", "3e-3", "--warmup", "2",
+                          "--clip-norm", "1", "--hard-weight", "1"])
     card = json.loads((out / "training.json").read_text())
+    assert norms == [1.0] * card["steps"]  # --clip-norm 1: every step's gradient clipped
+    assert (card["warmup"], card["clip_norm"]) == (2, 1.0)
     assert card["vocab"] == len(json.loads((out / VOCAB_FILE).read_text())["target_ids"]) == 60
     assert card["after"] > card["before"]
     kit = ModelKit(load_model(str(tiny_pair[0])))
@@ -159,8 +166,12 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     assert f"- held-out code: {held_out['agreement']:.3f} ({held_out['answers']} answers" in card
     distill_eval.write_card(more, evaluation)  # the continued draft's card names its runs
     card = (more / "README.md").read_text()
+    # the first run's command, its options unlike distill's defaults
+    assert (f"    python -m server.model_files.training.distill --out {more} --layers 0,1 --vocab"
+            " 60 --batch 4 --lr 0.003 --warmup 2 --clip-norm 1 --hard-weight 1\n") in card
     assert f"--init-from {more} --out {more} --epochs 1 --lr 0.001 --seed 1" in card
-    assert (f"- batch 4, {card_more['steps'] - run['steps']} steps from lr 0.003 (cosine), seed"
+    assert (f"- batch 4, {card_more['steps'] - run['steps']} steps from lr 0.003 (cosine after 2"
+            " warmup steps, gradient clipped to norm 1), seed"
             f" 0; then {run['steps']} more steps from lr 0.001 (cosine again), seed 1: agreement"
             f" {run['agreement_before']:.3f} -> {run['agreement_after']:.3f}; in all"
             f" {card_more['steps']} steps") in card
@@ -210,3 +221,42 @@ def _greedy(model, prompt, n):
     from mlx_lm.generate import generate_step
 
     return generate_step(mx.array(prompt), model, max_tokens=n)
+
+
+def test_distill_warms_up_then_decays_and_its_options_parse():
+    from server.model_files.training.train import warmup_cosine
+
+    schedule = warmup_cosine(1e-3, 100, 10, 5e-5)
+    lrs = [schedule(mx.array(step)).item() for step in (0, 5, 10, 100)]
+    assert np.allclose(lrs, [0.0, 5e-4, 1e-3, 5e-5], rtol=1e-5)
+    plain, cosine = warmup_cosine(1e-3, 100, 0, 5e-5), mx.array(0)  # no warmup: cosine alone
+    assert plain(cosine).item() == pytest.approx(1e-3)
+    assert plain(mx.array(100)).item() == pytest.approx(5e-5)
+
+    args = distill.parse_args(["--warmup", "50", "--clip-norm", "1.5"])
+    assert (args.warmup, args.clip_norm) == (50, 1.5)
+    assert (distill.parse_args([]).warmup, distill.parse_args([]).clip_norm) == (
+        distill.DEFAULT_WARMUP, distill.DEFAULT_CLIP_NORM)
+
+
+def test_first_steps_reports_distills_own_first_updates(tiny_pair, tmp_path):
+    import mlx.nn as nn
+
+    from server.model_files.training import first_steps
+
+    answers = tmp_path / "answers.jsonl"
+    target_answers.generate(tiny_pair[0], answers, minutes=5, max_tokens=16, batch=8, seed=0,
+                            limit=24)
+    opts = ["--answers", str(answers), "--target", str(tiny_pair[0]), "--layers", "0,1",
+            "--vocab", "60", "--batch", "4", "--lr", "3e-3", "--hard-weight", "1"]
+    steps = first_steps.first_steps(distill.parse_args(opts), 3)
+    # step 1, computed apart: the loss and the gradient's norm on the run's first batch
+    s = distill.setup(distill.parse_args(opts))
+    batch = next(distill.batches(s.train, s.index, 4, np.random.default_rng(0), s.soft))
+    loss, grads = nn.value_and_grad(s.draft, distill.loss_fn)(s.draft, *batch)
+    norm = np.sqrt(sum(float((g * g).sum()) for _, g in tree_flatten(grads)))
+    assert len(steps) == 3 and steps[0] == pytest.approx((loss.item(), norm), rel=1e-4)
+    assert steps[1] != steps[0]
+    assert first_steps.summary([(5.0, 2.0), (9.0, 1.0), (4.0, 3.0), (2.0, 1.0)]) == (
+        "largest loss 9.00 (step 2), largest gradient norm 3.0 (step 3); mean loss of steps "
+        "3-4: 3.00")

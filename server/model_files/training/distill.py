@@ -2,8 +2,8 @@
 
     python -m server.model_files.training.distill [--answers FILE] [--target PATH]
         [--out models/smollm2-draft] [--layers 0,1,2] [--vocab 8192] [--epochs 3]
-        [--max-minutes M] [--batch 8] [--lr 1e-3] [--hard-weight 0.5] [--seed 0] [--bits 8]
-        [--init-from DRAFT_DIR]
+        [--max-minutes M] [--batch 8] [--lr 1e-3] [--warmup 0] [--clip-norm 0]
+        [--hard-weight 0.5] [--seed 0] [--bits 8] [--init-from DRAFT_DIR]
 
 The data is `target_answers`' JSONL (the target's greedy answers to chat requests, with its
 next-token distribution at each answer position): at each answer position (the prompt is
@@ -32,6 +32,7 @@ import json
 import shutil
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -46,6 +47,7 @@ from mlx_lm.utils import quantize_model
 from server.engine.draft_vocab import draft_index, read_vocab, write_vocab
 from server.engine.model_kit import load_model as load_draft
 from server.model_files.training import target_answers
+from server.model_files.training.train import warmup_cosine
 
 DEFAULT_OUT = Path("models/smollm2-draft")
 # 3 layers: faster than 1 or 2 on the first 2,108 answers, tied with 2 and ahead of 4 on the
@@ -57,6 +59,11 @@ DEFAULT_VOCAB = 8192
 DEFAULT_EPOCHS = 3
 DEFAULT_BATCH = 8
 DEFAULT_LR = 1e-3
+# The shipped draft was trained without warmup or clipping; its first updates spike (layers
+# 0-2: loss 32, gradient norm 201 at step 2, recovered by step 40; layers 0-3: loss 40, norm
+# 225, and a run that stays behind: RESULTS/draft-warmup.txt)
+DEFAULT_WARMUP = 0
+DEFAULT_CLIP_NORM = 0.0
 DEFAULT_HARD_WEIGHT = 0.5
 DEFAULT_BITS = 8  # stored 8-bit: the 8192-token draft is 31 MB in float16, 17 MB so
 QUANT_GROUP = 64
@@ -133,7 +140,8 @@ def continued_card(previous: dict, run: dict) -> dict:
         card[key] = previous[key] + run[key]
     card["train_minutes"] = round(card["train_minutes"], 1)
     card["losses"] = previous["losses"] + [[previous["steps"] + s, v] for s, v in run["losses"]]
-    keep = ("answers", "epochs", "steps", "batch", "lr", "seed", "hard_weight", "train_minutes")
+    keep = ("answers", "epochs", "steps", "batch", "lr", "warmup", "clip_norm", "seed",
+            "hard_weight", "train_minutes")
     card["continued"] = [*previous.get("continued", []),
                          {**{k: run[k] for k in keep}, "agreement_before": run["before"],
                           "agreement_after": run["after"]}]
@@ -262,6 +270,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None, help="Stop training after this.")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
+                   help="Steps of linear warmup to --lr before the cosine decay (0: none).")
+    p.add_argument("--clip-norm", type=float, default=DEFAULT_CLIP_NORM,
+                   help="Clip the gradient to this global norm (0: no clipping).")
     p.add_argument("--hard-weight", type=float, default=DEFAULT_HARD_WEIGHT,
                    help="Weight of the target's greedy token in the training target; the rest "
                         "is its distribution (0: distillation alone, 1: its answers alone).")
@@ -274,14 +286,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> None:
-    from tqdm import tqdm
+@dataclass
+class Setup:
+    """What a distillation run trains and measures: the draft, its kept tokens and the layers
+    it came from, the answers split and in draft ids, the training targets, the target's
+    config, the card of the run it continues (None for a new draft) and how many training
+    answers carry the target's distribution."""
 
+    draft: llama.Model
+    kept: list[int]
+    layer_ids: list[int]
+    train: list[Example]
+    val: list[Example]
+    index: np.ndarray
+    soft: list[tuple[np.ndarray, np.ndarray]]
+    config: dict
+    target_dir: Path
+    previous: dict | None
+    soft_count: int  # training answers with the target's distribution
+
+
+def setup(args: argparse.Namespace) -> Setup:
+    """The draft (from the target's layers, or `--init-from`) and its data, for `args`."""
     from server.model_files.default_model import target_folder
 
-    args = parse_args(argv)
-    mx.random.seed(args.seed)
-    rng = np.random.default_rng(args.seed)
     target_dir = target_folder(args.target)
     target, tokenizer, config = mlx_load(str(target_dir), return_config=True)
     lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
@@ -297,35 +325,68 @@ def main(argv=None) -> None:
         kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))
         layer_ids = [int(i) for i in args.layers.split(",")]
         draft = build_draft(target, config, layer_ids, kept)
-    vocab_size = int(config["vocab_size"])
-    index = draft_index(kept, vocab_size)
-    covered = np.mean([index[t] < len(kept) for _, a in val for t in a])
+    index = draft_index(kept, int(config["vocab_size"]))
     soft = soft_targets(train, teachers[:split], index, args.hard_weight)
-    del target
-    before = agreement(draft, val, index, len(kept))
-    print(f"{len(train)} train / {len(val)} held-out answers; the {len(kept)} kept tokens cover"
-          f" {covered:.1%} of held-out answer tokens; agreement before {before:.3f}", flush=True)
+    return Setup(draft, kept, layer_ids, train, val, index, soft, config, target_dir, previous,
+                 sum(t is not None for t in teachers[:split]))
 
-    steps = int(args.epochs * -(-len(train) // args.batch))
-    schedule = optim.cosine_decay(args.lr, max(steps, 1), args.lr / 20)
-    opt = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+
+def total_steps(args: argparse.Namespace, s: Setup) -> int:
+    return int(args.epochs * -(-len(s.train) // args.batch))
+
+
+def optimizer(args: argparse.Namespace, steps: int) -> optim.Optimizer:
+    """AdamW, `--warmup` steps of linear warmup to `--lr`, then cosine to a 20th of it."""
+    return optim.AdamW(learning_rate=warmup_cosine(args.lr, max(steps, 1), args.warmup,
+                                                   args.lr / 20), weight_decay=0.0)
+
+
+def train_step(draft, opt, loss_and_grad, batch, clip_norm: float) -> tuple[mx.array, mx.array]:
+    """One update on one batch; (loss, the gradient's global norm before clipping). With
+    `clip_norm` > 0 the gradient is scaled down to that norm when above it."""
+    loss, grads = loss_and_grad(draft, *batch)
+    if clip_norm > 0:
+        grads, norm = optim.clip_grad_norm(grads, clip_norm)
+    else:
+        norm = mx.sqrt(sum((g * g).sum() for _, g in tree_flatten(grads)))
+    opt.update(draft, grads)
+    mx.eval(loss, norm, draft.parameters(), opt.state)
+    return loss, norm
+
+
+def main(argv=None) -> None:
+    from tqdm import tqdm
+
+    args = parse_args(argv)
+    mx.random.seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    s = setup(args)
+    draft, kept, val, index = s.draft, s.kept, s.val, s.index
+    covered = np.mean([index[t] < len(kept) for _, a in val for t in a])
+    before = agreement(draft, val, index, len(kept))
+    print(f"{len(s.train)} train / {len(val)} held-out answers; the {len(kept)} kept tokens "
+          f"cover {covered:.1%} of held-out answer tokens; agreement before {before:.3f}",
+          flush=True)
+
+    steps = total_steps(args, s)
+    opt = optimizer(args, steps)
     loss_and_grad = nn.value_and_grad(draft, loss_fn)
-    card = {"target": str(target_dir), "answers": len(examples), "layers_from_target": layer_ids,
-            "vocab": len(kept), "target_vocab_size": vocab_size, "held_out_coverage": covered,
+    card = {"target": str(s.target_dir), "answers": len(s.train) + len(val),
+            "layers_from_target": s.layer_ids, "vocab": len(kept),
+            "target_vocab_size": int(s.config["vocab_size"]), "held_out_coverage": covered,
             "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+            "warmup": args.warmup, "clip_norm": args.clip_norm,
             "before": before,
-            "soft_targets": sum(t is not None for t in teachers[:split]),
+            "soft_targets": s.soft_count,
             "hard_weight": args.hard_weight,
             "losses": []}
     start, losses, step, tokens = time.time(), [], 0, 0
     bar = tqdm(total=steps, desc="distill", unit="step", mininterval=5)
     while step < steps:
-        for x, y, m, sid, sp in batches(train, index, args.batch, rng, soft):
-            loss, grads = loss_and_grad(draft, x, y, m, sid, sp)
-            opt.update(draft, grads)
-            mx.eval(loss, draft.parameters(), opt.state)
+        for batch in batches(s.train, index, args.batch, rng, s.soft):
+            loss, _ = train_step(draft, opt, loss_and_grad, batch, args.clip_norm)
             losses.append(loss.item())
-            tokens += int(m.sum().item())
+            tokens += int(batch[2].sum().item())
             step += 1
             bar.update(1)
             bar.set_postfix(ce=f"{np.mean(losses[-50:]):.3f}", refresh=False)
@@ -341,9 +402,9 @@ def main(argv=None) -> None:
                 after=agreement(draft, val, index, len(kept)))
     print(f"agreement after {card['after']:.3f} ({step} steps, {card['train_minutes']} min)")
     card["bits"] = args.bits
-    if previous is not None:
-        card = continued_card(previous, card)
-    save(draft, config, target_dir, args.out, kept, card, args.bits or None)
+    if s.previous is not None:
+        card = continued_card(s.previous, card)
+    save(draft, s.config, s.target_dir, args.out, kept, card, args.bits or None)
     print(f"saved {args.out}", flush=True)
 
 

@@ -32,7 +32,7 @@ from server.bench.cells import OPEN_ENDED, STRUCTURED
 from server.bench.lookup_vs_draft import draft_predictions
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.model_files.default_model import target_folder
-from server.model_files.training import target_answers
+from server.model_files.training import distill, target_answers
 from server.model_files.training.distill import DEFAULT_OUT
 
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
@@ -164,7 +164,7 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "Rebuild (seeded; then measure and rewrite this card):", "",
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
         " --minutes 120",
-        "    python -m server.model_files.training.distill",
+        f"    {_distill_command(training, draft_dir)}",
         *(f"    python -m server.model_files.training.distill --init-from {draft_dir} "
           f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g} --seed {run['seed']}"
           for run in training.get("continued", [])),
@@ -179,7 +179,7 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"held out. The kept tokens cover {training['held_out_coverage']:.1%} of the held-out "
         "answer tokens.", "",
         f"- batch {training['batch']}, {_first_steps(training)} steps from lr "
-        f"{training['lr']} (cosine), seed {training['seed']}"
+        f"{training['lr']} (cosine{_warmup_text(training)}), seed {training['seed']}"
         + "".join(f"; then {run['steps']} more steps from lr {run['lr']:g} (cosine again), "
                   f"seed {run['seed']}: agreement {run['agreement_before']:.3f} -> "
                   f"{run['agreement_after']:.3f}" for run in training.get("continued", []))
@@ -221,6 +221,30 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
               "converted to float32 by `server.convert`.",
               "", "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0).", ""]
     (draft_dir / "README.md").write_text("\n".join(lines))
+
+
+def _distill_command(training: dict, draft_dir: Path) -> str:
+    """The `distill` command of the draft's first run: the options it set unlike the defaults
+    (an option its card lacks predates it: the run had the default)."""
+    keys = {"layers": "layers_from_target", "vocab": "vocab", "epochs": "epochs",
+            "batch": "batch", "lr": "lr", "warmup": "warmup", "clip-norm": "clip_norm",
+            "hard-weight": "hard_weight", "seed": "seed", "bits": "bits"}
+    defaults = vars(distill.parse_args([]))
+    flags = [f" --out {draft_dir}"] if Path(draft_dir) != distill.DEFAULT_OUT else []
+    for flag, key in keys.items():
+        value = training.get(key, defaults[flag.replace("-", "_")])
+        if key == "layers_from_target":
+            value = ",".join(map(str, value))
+        if value != defaults[flag.replace("-", "_")]:
+            flags.append(f" --{flag} {value:g}" if isinstance(value, float) else
+                         f" --{flag} {value}")
+    return "python -m server.model_files.training.distill" + "".join(flags)
+
+
+def _warmup_text(training: dict) -> str:
+    warmup, clip = training.get("warmup", 0), training.get("clip_norm", 0.0)
+    return (f" after {warmup} warmup steps" if warmup else "") + (
+        f", gradient clipped to norm {clip:g}" if clip else "")
 
 
 def _storage(config: dict) -> str:

@@ -77,13 +77,19 @@ def count_parameters(model: nn.Module) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
+def warmup_cosine(peak: float, steps: int, warmup: int, end: float):
+    """Linear warmup from 0 over `warmup` steps to `peak`, then cosine decay to `end` at the
+    last step; without warmup, the cosine decay alone."""
+    decay = optim.cosine_decay(peak, max(steps - warmup, 1), end=end)
+    if warmup <= 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
 def lr_schedule(tc: TrainConfig):
-    """Linear warmup to the peak, then cosine decay to `min_learning_rate` at the last step."""
-    warmup = optim.linear_schedule(0.0, tc.learning_rate, max(tc.warmup_steps, 1))
-    decay = optim.cosine_decay(
-        tc.learning_rate, max(tc.steps - tc.warmup_steps, 1), end=tc.min_learning_rate
-    )
-    return optim.join_schedules([warmup, decay], [max(tc.warmup_steps, 1)])
+    """`warmup_cosine` with the config's peak, steps, warmup (at least one step) and end."""
+    return warmup_cosine(tc.learning_rate, tc.steps, max(tc.warmup_steps, 1),
+                         tc.min_learning_rate)
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
