@@ -10,13 +10,15 @@
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
 #                                   held_out_default
-#                                   draft_sizes draft_epochs draft_4ep_ab feature_probe;
+#                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
+#                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~205 min), draft_sizes (trains 2-
 #                                   and 4-layer drafts, ~75 min, then benches them and the
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
-#                                   draft_4ep_ab (~40 min) and feature_probe (~110 min);
-#                                   these four need the target's answers, which draft
+#                                   draft_4ep_ab (~40 min), draft_warmup (~75 min) and
+#                                   feature_probe (~110 min); these need the target's
+#                                   answers, which draft
 #                                   writes first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -485,6 +487,24 @@ run_draft_4ep_ab() {  # issue 10: the draft shipped until commit 8db9f29 (3 epoc
   $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
     | tee "$OUT/draft-3l-4ep-eval.txt"
   draft_ab "$d" models/generated/draft-3ep draft-4ep-ab
+}
+run_draft_warmup() {  # issue 10: distill's first 40 updates without and with warmup and
+  # clipping (first_steps; layers 0-2 and 0-3, the 2-epoch schedule of draft_sizes), then the
+  # 4-layer draft of draft_sizes trained again with 50 warmup steps and clipping at norm 1
+  # (~60 min): held-out agreement and mlx_lm's acceptance (distill_eval)
+  local n w d=models/generated/draft-4l-warm
+  for n in 3 4; do
+    for w in "--warmup 0 --clip-norm 0" "--warmup 50 --clip-norm 1"; do
+      # shellcheck disable=SC2086  # $w: two options
+      $PY -m server.model_files.training.first_steps --layers "$(seq -s, 0 $((n - 1)))" \
+        --epochs 2 $w
+    done
+  done | tee "$OUT/draft-warmup.txt"
+  trained_on_current_answers "$d" || $PY -m server.model_files.training.distill \
+    --layers 0,1,2,3 --epochs 2 --warmup 50 --clip-norm 1 --out "$d" \
+    | tee "$OUT/draft-4l-warm-training.txt"
+  $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
+    | tee "$OUT/draft-4l-warm-eval.txt"
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file

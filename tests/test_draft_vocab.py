@@ -158,6 +158,11 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     held_out = evaluation["agreement"]["held-out code"]
     assert held_out["answers"] == 80 - distill.held_out_start(list(range(80)))
     assert "prose, unseen topics" not in evaluation["agreement"]  # no such file
+    seen = evaluation["agreement"]["training answers (seen)"]
+    train_split = distill.answer_split(answers)[0]
+    picked = sorted(np.random.default_rng(0).choice(len(train_split), len(train_split), False))
+    assert seen == distill_eval.answer_agreement(distill_eval.load_draft(out),
+                                                 [train_split[i] for i in picked])
     runs = [r for row in evaluation["prompts"].values() for r in row["by_k"].values()]
     assert runs and all(r["identical_to_target"] for r in runs)
     assert all(0 <= r["accepted"] <= r["proposed"] for r in runs)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm import load
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.utils import dequantize_model
@@ -104,6 +105,16 @@ def evaluate(target, draft, tokenizer, ks, max_tokens: int) -> dict:
     return report
 
 
+def load_draft(draft_dir: Path, draft_dtype: str = "float32"):
+    """The draft through `mlx_lm`'s load, dequantized unless `draft_dtype` is "stored", float32;
+    a small-vocabulary draft wrapped to speak target ids."""
+    draft, _ = load(str(draft_dir))
+    if draft_dtype == "float32":
+        draft = dequantize_model(draft)
+    draft.set_dtype(mx.float32)
+    return wrap_if_sub_vocab(draft, draft_dir)
+
+
 def draft_decode_ms(draft, n: int = 32) -> float:
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -128,16 +139,23 @@ def answer_agreement(draft, examples: list[tuple[list[int], list[int]]]) -> dict
 
 
 def family_agreement(draft, answers: Path, eval_prose: Path, count: int = 200) -> dict:
-    """Agreement on the first `count` held-out answers of `answers` (code requests) and of the
-    eval prose answers, for each file that exists."""
+    """Agreement on the first `count` held-out answers of `answers` (code requests), on the
+    eval prose answers, and on `count` of the training answers (a seeded sample: what the
+    draft learnt of what it saw, against held-out: how far it generalises), for each file that
+    exists."""
     from server.model_files.training.distill import answer_split
 
     out = {}
     if answers.exists():
-        out["held-out code"] = answer_agreement(draft, answer_split(answers)[1][:count])
+        train, held_out = answer_split(answers)
+        out["held-out code"] = answer_agreement(draft, held_out[:count])
     if eval_prose.exists():
         out["prose, unseen topics"] = answer_agreement(
             draft, target_answers.answered(eval_prose)[:count])
+    if answers.exists():
+        picked = np.random.default_rng(0).choice(len(train), min(count, len(train)), False)
+        out["training answers (seen)"] = answer_agreement(
+            draft, [train[i] for i in sorted(picked)])
     return out
 
 
@@ -192,7 +210,8 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"- trained: {training['after']:.3f}", "",
         "The held-out split is the end of the request order, where only code requests are "
         "left. Measured again by `distill_eval` (teacher-forced over the target's vocabulary), "
-        "with prose on topics no training request used:", "",
+        "with prose on topics no training request used and, against answers it trained on, "
+        "how far what it learnt carries to answers it has not seen:", "",
         *(f"- {family}: {a['agreement']:.3f} ({a['answers']} answers, {a['tokens']} tokens)"
           for family, a in evaluation.get("agreement", {}).items()), "",
         "Training loss (mean cross-entropy to the training target per 50 steps): "
@@ -223,16 +242,20 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
     (draft_dir / "README.md").write_text("\n".join(lines))
 
 
+# What distill did before these options were recorded in training.json
+PREDATES = {"warmup": 0, "clip_norm": 0.0}
+
+
 def _distill_command(training: dict, draft_dir: Path) -> str:
     """The `distill` command of the draft's first run: the options it set unlike the defaults
-    (an option its card lacks predates it: the run had the default)."""
+    (an option its card lacks predates the run: it had what distill did then, PREDATES)."""
     keys = {"layers": "layers_from_target", "vocab": "vocab", "epochs": "epochs",
             "batch": "batch", "lr": "lr", "warmup": "warmup", "clip-norm": "clip_norm",
             "hard-weight": "hard_weight", "seed": "seed", "bits": "bits"}
     defaults = vars(distill.parse_args([]))
     flags = [f" --out {draft_dir}"] if Path(draft_dir) != distill.DEFAULT_OUT else []
     for flag, key in keys.items():
-        value = training.get(key, defaults[flag.replace("-", "_")])
+        value = training.get(key, PREDATES.get(key, defaults[flag.replace("-", "_")]))
         if key == "layers_from_target":
             value = ",".join(map(str, value))
         if value != defaults[flag.replace("-", "_")]:
@@ -279,11 +302,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     target, tokenizer = load(str(target_folder(args.target)))
     target.set_dtype(mx.float32)
-    draft, _ = load(str(args.draft))
-    if args.draft_dtype == "float32":
-        draft = dequantize_model(draft)
-    draft.set_dtype(mx.float32)
-    draft = wrap_if_sub_vocab(draft, args.draft)  # a small-vocabulary draft speaks target ids
+    draft = load_draft(args.draft, args.draft_dtype)
     ks = [int(k) for k in args.k.split(",")]
     evaluation = {
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores",
