@@ -11,12 +11,14 @@
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
+#                                   draft_4l_ab
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~205 min), draft_sizes (trains 2-
 #                                   and 4-layer drafts, ~75 min, then benches them and the
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
-#                                   draft_4ep_ab (~40 min), draft_warmup (~75 min) and
+#                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
+#                                   draft_4l_ab (~20 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -505,6 +507,12 @@ run_draft_warmup() {  # issue 10: distill's first 40 updates without and with wa
     | tee "$OUT/draft-4l-warm-training.txt"
   $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
     | tee "$OUT/draft-4l-warm-eval.txt"
+}
+run_draft_4l_ab() {  # issue 10: draft_warmup's 4-layer draft (2 epochs with warmup and
+  # clipping) against the 3-layer draft shipped until then (4 epochs, commit 0828b96), taking
+  # turns through the server (draft_ab)
+  draft_at 0828b96 models/generated/draft-3l-shipped
+  draft_ab models/generated/draft-4l-warm models/generated/draft-3l-shipped draft-4l-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
