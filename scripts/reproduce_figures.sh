@@ -180,7 +180,6 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
   $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-3990} --minutes 120 \
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
-  fourth_epoch models/smollm2-draft models/smollm2-draft | tee -a "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
