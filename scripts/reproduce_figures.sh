@@ -512,6 +512,9 @@ run_draft_4l_ab() {  # issue 10: draft_warmup's 4-layer draft (2 epochs with war
   # turns through the server (draft_ab)
   draft_at 0828b96 models/generated/draft-3l-shipped
   draft_ab models/generated/draft-4l-warm models/generated/draft-3l-shipped draft-4l-ab
+  # the 3-layer draft's agreement on held-out, unseen-prose and training answers (k = 1 only)
+  $PY -m server.model_files.training.distill_eval --draft models/generated/draft-3l-shipped \
+    --no-card --k 1 --max-tokens 16 | tee "$OUT/draft-3l-4ep-agreement.txt"
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
