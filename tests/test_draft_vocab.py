@@ -115,10 +115,10 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]),
                           "--out", str(out), "--layers", "0,1", "--vocab", "60",
                           "--epochs", "3", "--batch", "4", "--lr", "3e-3", "--warmup", "2",
-                          "--clip-norm", "1", "--hard-weight", "1"])
+                          "--clip-norm", "0.5", "--hard-weight", "1"])
     card = json.loads((out / "training.json").read_text())
-    assert norms == [1.0] * card["steps"]  # --clip-norm 1: every step's gradient clipped
-    assert (card["warmup"], card["clip_norm"]) == (2, 1.0)
+    assert norms == [0.5] * card["steps"]  # --clip-norm 0.5: every step's gradient clipped
+    assert (card["warmup"], card["clip_norm"]) == (2, 0.5)
     assert card["vocab"] == len(json.loads((out / VOCAB_FILE).read_text())["target_ids"]) == 60
     assert card["after"] > card["before"]
     kit = ModelKit(load_model(str(tiny_pair[0])))
@@ -137,7 +137,7 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     more = tmp_path / "draft-more"
     distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--out", str(more),
                   "--init-from", str(out), "--epochs", "1", "--batch", "4", "--lr", "1e-3",
-                  "--hard-weight", "1", "--seed", "1"])
+                  "--warmup", "0", "--clip-norm", "0", "--hard-weight", "1", "--seed", "1"])
     assert (more / VOCAB_FILE).read_text() == (out / VOCAB_FILE).read_text()
     card_more = json.loads((more / "training.json").read_text())
     (run,) = card_more["continued"]
@@ -173,10 +173,12 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     card = (more / "README.md").read_text()
     # the first run's command, its options unlike distill's defaults
     assert (f"    python -m server.model_files.training.distill --out {more} --layers 0,1 --vocab"
-            " 60 --batch 4 --lr 0.003 --warmup 2 --clip-norm 1 --hard-weight 1\n") in card
-    assert f"--init-from {more} --out {more} --epochs 1 --lr 0.001 --seed 1" in card
+            " 60 --epochs 3 --batch 4 --lr 0.003 --warmup 2 --clip-norm 0.5 --hard-weight 1\n"
+            ) in card
+    assert (f"--init-from {more} --out {more} --epochs 1 --lr 0.001 --warmup 0 --clip-norm 0 "
+            "--seed 1\n") in card
     assert (f"- batch 4, {card_more['steps'] - run['steps']} steps from lr 0.003 (cosine after 2"
-            " warmup steps, gradient clipped to norm 1), seed"
+            " warmup steps, gradient clipped to norm 0.5), seed"
             f" 0; then {run['steps']} more steps from lr 0.001 (cosine again), seed 1: agreement"
             f" {run['agreement_before']:.3f} -> {run['agreement_after']:.3f}; in all"
             f" {card_more['steps']} steps") in card

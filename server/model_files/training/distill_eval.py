@@ -184,7 +184,8 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         " --minutes 120",
         f"    {_distill_command(training, draft_dir)}",
         *(f"    python -m server.model_files.training.distill --init-from {draft_dir} "
-          f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g} --seed {run['seed']}"
+          f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g}"
+          f"{_changed_flags(run, ('warmup', 'clip-norm'))} --seed {run['seed']}"
           for run in training.get("continued", [])),
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
@@ -247,21 +248,27 @@ PREDATES = {"warmup": 0, "clip_norm": 0.0}
 
 
 def _distill_command(training: dict, draft_dir: Path) -> str:
-    """The `distill` command of the draft's first run: the options it set unlike the defaults
+    """The `distill` command of the draft's first run: the options it set unlike the defaults."""
+    out = f" --out {draft_dir}" if Path(draft_dir) != distill.DEFAULT_OUT else ""
+    return "python -m server.model_files.training.distill" + out + _changed_flags(
+        training, ("layers", "vocab", "epochs", "batch", "lr", "warmup", "clip-norm",
+                   "hard-weight", "seed", "bits"))
+
+
+def _changed_flags(run: dict, flags: tuple[str, ...]) -> str:
+    """` --flag value` for each of `flags` whose value in a run's card is not distill's default
     (an option its card lacks predates the run: it had what distill did then, PREDATES)."""
-    keys = {"layers": "layers_from_target", "vocab": "vocab", "epochs": "epochs",
-            "batch": "batch", "lr": "lr", "warmup": "warmup", "clip-norm": "clip_norm",
-            "hard-weight": "hard_weight", "seed": "seed", "bits": "bits"}
     defaults = vars(distill.parse_args([]))
-    flags = [f" --out {draft_dir}"] if Path(draft_dir) != distill.DEFAULT_OUT else []
-    for flag, key in keys.items():
-        value = training.get(key, PREDATES.get(key, defaults[flag.replace("-", "_")]))
-        if key == "layers_from_target":
+    out = ""
+    for flag in flags:
+        key = "layers_from_target" if flag == "layers" else flag.replace("-", "_")
+        default = defaults[flag.replace("-", "_")]
+        value = run.get(key, PREDATES.get(key, default))
+        if flag == "layers":
             value = ",".join(map(str, value))
-        if value != defaults[flag.replace("-", "_")]:
-            flags.append(f" --{flag} {value:g}" if isinstance(value, float) else
-                         f" --{flag} {value}")
-    return "python -m server.model_files.training.distill" + "".join(flags)
+        if value != default:
+            out += f" --{flag} {value:g}" if isinstance(value, float) else f" --{flag} {value}"
+    return out
 
 
 def _warmup_text(training: dict) -> str:
