@@ -267,3 +267,15 @@ def test_first_steps_reports_distills_own_first_updates(tiny_pair, tmp_path):
     assert first_steps.summary([(5.0, 2.0), (9.0, 1.0), (4.0, 3.0), (2.0, 1.0)]) == (
         "largest loss 9.00 (step 2), largest gradient norm 3.0 (step 3); mean loss of steps "
         "3-4: 3.00")
+
+
+def test_a_card_from_before_epochs_warmup_and_clipping_were_recorded_rebuilds_as_it_ran():
+    card = {"answers": 3990, "batch": 8, "steps": 1896, "layers_from_target": [0, 1, 2],
+            "vocab": 8192, "lr": 0.001, "seed": 0, "hard_weight": 0.5, "bits": 8,
+            "continued": [{"epochs": 1.0, "steps": 474, "lr": 0.0003, "seed": 3}]}
+    # 1,422 first steps over 474 an epoch (3,790 training answers, batch 8): 3 epochs
+    assert distill_eval._distill_command(card, distill.DEFAULT_OUT) == (
+        "python -m server.model_files.training.distill --layers 0,1,2 --epochs 3 --warmup 0 "
+        "--clip-norm 0")
+    assert distill_eval._changed_flags(card["continued"][0], ("warmup", "clip-norm")) == (
+        " --warmup 0 --clip-norm 0")

@@ -248,10 +248,14 @@ PREDATES = {"warmup": 0, "clip_norm": 0.0}
 
 
 def _distill_command(training: dict, draft_dir: Path) -> str:
-    """The `distill` command of the draft's first run: the options it set unlike the defaults."""
+    """The `distill` command of the draft's first run: the options it set unlike the defaults
+    (a card without its epochs, from before they were recorded: its first steps over an
+    epoch's)."""
     out = f" --out {draft_dir}" if Path(draft_dir) != distill.DEFAULT_OUT else ""
+    per_epoch = -(-distill.held_out_start(range(training["answers"])) // training["batch"])
+    first = {"epochs": _first_steps(training) / per_epoch, **training}
     return "python -m server.model_files.training.distill" + out + _changed_flags(
-        training, ("layers", "vocab", "epochs", "batch", "lr", "warmup", "clip-norm",
+        first, ("layers", "vocab", "epochs", "batch", "lr", "warmup", "clip-norm",
                    "hard-weight", "seed", "bits"))
 
 
