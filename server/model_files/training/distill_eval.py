@@ -276,7 +276,7 @@ def _changed_flags(run: dict, flags: tuple[str, ...]) -> str:
 
 
 def _warmup_text(training: dict) -> str:
-    warmup, clip = training.get("warmup", 0), training.get("clip_norm", 0.0)
+    warmup, clip = (training.get(k, PREDATES[k]) for k in ("warmup", "clip_norm"))
     return (f" after {warmup} warmup steps" if warmup else "") + (
         f", gradient clipped to norm {clip:g}" if clip else "")
 
