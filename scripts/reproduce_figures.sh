@@ -11,14 +11,14 @@
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
-#                                   draft_4l_ab
+#                                   draft_4l_ab draft_4l_3ep
 #                                   feature_probe;
 #                                   default: all but draft (retrains
-#                                   models/smollm2-draft, ~205 min), draft_sizes (trains 2-
+#                                   models/smollm2-draft, ~230 min), draft_sizes (trains 2-
 #                                   and 4-layer drafts, ~75 min, then benches them and the
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
-#                                   draft_4l_ab (~20 min) and
+#                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -171,15 +171,16 @@ run_before() {  # issue 8: one stream, this engine vs the one before the schedul
 run_structured() {  # issue 11: grammar cost and speculation under a JSON schema
   $PY scripts/bench_structured.py --reps 2 | tee "$OUT/structured.txt"
 }
-fourth_epoch() {  # $1: a 3-epoch draft, $2: where it goes trained one epoch more (the shipped
-  # draft's 4th epoch: a new cosine from lr 3e-4)
+one_more_epoch() {  # $1: a draft distill saved, $2: where it goes trained one epoch more (a
+  # warm start, a new cosine from lr 3e-4), $3: the seed that shuffles that epoch
   $PY -m server.model_files.training.distill --init-from "$1" --out "$2" --epochs 1 --lr 3e-4 \
-    --seed 3
+    --seed "$3"
 }
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
   $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-3990} --minutes 120 \
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
+  one_more_epoch models/smollm2-draft models/smollm2-draft 2 | tee -a "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
@@ -483,7 +484,7 @@ run_draft_4ep_ab() {  # issue 10: the draft shipped until commit 8db9f29 (3 epoc
   # since) against it: agreement (distill_eval), then taking turns through the server (draft_ab)
   local d=models/generated/draft-3l-4ep
   draft_at 8db9f29 models/generated/draft-3ep
-  [ -f "$d/training.json" ] || fourth_epoch models/generated/draft-3ep "$d" \
+  [ -f "$d/training.json" ] || one_more_epoch models/generated/draft-3ep "$d" 3 \
     | tee "$OUT/draft-3l-4ep-training.txt"
   $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
     | tee "$OUT/draft-3l-4ep-eval.txt"
@@ -515,6 +516,14 @@ run_draft_4l_ab() {  # issue 10: draft_warmup's 4-layer draft (2 epochs with war
   # the 3-layer draft's agreement on held-out, unseen-prose and training answers (k = 1 only)
   $PY -m server.model_files.training.distill_eval --draft models/generated/draft-3l-shipped \
     --no-card --k 1 --max-tokens 16 | tee "$OUT/draft-3l-4ep-agreement.txt"
+}
+run_draft_4l_3ep() {  # issue 10: the shipped 4-layer draft (2 epochs) trained a 3rd epoch
+  # (one_more_epoch, 474 steps, ~25 min): held-out agreement and mlx_lm's acceptance (distill_eval)
+  local d=models/generated/draft-4l-3ep
+  trained_on_current_answers "$d" || one_more_epoch models/smollm2-draft "$d" 2 \
+    | tee "$OUT/draft-4l-3ep-training.txt"
+  $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
+    | tee "$OUT/draft-4l-3ep-eval.txt"
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
