@@ -517,10 +517,12 @@ run_draft_4l_ab() {  # issue 10: draft_warmup's 4-layer draft (2 epochs with war
   $PY -m server.model_files.training.distill_eval --draft models/generated/draft-3l-shipped \
     --no-card --k 1 --max-tokens 16 | tee "$OUT/draft-3l-4ep-agreement.txt"
 }
-run_draft_4l_3ep() {  # issue 10: the shipped 4-layer draft (2 epochs) trained a 3rd epoch
-  # (one_more_epoch, 474 steps, ~25 min): held-out agreement and mlx_lm's acceptance (distill_eval)
+run_draft_4l_3ep() {  # issue 10: the 4-layer draft shipped until commit 7147159 (2 epochs)
+  # trained a 3rd epoch (one_more_epoch, 474 steps, ~25 min; shipped since): held-out agreement
+  # and mlx_lm's acceptance (distill_eval)
   local d=models/generated/draft-4l-3ep
-  trained_on_current_answers "$d" || one_more_epoch models/smollm2-draft "$d" 2 \
+  draft_at 6bf843b models/generated/draft-4l-2ep
+  trained_on_current_answers "$d" || one_more_epoch models/generated/draft-4l-2ep "$d" 2 \
     | tee "$OUT/draft-4l-3ep-training.txt"
   $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
     | tee "$OUT/draft-4l-3ep-eval.txt"
