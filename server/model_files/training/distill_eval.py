@@ -265,8 +265,9 @@ def _changed_flags(run: dict, flags: tuple[str, ...]) -> str:
     defaults = vars(distill.parse_args([]))
     out = ""
     for flag in flags:
-        key = "layers_from_target" if flag == "layers" else flag.replace("-", "_")
-        default = defaults[flag.replace("-", "_")]
+        name = flag.replace("-", "_")
+        key = "layers_from_target" if flag == "layers" else name
+        default = defaults[name]
         value = run.get(key, PREDATES.get(key, default))
         if flag == "layers":
             value = ",".join(map(str, value))
