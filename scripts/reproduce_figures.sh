@@ -11,14 +11,15 @@
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
-#                                   draft_4l_ab draft_4l_3ep
+#                                   draft_4l_ab draft_4l_3ep draft_5l
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~230 min), draft_sizes (trains 2-
 #                                   and 4-layer drafts, ~75 min, then benches them and the
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
-#                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min) and
+#                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min),
+#                                   draft_5l (~110 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -526,6 +527,19 @@ run_draft_4l_3ep() {  # issue 10: the 4-layer draft shipped until commit 7147159
     | tee "$OUT/draft-4l-3ep-training.txt"
   $PY -m server.model_files.training.distill_eval --draft "$d" --no-card \
     | tee "$OUT/draft-4l-3ep-eval.txt"
+}
+run_draft_5l() {  # issue 10: a 5-layer draft (the target's layers 0-4) trained like the shipped
+  # 4-layer one (2 epochs, 948 steps, warmup 50, clip 1, ~50 min; then one_more_epoch, ~25 min):
+  # held-out agreement and mlx_lm's acceptance (distill_eval), then against the shipped 4-layer
+  # draft through the server (draft_ab)
+  local d=models/generated/draft-5l
+  trained_on_current_answers "$d" || $PY -m server.model_files.training.distill \
+    --layers 0,1,2,3,4 --out "$d" | tee "$OUT/draft-5l-training.txt"
+  trained_on_current_answers "$d-3ep" || one_more_epoch "$d" "$d-3ep" 2 \
+    | tee "$OUT/draft-5l-3ep-training.txt"
+  $PY -m server.model_files.training.distill_eval --draft "$d-3ep" --no-card \
+    | tee "$OUT/draft-5l-3ep-eval.txt"
+  draft_ab "$d-3ep" models/smollm2-draft draft-5l-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
