@@ -11,7 +11,7 @@
 #                                   hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
-#                                   draft_4l_ab draft_4l_3ep draft_5l
+#                                   draft_4l_ab draft_4l_3ep draft_5l draft_by_confidence
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~230 min), draft_sizes (trains 2-
@@ -19,7 +19,7 @@
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
 #                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min),
-#                                   draft_5l (~110 min) and
+#                                   draft_5l (~110 min), draft_by_confidence (~4 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -540,6 +540,15 @@ run_draft_5l() {  # issue 10: a 5-layer draft (the target's layers 0-4) trained 
   $PY -m server.model_files.training.distill_eval --draft "$d-3ep" --no-card \
     | tee "$OUT/draft-5l-3ep-eval.txt"
   draft_ab "$d-3ep" models/smollm2-draft draft-5l-ab
+}
+run_draft_by_confidence() {  # issue 10: where the shipped draft (and draft_5l's, when there)
+  # misses: its held-out agreement grouped by the target's top-1 probability
+  have_answers || return 0
+  $PY -m server.model_files.training.distill_eval --by-confidence \
+    | tee "$OUT/draft-by-confidence.txt"
+  [ -d models/generated/draft-5l-3ep ] || return 0
+  $PY -m server.model_files.training.distill_eval --by-confidence \
+    --draft models/generated/draft-5l-3ep | tee "$OUT/draft-5l-3ep-by-confidence.txt"
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file

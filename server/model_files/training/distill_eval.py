@@ -2,7 +2,7 @@
 
     python -m server.model_files.training.distill_eval [--target PATH] [--draft DIR]
         [--k 1,2,4,6] [--max-tokens 128] [--draft-dtype float32|stored] [--answers FILE]
-        [--eval-prose FILE]
+        [--eval-prose FILE] [--by-confidence]
 
 Greedy speculative decoding with `mlx_lm`'s own `speculative_generate_step` on the benchmark's
 `structured` and `open_ended` chat prompts: per k, accepted/proposed, tokens/s, and the speedup
@@ -11,7 +11,9 @@ draft's top-1 agreement with the target's answers, teacher-forced, per request f
 held-out split of `target_answers`' file (the end of the request order: code requests only) and
 the prose requests on topics no training request used (`target_answers --eval-prose`), where
 those files exist. Writes `evaluation.json` and `README.md` (the card, from `training.json` and
-the evaluation) into the draft's folder.
+the evaluation) into the draft's folder. `--by-confidence` measures only the held-out agreement,
+grouped by how sure the target was of its token (its stored top-1 probability): where the draft
+misses, and how much of the answer text that is.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from server.model_files.training.distill import DEFAULT_OUT
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
 DEFAULT_K = (1, 2, 4, 6)
 DEFAULT_MAX_TOKENS = 128
+CONFIDENCE_EDGES = (0.5, 0.7, 0.9)  # --by-confidence's groups of the target's top-1 probability
 PAYS = 1.05  # a speedup below this is within one run's noise on a shared 2-core CPU
 
 
@@ -136,6 +139,26 @@ def answer_agreement(draft, examples: list[tuple[list[int], list[int]]]) -> dict
         hits += sum(p == a for p, a in zip(predicted, answer, strict=True))
         total += len(answer)
     return {"answers": len(examples), "tokens": total, "agreement": round(hits / total, 4)}
+
+
+def agreement_by_confidence(draft, lines, edges=CONFIDENCE_EDGES) -> list[dict]:
+    """The draft's agreement on answer positions grouped by the target's top-1 probability
+    there (`target_answers`' stored distribution; lines without it are skipped): per group, its
+    share of the positions and the draft's agreement on them."""
+    hits, counts = np.zeros(len(edges) + 1), np.zeros(len(edges) + 1)
+    for prompt, answer, teacher in lines:
+        if teacher is None or not answer:
+            continue
+        top_p = np.exp([logprobs[0] for logprobs in teacher[1]])
+        group = np.searchsorted(edges, top_p, side="right")
+        agree = np.array(draft_predictions(draft, prompt, answer)) == np.array(answer)
+        np.add.at(counts, group, 1)
+        np.add.at(hits, group, agree)
+    bounds = (0.0, *edges, 1.0)
+    return [{"target_p": f"{bounds[i]:.1f}-{bounds[i + 1]:.1f}", "tokens": int(counts[i]),
+             "share": round(counts[i] / max(counts.sum(), 1), 4),
+             "agreement": round(hits[i] / counts[i], 4) if counts[i] else None}
+            for i in range(len(counts))]
 
 
 def family_agreement(draft, answers: Path, eval_prose: Path, count: int = 200) -> dict:
@@ -311,7 +334,16 @@ def main(argv=None) -> None:
                    help="The target's answers: agreement on their held-out split.")
     p.add_argument("--eval-prose", type=Path, default=target_answers.EVAL_PROSE_OUT,
                    help="Answers to prose requests on unseen topics: agreement on them.")
+    p.add_argument("--by-confidence", action="store_true",
+                   help="Only the agreement on the first 200 held-out answers, grouped by the "
+                        "target's top-1 probability; prints it, leaves the card alone.")
     args = p.parse_args(argv)
+    if args.by_confidence:
+        lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
+        held_out = lines[distill.held_out_start(lines):][:200]
+        groups = agreement_by_confidence(load_draft(args.draft, args.draft_dtype), held_out)
+        print(json.dumps(groups, indent=2))
+        return
     target, tokenizer = load(str(target_folder(args.target)))
     target.set_dtype(mx.float32)
     draft = load_draft(args.draft, args.draft_dtype)
