@@ -41,6 +41,7 @@ from server.model_files.training.distill import DEFAULT_OUT
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
 DEFAULT_K = (1, 2, 4, 6)
 DEFAULT_MAX_TOKENS = 128
+AGREEMENT_ANSWERS = 200  # answers per family the agreement is measured on
 CONFIDENCE_EDGES = (0.5, 0.7, 0.9)  # --by-confidence's groups of the target's top-1 probability
 PAYS = 1.05  # a speedup below this is within one run's noise on a shared 2-core CPU
 
@@ -161,7 +162,8 @@ def agreement_by_confidence(draft, lines, edges=CONFIDENCE_EDGES) -> list[dict]:
             for i in range(len(counts))]
 
 
-def family_agreement(draft, answers: Path, eval_prose: Path, count: int = 200) -> dict:
+def family_agreement(draft, answers: Path, eval_prose: Path,
+                     count: int = AGREEMENT_ANSWERS) -> dict:
     """Agreement on the first `count` held-out answers of `answers` (code requests), on the
     eval prose answers, and on `count` of the training answers (a seeded sample: what the
     draft learnt of what it saw, against held-out: how far it generalises), for each file that
@@ -335,12 +337,13 @@ def main(argv=None) -> None:
     p.add_argument("--eval-prose", type=Path, default=target_answers.EVAL_PROSE_OUT,
                    help="Answers to prose requests on unseen topics: agreement on them.")
     p.add_argument("--by-confidence", action="store_true",
-                   help="Only the agreement on the first 200 held-out answers, grouped by the "
-                        "target's top-1 probability; prints it, leaves the card alone.")
+                   help=f"Only the agreement on the first {AGREEMENT_ANSWERS} held-out answers, "
+                        "grouped by the target's top-1 probability; prints it, leaves the card "
+                        "alone.")
     args = p.parse_args(argv)
     if args.by_confidence:
         lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
-        held_out = lines[distill.held_out_start(lines):][:200]
+        held_out = lines[distill.held_out_start(lines):][:AGREEMENT_ANSWERS]
         groups = agreement_by_confidence(load_draft(args.draft, args.draft_dtype), held_out)
         print(json.dumps(groups, indent=2))
         return
