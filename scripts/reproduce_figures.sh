@@ -12,6 +12,7 @@
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
 #                                   draft_4l_ab draft_4l_3ep draft_5l draft_by_confidence
+#                                   draft_4l_4ep
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~230 min), draft_sizes (trains 2-
@@ -19,7 +20,8 @@
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
 #                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min),
-#                                   draft_5l (~110 min), draft_by_confidence (~4 min) and
+#                                   draft_5l (~110 min), draft_by_confidence (~4 min),
+#                                   draft_4l_4ep (~25 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -549,6 +551,15 @@ run_draft_by_confidence() {  # issue 10: where the shipped draft (and draft_5l's
   [ -d models/generated/draft-5l-3ep ] || return 0
   $PY -m server.model_files.training.distill_eval --by-confidence \
     --draft models/generated/draft-5l-3ep | tee "$OUT/draft-5l-3ep-by-confidence.txt"
+}
+run_draft_4l_4ep() {  # issue 10: the shipped 4-layer draft (3 epochs, commit 7147159) trained a
+  # 4th (one_more_epoch, seed 3): held-out agreement (distill's), then by the target's confidence
+  local d=models/generated/draft-4l-4ep
+  draft_at 7147159 models/generated/draft-4l-3ep-shipped
+  trained_on_current_answers "$d" || one_more_epoch models/generated/draft-4l-3ep-shipped "$d" 3 \
+    | tee "$OUT/draft-4l-4ep-training.txt"
+  $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
+    | tee "$OUT/draft-4l-4ep-by-confidence.txt"
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
