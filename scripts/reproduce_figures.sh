@@ -12,7 +12,7 @@
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
 #                                   draft_4l_ab draft_4l_3ep draft_5l draft_by_confidence
-#                                   draft_4l_4ep
+#                                   draft_4l_4ep draft_4l_4ep_ab
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~230 min), draft_sizes (trains 2-
@@ -21,7 +21,7 @@
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
 #                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min),
 #                                   draft_5l (~110 min), draft_by_confidence (~4 min),
-#                                   draft_4l_4ep (~25 min) and
+#                                   draft_4l_4ep (~25 min), draft_4l_4ep_ab (~21 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -560,6 +560,10 @@ run_draft_4l_4ep() {  # issue 10: the shipped 4-layer draft (3 epochs, commit 71
     | tee "$OUT/draft-4l-4ep-training.txt"
   $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
     | tee "$OUT/draft-4l-4ep-by-confidence.txt"
+}
+run_draft_4l_4ep_ab() {  # issue 10: draft_4l_4ep's draft against the shipped one (3 epochs),
+  # taking turns through the server (draft_ab)
+  draft_ab models/generated/draft-4l-4ep models/smollm2-draft draft-4l-4ep-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
