@@ -185,28 +185,25 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
             f" {card_more['steps']} steps") in card
 
 
-def test_answer_agreement_counts_the_positions_where_the_draft_predicts_the_answer():
-    class Echo:  # predicts that the last token repeats
-        def __call__(self, x):
-            return mx.eye(16)[x]
+class _Echo:  # a draft that predicts that the last token repeats
+    def __call__(self, x):
+        return mx.eye(16)[x]
 
+
+def test_answer_agreement_counts_the_positions_where_the_draft_predicts_the_answer():
     examples = [([1, 2], [2, 2, 5]), ([3], [4, 4])]  # hits: 2 after 2, 2 after 2; 4 after 4
-    assert distill_eval.answer_agreement(Echo(), examples) == {
+    assert distill_eval.answer_agreement(_Echo(), examples) == {
         "answers": 2, "tokens": 5, "agreement": round(3 / 5, 4)}
 
 
 def test_agreement_by_confidence_groups_positions_by_the_targets_top_probability():
-    class Echo:  # predicts that the last token repeats
-        def __call__(self, x):
-            return mx.eye(16)[x]
-
     def teacher(*top_p):  # only the top-1 log-probability matters here
         return [[0]] * len(top_p), [[math.log(p)] for p in top_p]
 
     lines = [([1, 2], [2, 2, 5], teacher(0.95, 0.6, 0.3)),  # hit, hit, miss
              ([3], [4, 4], teacher(0.8, 0.95)),  # miss, hit
              ([3], [3, 3], None)]  # no stored distribution: skipped
-    assert distill_eval.agreement_by_confidence(Echo(), lines) == [
+    assert distill_eval.agreement_by_confidence(_Echo(), lines) == [
         {"target_p": "0.0-0.5", "tokens": 1, "share": 0.2, "agreement": 0.0},
         {"target_p": "0.5-0.7", "tokens": 1, "share": 0.2, "agreement": 1.0},
         {"target_p": "0.7-0.9", "tokens": 1, "share": 0.2, "agreement": 0.0},
