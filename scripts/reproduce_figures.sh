@@ -15,7 +15,7 @@
 #                                   draft_4l_4ep draft_4l_4ep_ab
 #                                   feature_probe;
 #                                   default: all but draft (retrains
-#                                   models/smollm2-draft, ~230 min), draft_sizes (trains 2-
+#                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
 #                                   and 4-layer drafts, ~75 min, then benches them and the
 #                                   shipped one, ~20 min), draft_epochs (~50 min),
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
@@ -184,6 +184,7 @@ run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> traini
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
   one_more_epoch models/smollm2-draft models/smollm2-draft 2 | tee -a "$OUT/draft-training.txt"
+  one_more_epoch models/smollm2-draft models/smollm2-draft 3 | tee -a "$OUT/draft-training.txt"
   $PY -m server.model_files.training.distill_eval | tee "$OUT/draft-eval.txt"
   run_draft_server
 }
@@ -552,8 +553,9 @@ run_draft_by_confidence() {  # issue 10: where the shipped draft (and draft_5l's
   $PY -m server.model_files.training.distill_eval --by-confidence \
     --draft models/generated/draft-5l-3ep | tee "$OUT/draft-5l-3ep-by-confidence.txt"
 }
-run_draft_4l_4ep() {  # issue 10: the shipped 4-layer draft (3 epochs, commit 7147159) trained a
-  # 4th (one_more_epoch, seed 3): held-out agreement (distill's), then by the target's confidence
+run_draft_4l_4ep() {  # issue 10: the 4-layer draft shipped until commit d9da3be (3 epochs,
+  # as at 7147159) trained a 4th (one_more_epoch, seed 3; shipped since): held-out agreement
+  # (distill's), then by the target's confidence
   local d=models/generated/draft-4l-4ep
   draft_at 7147159 models/generated/draft-4l-3ep-shipped
   trained_on_current_answers "$d" || one_more_epoch models/generated/draft-4l-3ep-shipped "$d" 3 \
@@ -561,9 +563,10 @@ run_draft_4l_4ep() {  # issue 10: the shipped 4-layer draft (3 epochs, commit 71
   $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
     | tee "$OUT/draft-4l-4ep-by-confidence.txt"
 }
-run_draft_4l_4ep_ab() {  # issue 10: draft_4l_4ep's draft against the shipped one (3 epochs),
-  # taking turns through the server (draft_ab)
-  draft_ab models/generated/draft-4l-4ep models/smollm2-draft draft-4l-4ep-ab
+run_draft_4l_4ep_ab() {  # issue 10: draft_4l_4ep's draft against the one shipped before it (3
+  # epochs), taking turns through the server (draft_ab)
+  draft_at 7147159 models/generated/draft-4l-3ep-shipped
+  draft_ab models/generated/draft-4l-4ep models/generated/draft-4l-3ep-shipped draft-4l-4ep-ab
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
