@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -14,12 +15,19 @@ from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models import llama
 
-from server.engine.draft_vocab import VOCAB_FILE, SubVocabModel, draft_index, write_vocab
+from server.engine.draft_vocab import (
+    VOCAB_FILE,
+    SubVocabModel,
+    draft_index,
+    read_vocab,
+    write_vocab,
+)
 from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, ModelLoadError, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.model_files.training import distill, distill_eval, target_answers
+from server.model_files.training.chat_requests import requests
 
 KEPT = [*range(0, 120), *range(200, 330)]  # 250 of the tiny vocabulary's 512 ids
 
@@ -295,3 +303,37 @@ def test_a_card_from_before_epochs_warmup_and_clipping_were_recorded_rebuilds_as
         "--clip-norm 0")
     assert distill_eval._changed_flags(card["continued"][0], ("warmup", "clip-norm")) == (
         " --warmup 0 --clip-norm 0")
+
+
+def test_extra_answers_go_on_past_the_first_files_requests_and_train_beside_its_split(
+        tiny_pair, tmp_path):
+    answers, extra = tmp_path / "answers.jsonl", tmp_path / "extra.jsonl"
+    target_answers.generate(tiny_pair[0], answers, minutes=5, max_tokens=8, batch=8, seed=0,
+                            limit=24)
+    assert target_answers.generate(tiny_pair[0], extra, minutes=5, max_tokens=8, batch=8,
+                                   seed=0, limit=8, start=24) == 8
+    _, tokenizer = load(str(tiny_pair[0]))
+    expected = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                              add_generation_prompt=True)
+                for t in requests(0)[24:32]]
+    assert [prompt for prompt, _ in target_answers.read(extra)] == expected
+    out = tmp_path / "draft"
+    distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--out", str(out),
+                  "--layers", "0", "--vocab", "40", "--epochs", "1", "--batch", "4",
+                  "--hard-weight", "1", "--extra-answers", str(extra)])
+    card = json.loads((out / "training.json").read_text())
+    held_out = distill.answer_split(answers)[1]  # the held-out split is the first file's alone
+    assert (card["answers"], card["extra_answers"]) == (24, 8)
+    assert card["steps"] == -(-(distill.held_out_start(range(24)) + 8) // 4)
+    assert card["soft_targets"] == distill.held_out_start(range(24)) + 8  # both files'
+    kept, _ = read_vocab(out)
+    index = draft_index(kept, card["target_vocab_size"])
+    assert card["held_out_coverage"] == np.mean([index[t] < len(kept) for _, a in held_out
+                                                 for t in a])
+    run = {"extra_answers": 8, "extra_answers_file": str(extra), "epochs": 0.5, "lr": 3e-4,
+           "warmup": 50, "clip_norm": 1.0, "seed": 3}
+    assert distill_eval._continued_commands(run, 24, Path("d")) == [
+        f"    python -m server.model_files.training.target_answers --start 24 --limit 8 --out "
+        f"{extra} --minutes 120",
+        "    python -m server.model_files.training.distill --init-from d --out d --epochs 0.5 "
+        f"--lr 0.0003 --seed 3 --extra-answers {extra}"]

@@ -4,13 +4,16 @@
         [--out models/smollm2-draft] [--layers 0,1,2,3] [--vocab 8192] [--epochs 2]
         [--max-minutes M] [--batch 8] [--lr 1e-3] [--warmup 50] [--clip-norm 1]
         [--hard-weight 0.5] [--seed 0] [--bits 8] [--init-from DRAFT_DIR]
+        [--extra-answers FILE]
 
 The data is `target_answers`' JSONL (the target's greedy answers to chat requests, with its
 next-token distribution at each answer position): at each answer position (the prompt is
 context only) the draft learns a mix, `--hard-weight` on the token the target wrote (greedy
 acceptance is the draft's argmax agreeing with it) and the rest the target's distribution over
 its top tokens (cross-entropy to it, KL up to a constant: what sampled acceptance rewards).
-Lines without the distribution train on the written token alone.
+Lines without the distribution train on the written token alone. `--extra-answers FILE` (a
+second `target_answers` file, `--start` past the first's requests) adds its answers to the
+training split; the held-out split stays `--answers`' last 5%.
 
 The draft is a llama at the target's width: a copy of some of its layers (`--layers`) and its
 final norm, and an embedding and tied head over only the `--vocab` most frequent answer tokens
@@ -141,10 +144,11 @@ def continued_card(previous: dict, run: dict) -> dict:
         card[key] = previous[key] + run[key]
     card["train_minutes"] = round(card["train_minutes"], 1)
     card["losses"] = previous["losses"] + [[previous["steps"] + s, v] for s, v in run["losses"]]
-    keep = ("answers", "epochs", "steps", "batch", "lr", "warmup", "clip_norm", "seed",
-            "hard_weight", "train_minutes")
+    keep = ("answers", "extra_answers", "extra_answers_file", "epochs", "steps", "batch", "lr",
+            "warmup", "clip_norm", "seed", "hard_weight", "train_minutes")
     card["continued"] = [*previous.get("continued", []),
-                         {**{k: run[k] for k in keep}, "agreement_before": run["before"],
+                         {**{k: run[k] for k in keep if k in run},
+                          "agreement_before": run["before"],
                           "agreement_after": run["after"]}]
     return card
 
@@ -281,6 +285,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--bits", type=int, choices=[0, 4, 8], default=DEFAULT_BITS,
                    help="Store the matrices quantized to this many bits (0: float16).")
+    p.add_argument("--extra-answers", type=Path, default=None,
+                   help="More answers (target_answers --start) to train on; the held-out split "
+                        "stays --answers'.")
     p.add_argument("--init-from", type=Path, default=None,
                    help="Train this saved draft further (its layers and tokens; --layers and "
                         "--vocab are ignored).")
@@ -305,6 +312,7 @@ class Setup:
     target_dir: Path
     previous: dict | None
     soft_count: int  # training answers with the target's distribution
+    extra_count: int  # training answers from --extra-answers
 
 
 def setup(args: argparse.Namespace) -> Setup:
@@ -318,6 +326,10 @@ def setup(args: argparse.Namespace) -> Setup:
     teachers = [teacher for _, _, teacher in lines]
     split = held_out_start(examples)
     train, val = examples[:split], examples[split:]
+    extra = [line for line in target_answers.read_with_teacher(args.extra_answers)
+             if line[1]] if args.extra_answers else []
+    train += [(prompt, answer) for prompt, answer, _ in extra]
+    teachers = teachers[:split] + [teacher for _, _, teacher in extra]
     previous = None
     if args.init_from:
         draft, kept, previous = warm_start(args.init_from)
@@ -327,9 +339,9 @@ def setup(args: argparse.Namespace) -> Setup:
         layer_ids = [int(i) for i in args.layers.split(",")]
         draft = build_draft(target, config, layer_ids, kept)
     index = draft_index(kept, int(config["vocab_size"]))
-    soft = soft_targets(train, teachers[:split], index, args.hard_weight)
+    soft = soft_targets(train, teachers, index, args.hard_weight)
     return Setup(draft, kept, layer_ids, train, val, index, soft, config, target_dir, previous,
-                 sum(t is not None for t in teachers[:split]))
+                 sum(t is not None for t in teachers), len(extra))
 
 
 def total_steps(args: argparse.Namespace, s: Setup) -> int:
@@ -372,7 +384,7 @@ def main(argv=None) -> None:
     steps = total_steps(args, s)
     opt = optimizer(args, steps)
     loss_and_grad = nn.value_and_grad(draft, loss_fn)
-    card = {"target": str(s.target_dir), "answers": len(s.train) + len(val),
+    card = {"target": str(s.target_dir), "answers": len(s.train) - s.extra_count + len(val),
             "layers_from_target": s.layer_ids, "vocab": len(kept),
             "target_vocab_size": int(s.config["vocab_size"]), "held_out_coverage": covered,
             "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "seed": args.seed,
@@ -380,6 +392,8 @@ def main(argv=None) -> None:
             "before": before,
             "soft_targets": s.soft_count,
             "hard_weight": args.hard_weight,
+            **({"extra_answers": s.extra_count, "extra_answers_file": str(args.extra_answers)}
+               if s.extra_count else {}),
             "losses": []}
     start, losses, step, tokens = time.time(), [], 0, 0
     bar = tqdm(total=steps, desc="distill", unit="step", mininterval=5)

@@ -208,10 +208,8 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
         " --minutes 120",
         f"    {_distill_command(training, draft_dir)}",
-        *(f"    python -m server.model_files.training.distill --init-from {draft_dir} "
-          f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g}"
-          f"{_changed_flags(run, ('warmup', 'clip-norm'))} --seed {run['seed']}"
-          for run in training.get("continued", [])),
+        *(line for run in training.get("continued", []) for line in _continued_commands(
+            run, training["answers"], draft_dir)),
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
         f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "
@@ -282,6 +280,17 @@ def _distill_command(training: dict, draft_dir: Path) -> str:
     return "python -m server.model_files.training.distill" + out + _changed_flags(
         first, ("layers", "vocab", "epochs", "batch", "lr", "warmup", "clip-norm",
                    "hard-weight", "seed", "bits"))
+
+
+def _continued_commands(run: dict, answers: int, draft_dir: Path) -> list[str]:
+    """The commands of one `--init-from` run: its extra answers first, when it had some."""
+    extra = run.get("extra_answers_file")
+    out = [f"    python -m server.model_files.training.target_answers --start {answers} "
+           f"--limit {run['extra_answers']} --out {extra} --minutes 120"] if extra else []
+    return out + [f"    python -m server.model_files.training.distill --init-from {draft_dir} "
+                  f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g}"
+                  f"{_changed_flags(run, ('warmup', 'clip-norm'))} --seed {run['seed']}"
+                  + (f" --extra-answers {extra}" if extra else "")]
 
 
 def _changed_flags(run: dict, flags: tuple[str, ...]) -> str:

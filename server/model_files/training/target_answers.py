@@ -1,7 +1,8 @@
 """The target's own greedy answers to chat requests: training data for a draft that agrees with it.
 
     python -m server.model_files.training.target_answers [--target PATH] [--out FILE]
-        [--minutes 25] [--max-tokens 160] [--batch 32] [--seed 0] [--eval-prose]
+        [--minutes 25] [--max-tokens 160] [--batch 32] [--seed 0] [--limit N] [--start N]
+        [--eval-prose]
 
 A draft is accepted as often as it predicts what the target itself writes, so the best text to
 train it on is the target's output (sequence-level distillation), and the best signal is the
@@ -11,8 +12,10 @@ everyday prose) are answered greedily by the target with `mlx_lm`'s `BatchGenera
 appended to a JSONL file as they finish, one line per answer: `{"prompt": [ids], "answer": [ids],
 "top_ids": [[ids]], "top_logprobs": [[logprobs]]}`, the last two the target's most likely
 tokens (at most `TOP_K`, log-probability above `MIN_LOGPROB`) at each answer position. A second
-run resumes where the file ends. `--eval-prose` answers the prose requests kept for measuring
-(`chat_requests.eval_prose_requests`, topics no training request uses) into `EVAL_PROSE_OUT`.
+run resumes where the file ends. `--start N` skips the first N requests (those another file
+answers: more training data beside it, its held-out split left as it is). `--eval-prose`
+answers the prose requests kept for measuring (`chat_requests.eval_prose_requests`, topics no
+training request uses) into `EVAL_PROSE_OUT`.
 """
 
 from __future__ import annotations
@@ -55,14 +58,16 @@ def done_count(out: Path) -> int:
 
 
 def generate(target_dir: Path, out: Path, *, minutes: float, max_tokens: int, batch: int,
-             seed: int, limit: int | None = None, texts: list[str] | None = None) -> int:
+             seed: int, limit: int | None = None, texts: list[str] | None = None,
+             start: int = 0) -> int:
     """Append answers to `out` until `minutes` pass, `limit` answers are written or the
-    requests (`texts`, default `requests(seed)`) run out; returns how many were appended."""
+    requests (`texts`, default `requests(seed)`, from the `start`-th on) run out; returns how
+    many were appended."""
     from tqdm import tqdm
 
     model, tokenizer = mlx_load(str(target_dir))
     model.set_dtype(mx.float32)
-    texts = (requests(seed) if texts is None else texts)[done_count(out):]
+    texts = (requests(seed) if texts is None else texts)[start + done_count(out):]
     texts = texts[:limit] if limit is not None else texts
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
                                              add_generation_prompt=True) for t in texts]
@@ -143,13 +148,15 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="Answers decoded at once.")
     p.add_argument("--seed", type=int, default=0, help="Order of the requests.")
     p.add_argument("--limit", type=int, default=None, help="At most this many answers.")
+    p.add_argument("--start", type=int, default=0,
+                   help="Skip the first N requests (answered in another file).")
     p.add_argument("--eval-prose", action="store_true",
                    help="Answer the prose requests kept for measuring instead.")
     args = p.parse_args(argv)
     out = args.out or (EVAL_PROSE_OUT if args.eval_prose else DEFAULT_OUT)
     n = generate(target_folder(args.target), out, minutes=args.minutes,
                  max_tokens=args.max_tokens, batch=args.batch, seed=args.seed, limit=args.limit,
-                 texts=eval_prose_requests() if args.eval_prose else None)
+                 texts=eval_prose_requests() if args.eval_prose else None, start=args.start)
     print(f"{n} answers appended to {out} ({done_count(out)} in all)")
 
 
