@@ -12,7 +12,7 @@
 #                                   held_out_default
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
 #                                   draft_4l_ab draft_4l_3ep draft_5l draft_by_confidence
-#                                   draft_4l_4ep draft_4l_4ep_ab
+#                                   draft_4l_4ep draft_4l_4ep_ab draft_more_data
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -21,7 +21,8 @@
 #                                   draft_4ep_ab (~40 min), draft_warmup (~75 min),
 #                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min),
 #                                   draft_5l (~110 min), draft_by_confidence (~4 min),
-#                                   draft_4l_4ep (~25 min), draft_4l_4ep_ab (~21 min) and
+#                                   draft_4l_4ep (~25 min), draft_4l_4ep_ab (~21 min),
+#                                   draft_more_data (~95 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -567,6 +568,24 @@ run_draft_4l_4ep_ab() {  # issue 10: draft_4l_4ep's draft against the one shippe
   # epochs), taking turns through the server (draft_ab)
   draft_at 7147159 models/generated/draft-4l-3ep-shipped
   draft_ab models/generated/draft-4l-4ep models/generated/draft-4l-3ep-shipped draft-4l-4ep-ab
+}
+run_draft_more_data() {  # issue 10: more data at the same compute: the 4-layer, 3-epoch draft
+  # (7147159) trained 474 steps (the 4th epoch's) over the training answers and up to
+  # $EXTRA_ANSWERS new ones (target_answers --start 3990: requests none of the 3,990 used;
+  # ~60 min), against draft_4l_4ep (the same steps over the training answers alone)
+  local extra=models/generated/target-answers-extra.jsonl d=models/generated/draft-4l-more-data
+  have_answers || return 0
+  $PY -m server.model_files.training.target_answers --start 3990 \
+    --limit "${EXTRA_ANSWERS:-2500}" --minutes 60 --out "$extra" \
+    | tee "$OUT/draft-more-data-answers.txt"
+  draft_at 7147159 models/generated/draft-4l-3ep-shipped
+  $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-3ep-shipped \
+    --out "$d" --steps 474 --lr 3e-4 --seed 3 --extra-answers "$extra" \
+    | tee "$OUT/draft-more-data-training.txt"
+  $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
+    | tee "$OUT/draft-more-data-by-confidence.txt"
+  $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
+    | tee "$OUT/draft-more-data-eval.txt"
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file

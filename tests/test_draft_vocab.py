@@ -319,21 +319,22 @@ def test_extra_answers_go_on_past_the_first_files_requests_and_train_beside_its_
     assert [prompt for prompt, _ in target_answers.read(extra)] == expected
     out = tmp_path / "draft"
     distill.main(["--answers", str(answers), "--target", str(tiny_pair[0]), "--out", str(out),
-                  "--layers", "0", "--vocab", "40", "--epochs", "1", "--batch", "4",
+                  "--layers", "0", "--vocab", "40", "--steps", "5", "--batch", "4",
                   "--hard-weight", "1", "--extra-answers", str(extra)])
     card = json.loads((out / "training.json").read_text())
     held_out = distill.answer_split(answers)[1]  # the held-out split is the first file's alone
     assert (card["answers"], card["extra_answers"]) == (24, 8)
-    assert card["steps"] == -(-(distill.held_out_start(range(24)) + 8) // 4)
+    per_epoch = -(-(distill.held_out_start(range(24)) + 8) // 4)  # 30 answers, batch 4: 8
+    assert (card["steps"], card["fixed_steps"], card["epochs"]) == (5, 5, 5 / per_epoch)
     assert card["soft_targets"] == distill.held_out_start(range(24)) + 8  # both files'
     kept, _ = read_vocab(out)
     index = draft_index(kept, card["target_vocab_size"])
     assert card["held_out_coverage"] == np.mean([index[t] < len(kept) for _, a in held_out
                                                  for t in a])
-    run = {"extra_answers": 8, "extra_answers_file": str(extra), "epochs": 0.5, "lr": 3e-4,
-           "warmup": 50, "clip_norm": 1.0, "seed": 3}
+    run = {"extra_answers": 8, "extra_answers_file": str(extra), "epochs": 0.625,
+           "fixed_steps": 5, "lr": 3e-4, "warmup": 50, "clip_norm": 1.0, "seed": 3}
     assert distill_eval._continued_commands(run, 24, Path("d")) == [
         f"    python -m server.model_files.training.target_answers --start 24 --limit 8 --out "
         f"{extra} --minutes 120",
-        "    python -m server.model_files.training.distill --init-from d --out d --epochs 0.5 "
+        "    python -m server.model_files.training.distill --init-from d --out d --steps 5 "
         f"--lr 0.0003 --seed 3 --extra-answers {extra}"]

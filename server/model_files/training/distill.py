@@ -2,7 +2,7 @@
 
     python -m server.model_files.training.distill [--answers FILE] [--target PATH]
         [--out models/smollm2-draft] [--layers 0,1,2,3] [--vocab 8192] [--epochs 2]
-        [--max-minutes M] [--batch 8] [--lr 1e-3] [--warmup 50] [--clip-norm 1]
+        [--steps N] [--max-minutes M] [--batch 8] [--lr 1e-3] [--warmup 50] [--clip-norm 1]
         [--hard-weight 0.5] [--seed 0] [--bits 8] [--init-from DRAFT_DIR]
         [--extra-answers FILE]
 
@@ -144,8 +144,8 @@ def continued_card(previous: dict, run: dict) -> dict:
         card[key] = previous[key] + run[key]
     card["train_minutes"] = round(card["train_minutes"], 1)
     card["losses"] = previous["losses"] + [[previous["steps"] + s, v] for s, v in run["losses"]]
-    keep = ("answers", "extra_answers", "extra_answers_file", "epochs", "steps", "batch", "lr",
-            "warmup", "clip_norm", "seed", "hard_weight", "train_minutes")
+    keep = ("answers", "extra_answers", "extra_answers_file", "epochs", "fixed_steps", "steps",
+            "batch", "lr", "warmup", "clip_norm", "seed", "hard_weight", "train_minutes")
     card["continued"] = [*previous.get("continued", []),
                          {**{k: run[k] for k in keep if k in run},
                           "agreement_before": run["before"],
@@ -272,6 +272,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Target layers the draft starts from, by index.")
     p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="Tokens the draft predicts.")
     p.add_argument("--epochs", type=float, default=DEFAULT_EPOCHS)
+    p.add_argument("--steps", type=int, default=None,
+                   help="Train this many steps instead of --epochs' worth.")
     p.add_argument("--max-minutes", type=float, default=None, help="Stop training after this.")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
@@ -345,7 +347,7 @@ def setup(args: argparse.Namespace) -> Setup:
 
 
 def total_steps(args: argparse.Namespace, s: Setup) -> int:
-    return int(args.epochs * -(-len(s.train) // args.batch))
+    return args.steps or int(args.epochs * -(-len(s.train) // args.batch))
 
 
 def optimizer(args: argparse.Namespace, steps: int) -> optim.Optimizer:
@@ -387,7 +389,9 @@ def main(argv=None) -> None:
     card = {"target": str(s.target_dir), "answers": len(s.train) - s.extra_count + len(val),
             "layers_from_target": s.layer_ids, "vocab": len(kept),
             "target_vocab_size": int(s.config["vocab_size"]), "held_out_coverage": covered,
-            "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+            "epochs": steps / -(-len(s.train) // args.batch) if args.steps else args.epochs,
+            **({"fixed_steps": args.steps} if args.steps else {}),
+            "batch": args.batch, "lr": args.lr, "seed": args.seed,
             "warmup": args.warmup, "clip_norm": args.clip_norm,
             "before": before,
             "soft_targets": s.soft_count,

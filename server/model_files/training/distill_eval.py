@@ -288,9 +288,16 @@ def _continued_commands(run: dict, answers: int, draft_dir: Path) -> list[str]:
     out = [f"    python -m server.model_files.training.target_answers --start {answers} "
            f"--limit {run['extra_answers']} --out {extra} --minutes 120"] if extra else []
     return out + [f"    python -m server.model_files.training.distill --init-from {draft_dir} "
-                  f"--out {draft_dir} --epochs {run['epochs']:g} --lr {run['lr']:g}"
+                  f"--out {draft_dir} {_length(run)} --lr {run['lr']:g}"
                   f"{_changed_flags(run, ('warmup', 'clip-norm'))} --seed {run['seed']}"
                   + (f" --extra-answers {extra}" if extra else "")]
+
+
+def _length(run: dict) -> str:
+    """How long a run trained, as its command said it: `--steps N` or `--epochs E`."""
+    if "fixed_steps" in run:
+        return f"--steps {run['fixed_steps']}"
+    return f"--epochs {run['epochs']:g}"
 
 
 def _changed_flags(run: dict, flags: tuple[str, ...]) -> str:
