@@ -13,6 +13,7 @@
 #                                   draft_sizes draft_epochs draft_4ep_ab draft_warmup
 #                                   draft_4l_ab draft_4l_3ep draft_5l draft_by_confidence
 #                                   draft_4l_4ep draft_4l_4ep_ab draft_more_data
+#                                   draft_more_data_ab held_out_more_data
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -22,7 +23,8 @@
 #                                   draft_4l_ab (~20 min), draft_4l_3ep (~30 min),
 #                                   draft_5l (~110 min), draft_by_confidence (~4 min),
 #                                   draft_4l_4ep (~25 min), draft_4l_4ep_ab (~21 min),
-#                                   draft_more_data (~95 min) and
+#                                   draft_more_data (~95 min), draft_more_data_ab
+#                                   (~21 min), held_out_more_data (~16 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -586,6 +588,17 @@ run_draft_more_data() {  # issue 10: more data at the same compute: the 4-layer,
     | tee "$OUT/draft-more-data-by-confidence.txt"
   $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
     | tee "$OUT/draft-more-data-eval.txt"
+}
+run_draft_more_data_ab() {  # issue 10: draft_more_data's draft against the shipped one (4
+  # epochs over the training answers alone), taking turns through the server (draft_ab)
+  draft_ab models/generated/draft-4l-more-data models/smollm2-draft draft-more-data-ab
+}
+run_held_out_more_data() {  # issue 10: held_out_default with draft_more_data's draft
+  have_answers || return 0
+  on_smol_server models/generated/draft-4l-more-data held-out-more-data held_out_more_data_benches
+}
+held_out_more_data_benches() {
+  held_out_against_plain held-out-more-data.txt default='{"draft": "hybrid", "hybrid_min_match": 2}'
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
