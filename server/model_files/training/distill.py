@@ -323,13 +323,12 @@ def setup(args: argparse.Namespace) -> Setup:
 
     target_dir = target_folder(args.target)
     target, tokenizer, config = mlx_load(str(target_dir), return_config=True)
-    lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
+    lines = target_answers.answered_with_teacher(args.answers)
     examples = [(prompt, answer) for prompt, answer, _ in lines]
     teachers = [teacher for _, _, teacher in lines]
     split = held_out_start(examples)
     train, val = examples[:split], examples[split:]
-    extra = [line for line in target_answers.read_with_teacher(args.extra_answers)
-             if line[1]] if args.extra_answers else []
+    extra = target_answers.answered_with_teacher(args.extra_answers) if args.extra_answers else []
     train += [(prompt, answer) for prompt, answer, _ in extra]
     teachers = teachers[:split] + [teacher for _, _, teacher in extra]
     previous = None
@@ -346,8 +345,13 @@ def setup(args: argparse.Namespace) -> Setup:
                  sum(t is not None for t in teachers), len(extra))
 
 
+def steps_per_epoch(answers: int, batch: int) -> int:
+    """Batches in one pass over `answers` training answers (the last one may be short)."""
+    return -(-answers // batch)
+
+
 def total_steps(args: argparse.Namespace, s: Setup) -> int:
-    return args.steps or int(args.epochs * -(-len(s.train) // args.batch))
+    return args.steps or int(args.epochs * steps_per_epoch(len(s.train), args.batch))
 
 
 def optimizer(args: argparse.Namespace, steps: int) -> optim.Optimizer:
@@ -389,7 +393,8 @@ def main(argv=None) -> None:
     card = {"target": str(s.target_dir), "answers": len(s.train) - s.extra_count + len(val),
             "layers_from_target": s.layer_ids, "vocab": len(kept),
             "target_vocab_size": int(s.config["vocab_size"]), "held_out_coverage": covered,
-            "epochs": steps / -(-len(s.train) // args.batch) if args.steps else args.epochs,
+            "epochs": (steps / steps_per_epoch(len(s.train), args.batch) if args.steps
+                       else args.epochs),
             **({"fixed_steps": args.steps} if args.steps else {}),
             "batch": args.batch, "lr": args.lr, "seed": args.seed,
             "warmup": args.warmup, "clip_norm": args.clip_norm,

@@ -275,7 +275,8 @@ def _distill_command(training: dict, draft_dir: Path) -> str:
     (a card without its epochs, from before they were recorded: its first steps over an
     epoch's)."""
     out = f" --out {draft_dir}" if Path(draft_dir) != distill.DEFAULT_OUT else ""
-    per_epoch = -(-distill.held_out_start(range(training["answers"])) // training["batch"])
+    per_epoch = distill.steps_per_epoch(distill.held_out_start(range(training["answers"])),
+                                        training["batch"])
     first = {"epochs": _first_steps(training) / per_epoch, **training}
     return "python -m server.model_files.training.distill" + out + _changed_flags(
         first, ("layers", "vocab", "epochs", "batch", "lr", "warmup", "clip-norm",
@@ -358,7 +359,7 @@ def main(argv=None) -> None:
                         "alone.")
     args = p.parse_args(argv)
     if args.by_confidence:
-        lines = [line for line in target_answers.read_with_teacher(args.answers) if line[1]]
+        lines = target_answers.answered_with_teacher(args.answers)
         held_out = lines[distill.held_out_start(lines):][:AGREEMENT_ANSWERS]
         groups = agreement_by_confidence(load_draft(args.draft, args.draft_dtype), held_out)
         print(json.dumps(groups, indent=2))

@@ -40,6 +40,7 @@ from server.model_files.training.distill import (
     _rows,
     answer_split,
     frequent_ids,
+    steps_per_epoch,
     top1_hits,
 )
 
@@ -208,7 +209,7 @@ def main(argv=None) -> None:
     model = build_head(target, config, kept, args.init)
     del target
     before = agreement(model, val, val_f, index, len(kept))
-    steps = int(args.epochs * -(-len(train) // args.batch))
+    steps = int(args.epochs * steps_per_epoch(len(train), args.batch))
     opt = optim.AdamW(learning_rate=optim.cosine_decay(args.lr, steps, args.lr / 20),
                       weight_decay=0.0)
     loss_and_grad = nn.value_and_grad(model, loss_fn)

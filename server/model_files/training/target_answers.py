@@ -122,7 +122,12 @@ def read(path: Path) -> list[tuple[list[int], list[int]]]:
 
 def answered(path: Path) -> list[tuple[list[int], list[int]]]:
     """Per line whose answer is not empty, (prompt, answer)."""
-    return [line for line in read(path) if line[1]]
+    return [(prompt, answer) for prompt, answer, _ in answered_with_teacher(path)]
+
+
+def answered_with_teacher(path: Path) -> list[tuple[list[int], list[int], tuple | None]]:
+    """`read_with_teacher`'s lines whose answer is not empty."""
+    return [line for line in read_with_teacher(path) if line[1]]
 
 
 def read_with_teacher(path: Path) -> list[tuple[list[int], list[int], tuple | None]]:
