@@ -338,3 +338,15 @@ def test_extra_answers_go_on_past_the_first_files_requests_and_train_beside_its_
         f"{extra} --minutes 120",
         "    python -m server.model_files.training.distill --init-from d --out d --steps 5 "
         f"--lr 0.0003 --seed 3 --extra-answers {extra}"]
+    assert distill_eval._extra_text(run) == (
+        " over the training answers and 8 more (the target's answers to the requests after "
+        "those, all code)")
+    assert distill_eval._extra_text({"steps": 5}) == ""
+    # A later run over the same file, grown to 20 answers: its command appends the 12 new ones.
+    later = {**run, "extra_answers": 20, "fixed_steps": 7, "seed": 4}
+    assert distill_eval._rebuild_continued({"answers": 24, "continued": [run, later]},
+                                           Path("d"))[2:] == [
+        f"    python -m server.model_files.training.target_answers --start 24 --limit 12 --out "
+        f"{extra} --minutes 120",
+        "    python -m server.model_files.training.distill --init-from d --out d --steps 7 "
+        f"--lr 0.0003 --seed 4 --extra-answers {extra}"]

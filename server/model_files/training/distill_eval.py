@@ -208,8 +208,7 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"    python -m server.model_files.training.target_answers --limit {training['answers']}"
         " --minutes 120",
         f"    {_distill_command(training, draft_dir)}",
-        *(line for run in training.get("continued", []) for line in _continued_commands(
-            run, training["answers"], draft_dir)),
+        *_rebuild_continued(training, draft_dir),
         "    python -m server.model_files.training.distill_eval", "",
         "## Data", "",
         f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "
@@ -222,7 +221,8 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         "answer tokens.", "",
         f"- batch {training['batch']}, {_first_steps(training)} steps from lr "
         f"{training['lr']} (cosine{_warmup_text(training)}), seed {training['seed']}"
-        + "".join(f"; then {run['steps']} more steps from lr {run['lr']:g} (cosine again), "
+        + "".join(f"; then {run['steps']} more steps{_extra_text(run)} from lr "
+                  f"{run['lr']:g} (cosine again), "
                   f"seed {run['seed']}: agreement {run['agreement_before']:.3f} -> "
                   f"{run['agreement_after']:.3f}" for run in training.get("continued", []))
         + f"; in all {training['steps']} steps, {training['answer_tokens_seen']} answer tokens "
@@ -283,15 +283,37 @@ def _distill_command(training: dict, draft_dir: Path) -> str:
                    "hard-weight", "seed", "bits"))
 
 
-def _continued_commands(run: dict, answers: int, draft_dir: Path) -> list[str]:
-    """The commands of one `--init-from` run: its extra answers first, when it had some."""
+def _rebuild_continued(training: dict, draft_dir: Path) -> list[str]:
+    """The commands of the card's `--init-from` runs in turn. A run whose extra answers file an
+    earlier run used has its first answers already there: its own command appends the rest."""
+    lines, written = [], {}
+    for run in training.get("continued", []):
+        extra = run.get("extra_answers_file")
+        lines += _continued_commands(run, training["answers"], draft_dir, written.get(extra, 0))
+        if extra:
+            written[extra] = run["extra_answers"]
+    return lines
+
+
+def _continued_commands(run: dict, answers: int, draft_dir: Path, written: int = 0) -> list[str]:
+    """The commands of one `--init-from` run: the extra answers it trained on, when it had
+    some, after the `written` first ones an earlier run's command put in that file."""
     extra = run.get("extra_answers_file")
+    new = run.get("extra_answers", 0) - written
     out = [f"    python -m server.model_files.training.target_answers --start {answers} "
-           f"--limit {run['extra_answers']} --out {extra} --minutes 120"] if extra else []
+           f"--limit {new} --out {extra} --minutes 120"] if extra and new > 0 else []
     return out + [f"    python -m server.model_files.training.distill --init-from {draft_dir} "
                   f"--out {draft_dir} {_length(run)} --lr {run['lr']:g}"
                   f"{_changed_flags(run, ('warmup', 'clip-norm'))} --seed {run['seed']}"
                   + (f" --extra-answers {extra}" if extra else "")]
+
+
+def _extra_text(run: dict) -> str:
+    """What a continued run trained on beside the training split, for the card's prose."""
+    if not run.get("extra_answers"):
+        return ""
+    return (f" over the training answers and {run['extra_answers']} more (the target's answers "
+            "to the requests after those, all code)")
 
 
 def _length(run: dict) -> str:
