@@ -14,6 +14,7 @@
 #                                   draft_4l_ab draft_4l_3ep draft_5l draft_by_confidence
 #                                   draft_4l_4ep draft_4l_4ep_ab draft_more_data
 #                                   draft_more_data_ab held_out_more_data
+#                                   draft_more_data_2 held_out_more_data_2
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -24,7 +25,9 @@
 #                                   draft_5l (~110 min), draft_by_confidence (~4 min),
 #                                   draft_4l_4ep (~25 min), draft_4l_4ep_ab (~21 min),
 #                                   draft_more_data (~95 min), draft_more_data_ab
-#                                   (~21 min), held_out_more_data (~16 min) and
+#                                   (~21 min), held_out_more_data (~16 min),
+#                                   draft_more_data_2 (~105 min), held_out_more_data_2
+#                                   (~16 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -575,19 +578,53 @@ run_draft_more_data() {  # issue 10: more data at the same compute: the 4-layer,
   # (7147159) trained 474 steps (the 4th epoch's) over the training answers and up to
   # $EXTRA_ANSWERS new ones (target_answers --start 3990: requests none of the 3,990 used;
   # ~60 min), against draft_4l_4ep (the same steps over the training answers alone)
-  local extra=models/generated/target-answers-extra.jsonl d=models/generated/draft-4l-more-data
+  local d=models/generated/draft-4l-more-data
   have_answers || return 0
-  $PY -m server.model_files.training.target_answers --start 3990 \
-    --limit "${EXTRA_ANSWERS:-2500}" --minutes 60 --out "$extra" \
-    | tee "$OUT/draft-more-data-answers.txt"
+  extra_answers_to 2500 60 draft-more-data-answers.txt
+  [ "$(answers_in $EXTRA)" = 2500 ] || {
+    echo "$EXTRA holds more than 2,500 answers (draft_more_data_2 added to it): skipped"
+    return 0; }
   draft_at 7147159 models/generated/draft-4l-3ep-shipped
   $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-3ep-shipped \
-    --out "$d" --steps 474 --lr 3e-4 --seed 3 --extra-answers "$extra" \
+    --out "$d" --steps 474 --lr 3e-4 --seed 3 --extra-answers "$EXTRA" \
     | tee "$OUT/draft-more-data-training.txt"
   $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
     | tee "$OUT/draft-more-data-by-confidence.txt"
   $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
     | tee "$OUT/draft-more-data-eval.txt"
+}
+EXTRA=models/generated/target-answers-extra.jsonl  # target_answers --start 3990: the requests
+# after the 3,990 of target_answers' own file, none of which those used (all code)
+answers_in() {  # $1: an answers file; its lines (0 when there is none)
+  if [ -f "$1" ]; then wc -l <"$1" | tr -d ' '; else echo 0; fi
+}
+extra_answers_to() {  # $1: answers $EXTRA is to hold, $2: minutes at most, $3: log in $OUT;
+  # appends the missing ones
+  local missing=$(($1 - $(answers_in $EXTRA)))
+  [ "$missing" -gt 0 ] || return 0
+  $PY -m server.model_files.training.target_answers --start 3990 --limit "$missing" \
+    --minutes "$2" --out "$EXTRA" | tee "$OUT/$3"
+}
+run_draft_more_data_2() {  # issue 10: more data again: draft_more_data's draft trained one more
+  # epoch (1,084 steps, ~46 min) over the training answers and 4,876 new ones: every request
+  # the pool has after the 3,990 (the 2,376 beyond draft_more_data's take ~55 min)
+  local d=models/generated/draft-4l-more-data-2
+  have_answers || return 0
+  [ -d models/generated/draft-4l-more-data ] || run_draft_more_data
+  extra_answers_to 4876 70 draft-more-data-2-answers.txt
+  $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-more-data \
+    --out "$d" --epochs 1 --lr 3e-4 --seed 4 --extra-answers "$EXTRA" \
+    | tee "$OUT/draft-more-data-2-training.txt"
+  $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
+    | tee "$OUT/draft-more-data-2-by-confidence.txt"
+  $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
+    | tee "$OUT/draft-more-data-2-eval.txt"
+}
+run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_2's draft
+  have_answers || return 0
+  on_smol_server models/generated/draft-4l-more-data-2 held-out-more-data-2 \
+    held_out_against_plain held-out-more-data-2.txt \
+    default='{"draft": "hybrid", "hybrid_min_match": 2}'
 }
 run_draft_more_data_ab() {  # issue 10: draft_more_data's draft against the shipped one (4
   # epochs over the training answers alone), taking turns through the server (draft_ab)
@@ -595,10 +632,9 @@ run_draft_more_data_ab() {  # issue 10: draft_more_data's draft against the ship
 }
 run_held_out_more_data() {  # issue 10: held_out_default with draft_more_data's draft
   have_answers || return 0
-  on_smol_server models/generated/draft-4l-more-data held-out-more-data held_out_more_data_benches
-}
-held_out_more_data_benches() {
-  held_out_against_plain held-out-more-data.txt default='{"draft": "hybrid", "hybrid_min_match": 2}'
+  on_smol_server models/generated/draft-4l-more-data held-out-more-data \
+    held_out_against_plain held-out-more-data.txt \
+    default='{"draft": "hybrid", "hybrid_min_match": 2}'
 }
 trained_on_current_answers() {  # $1: a draft folder distill wrote from as many answers as there
   # are now in target_answers' file
