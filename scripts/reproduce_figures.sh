@@ -15,6 +15,7 @@
 #                                   draft_4l_4ep draft_4l_4ep_ab draft_more_data
 #                                   draft_more_data_ab held_out_more_data
 #                                   draft_more_data_2 held_out_more_data_2
+#                                   draft_more_data_2_ab
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -27,7 +28,7 @@
 #                                   draft_more_data (~95 min), draft_more_data_ab
 #                                   (~21 min), held_out_more_data (~16 min),
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
-#                                   (~16 min) and
+#                                   (~16 min), draft_more_data_2_ab (~21 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -625,6 +626,10 @@ run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_
   on_smol_server models/generated/draft-4l-more-data-2 held-out-more-data-2 \
     held_out_against_plain held-out-more-data-2.txt \
     default='{"draft": "hybrid", "hybrid_min_match": 2}'
+}
+run_draft_more_data_2_ab() {  # issue 10: draft_more_data_2's draft against the shipped one,
+  # taking turns through the server (draft_ab)
+  draft_ab models/generated/draft-4l-more-data-2 models/smollm2-draft draft-more-data-2-ab
 }
 run_draft_more_data_ab() {  # issue 10: draft_more_data's draft against the shipped one (4
   # epochs over the training answers alone), taking turns through the server (draft_ab)
