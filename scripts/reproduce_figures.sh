@@ -15,7 +15,7 @@
 #                                   draft_4l_4ep draft_4l_4ep_ab draft_more_data
 #                                   draft_more_data_ab held_out_more_data
 #                                   draft_more_data_2 held_out_more_data_2
-#                                   draft_more_data_2_ab
+#                                   draft_more_data_2_ab unseen_agreement
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -28,7 +28,8 @@
 #                                   draft_more_data (~95 min), draft_more_data_ab
 #                                   (~21 min), held_out_more_data (~16 min),
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
-#                                   (~16 min), draft_more_data_2_ab (~21 min) and
+#                                   (~16 min), draft_more_data_2_ab (~21 min),
+#                                   unseen_agreement (~15 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -626,6 +627,19 @@ run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_
   on_smol_server models/generated/draft-4l-more-data-2 held-out-more-data-2 \
     held_out_against_plain held-out-more-data-2.txt \
     default='{"draft": "hybrid", "hybrid_min_match": 2}'
+}
+run_unseen_agreement() {  # issue 10: the shipped draft, draft_more_data's and draft_more_data_2's
+  # agreement (distill_eval, k = 4 only) with the held-out code answers whose requests name no
+  # function or class that a training request or any of $EXTRA's names: one subset for all three
+  local d
+  have_answers || return 0
+  : >"$OUT/unseen-agreement.txt"
+  for d in models/smollm2-draft models/generated/draft-4l-more-data \
+    models/generated/draft-4l-more-data-2; do
+    echo "== $d" | tee -a "$OUT/unseen-agreement.txt"
+    $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
+      --seen-answers "$EXTRA" | tee -a "$OUT/unseen-agreement.txt"
+  done
 }
 run_draft_more_data_2_ab() {  # issue 10: draft_more_data_2's draft against the shipped one,
   # taking turns through the server (draft_ab)

@@ -167,6 +167,9 @@ def test_target_answers_then_distillation_make_a_draft_the_server_uses(tiny_pair
     held_out = evaluation["agreement"]["held-out code"]
     assert held_out["answers"] == 80 - distill.held_out_start(list(range(80)))
     assert "prose, unseen topics" not in evaluation["agreement"]  # no such file
+    # the tiny tokenizer's requests name no functions: none of the held-out is seen
+    assert evaluation["agreement"]["held-out code, functions no training request names"] == (
+        held_out)
     seen = evaluation["agreement"]["training answers (seen)"]
     train_split = distill.answer_split(answers)[0]
     picked = sorted(np.random.default_rng(0).choice(len(train_split), len(train_split), False))
@@ -202,6 +205,56 @@ def test_answer_agreement_counts_the_positions_where_the_draft_predicts_the_answ
     examples = [([1, 2], [2, 2, 5]), ([3], [4, 4])]  # hits: 2 after 2, 2 after 2; 4 after 4
     assert distill_eval.answer_agreement(_Echo(), examples) == {
         "answers": 2, "tokens": 5, "agreement": round(3 / 5, 4)}
+
+
+def test_unseen_held_out_drops_the_requests_naming_what_a_training_request_names():
+    texts = {1: "Write a Python function `f(x, y)` that adds.",
+             2: "Write a Python module with two functions: `h(a)` that ...; `g(b)` that ...",
+             3: "What does the Python function `f` do?",  # f: asked for in training
+             4: "Write a Python function `g(s)` that splits.",  # g: in training's module
+             5: "Write a Python function `k(n)` that counts.",
+             6: "Write a short story about a snow day."}  # names nothing
+    held_out = [([3], [7]), ([4], [8]), ([5], [9]), ([6], [10])]
+    unseen = distill_eval.unseen_held_out(held_out, [([1], [0]), ([2], [0])],
+                                          lambda prompt: texts[prompt[0]])
+    assert unseen == [([5], [9]), ([6], [10])]
+
+
+def test_family_agreement_measures_the_unseen_held_out_answers_apart(tmp_path):
+    answers = tmp_path / "answers.jsonl"  # 40 lines: 38 training, 2 held out
+    prompts = [[i // 16, i % 16] for i in range(40)]
+    answers.write_text("".join(json.dumps({"prompt": p, "answer": [p[1], p[1], 3]}) + "\n"
+                               for p in prompts))
+    texts = {**{i: f"Write `f{i}(x)`." for i in range(38)}, 38: "What does `f3` do?",
+             39: "Write `g(s)`."}
+
+    def decode(prompt):
+        return texts.get(prompt[0] * 16 + prompt[1], "What does `g` do?")
+
+    families = distill_eval.family_agreement(_Echo(), answers, tmp_path / "none.jsonl",
+                                             decode=decode)
+    # line 39 alone is unseen: the echo draft hits its answer's first two tokens, not its 3rd
+    assert families["held-out code, functions no training request names"] == {
+        "answers": 1, "tokens": 3, "agreement": round(2 / 3, 4)}
+    assert families["held-out code"]["answers"] == 2
+    seen_g = [([15, 15], [1])]  # an extra answer whose request names g: nothing is unseen
+    assert "held-out code, functions no training request names" not in (
+        distill_eval.family_agreement(_Echo(), answers, tmp_path / "none.jsonl", decode=decode,
+                                      extra=seen_g))
+
+
+def test_trained_extra_is_the_extra_answers_the_drafts_largest_such_run_read(tmp_path):
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("".join(json.dumps({"prompt": [i], "answer": [i, i] if i != 1 else []})
+                             + "\n" for i in range(6)))
+    runs = [{"steps": 3}, {"extra_answers": 2, "extra_answers_file": str(extra)},
+            {"extra_answers": 4, "extra_answers_file": str(extra)}]
+    (tmp_path / "training.json").write_text(json.dumps({"continued": runs}))
+    # the empty answer (line 1) is not one distill read
+    assert distill_eval.trained_extra(tmp_path) == [([0], [0, 0]), ([2], [2, 2]),
+                                                    ([3], [3, 3]), ([4], [4, 4])]
+    (tmp_path / "training.json").write_text(json.dumps({"continued": runs[:1]}))
+    assert distill_eval.trained_extra(tmp_path) == []
 
 
 def test_agreement_by_confidence_groups_positions_by_the_targets_top_probability():

@@ -125,6 +125,12 @@ def _module_requests(function_requests: list[str], rng: random.Random) -> list[s
     return out
 
 
+def request_names(request: str) -> set[str]:
+    """The functions and classes a request names: each backticked name, without its arguments
+    (a function asked for in one request and explained in another is named by both)."""
+    return {name.split("(")[0] for name in re.findall(r"`([^`]+)`", request)}
+
+
 def prose_requests(topics: tuple[str, ...] = TOPICS) -> list[str]:
     """The prose family: every topic under every prose template."""
     return [t.format(topic=topic) for topic in topics for t in PROSE_TEMPLATES]

@@ -2,15 +2,18 @@
 
     python -m server.model_files.training.distill_eval [--target PATH] [--draft DIR]
         [--k 1,2,4,6] [--max-tokens 128] [--draft-dtype float32|stored] [--answers FILE]
-        [--eval-prose FILE] [--by-confidence]
+        [--eval-prose FILE] [--seen-answers FILE] [--by-confidence]
 
 Greedy speculative decoding with `mlx_lm`'s own `speculative_generate_step` on the benchmark's
 `structured` and `open_ended` chat prompts: per k, accepted/proposed, tokens/s, and the speedup
 over the target alone (`generate_step`), same prompts, same machine, one after the other. And the
 draft's top-1 agreement with the target's answers, teacher-forced, per request family: the
-held-out split of `target_answers`' file (the end of the request order: code requests only) and
-the prose requests on topics no training request used (`target_answers --eval-prose`), where
-those files exist. Writes `evaluation.json` and `README.md` (the card, from `training.json` and
+held-out split of `target_answers`' file (the end of the request order: code requests only), the
+part of it whose requests name no function or class a training request names (the training
+split's and the `--extra-answers` the draft's runs read), and the prose requests on topics no
+training request used (`target_answers --eval-prose`), where those files exist (`--seen-answers`
+counts another file's requests as seen too: two drafts trained on different data, measured on
+one subset). Writes `evaluation.json` and `README.md` (the card, from `training.json` and
 the evaluation) into the draft's folder. `--by-confidence` measures only the held-out agreement,
 grouped by how sure the target was of its token (its stored top-1 probability): where the draft
 misses, and how much of the answer text that is.
@@ -36,6 +39,7 @@ from server.bench.lookup_vs_draft import draft_predictions
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.model_files.default_model import target_folder
 from server.model_files.training import distill, target_answers
+from server.model_files.training.chat_requests import request_names
 from server.model_files.training.distill import DEFAULT_OUT
 
 PROMPTS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED}
@@ -162,18 +166,24 @@ def agreement_by_confidence(draft, lines, edges=CONFIDENCE_EDGES) -> list[dict]:
             for i in range(len(counts))]
 
 
-def family_agreement(draft, answers: Path, eval_prose: Path,
-                     count: int = AGREEMENT_ANSWERS) -> dict:
+def family_agreement(draft, answers: Path, eval_prose: Path, count: int = AGREEMENT_ANSWERS,
+                     decode=None, extra: list | tuple = ()) -> dict:
     """Agreement on the first `count` held-out answers of `answers` (code requests), on the
     eval prose answers, and on `count` of the training answers (a seeded sample: what the
     draft learnt of what it saw, against held-out: how far it generalises), for each file that
-    exists."""
+    exists. Given `decode` (prompt ids -> text), also on those held-out answers whose request
+    names no function or class that a request the draft trained on (the training split and
+    its `extra` answers) names."""
     from server.model_files.training.distill import answer_split
 
     out = {}
     if answers.exists():
         train, held_out = answer_split(answers)
         out["held-out code"] = answer_agreement(draft, held_out[:count])
+        unseen = unseen_held_out(held_out[:count], [*train, *extra], decode) if decode else []
+        if unseen:
+            out["held-out code, functions no training request names"] = answer_agreement(
+                draft, unseen)
     if eval_prose.exists():
         out["prose, unseen topics"] = answer_agreement(
             draft, target_answers.answered(eval_prose)[:count])
@@ -182,6 +192,30 @@ def family_agreement(draft, answers: Path, eval_prose: Path,
         out["training answers (seen)"] = answer_agreement(
             draft, [train[i] for i in sorted(picked)])
     return out
+
+
+def unseen_held_out(held_out: list, trained: list, decode) -> list:
+    """The held-out (prompt, answer) pairs whose request names none of the functions and
+    classes the `trained` pairs' requests name (`chat_requests.request_names` of each decoded
+    prompt)."""
+    seen = set().union(*(request_names(decode(prompt)) for prompt, _ in trained))
+    return [(prompt, answer) for prompt, answer in held_out
+            if not request_names(decode(prompt)) & seen]
+
+
+def trained_extra(draft_dir: Path) -> list:
+    """The extra answers (`distill --extra-answers`) the draft's runs trained on: the first
+    `extra_answers` of the file its largest such run read."""
+    runs = json.loads((draft_dir / "training.json").read_text()).get("continued", [])
+    runs = [run for run in runs if run.get("extra_answers")]
+    if not runs:
+        return []
+    run = max(runs, key=lambda r: r["extra_answers"])
+    return target_answers.answered(Path(run["extra_answers_file"]))[: run["extra_answers"]]
+
+
+def _answered_if(path: Path | None) -> list:
+    return target_answers.answered(path) if path else []
 
 
 def _first_steps(training: dict) -> int:
@@ -234,8 +268,11 @@ def write_card(draft_dir: Path, evaluation: dict) -> None:
         f"- trained: {training['after']:.3f}", "",
         "The held-out split is the end of the request order, where only code requests are "
         "left. Measured again by `distill_eval` (teacher-forced over the target's vocabulary), "
-        "with prose on topics no training request used and, against answers it trained on, "
-        "how far what it learnt carries to answers it has not seen:", "",
+        "with the held-out code answers whose request names no function or class a training "
+        "request names (a held-out request may ask to write a function a training request "
+        "asked to explain, or the reverse), prose on topics no training request used and, "
+        "against answers it trained on, how far what it learnt carries to answers it has not "
+        "seen:", "",
         *(f"- {family}: {a['agreement']:.3f} ({a['answers']} answers, {a['tokens']} tokens)"
           for family, a in evaluation.get("agreement", {}).items()), "",
         "Training loss (mean cross-entropy to the training target per 50 steps): "
@@ -375,6 +412,10 @@ def main(argv=None) -> None:
                    help="The target's answers: agreement on their held-out split.")
     p.add_argument("--eval-prose", type=Path, default=target_answers.EVAL_PROSE_OUT,
                    help="Answers to prose requests on unseen topics: agreement on them.")
+    p.add_argument("--seen-answers", type=Path, default=None,
+                   help="An answers file whose requests count as seen too, besides those the "
+                        "draft trained on, so that drafts trained on different data are "
+                        "measured on the same unseen held-out answers.")
     p.add_argument("--by-confidence", action="store_true",
                    help=f"Only the agreement on the first {AGREEMENT_ANSWERS} held-out answers, "
                         "grouped by the target's top-1 probability; prints it, leaves the card "
@@ -395,7 +436,10 @@ def main(argv=None) -> None:
         "draft_dtype": args.draft_dtype, "max_tokens": args.max_tokens,
         "draft_decode_ms": round(draft_decode_ms(draft), 2),
         "prompts": evaluate(target, draft, tokenizer, ks, args.max_tokens),
-        "agreement": family_agreement(draft, args.answers, args.eval_prose),
+        "agreement": family_agreement(draft, args.answers, args.eval_prose,
+                                      decode=tokenizer.decode,
+                                      extra=[*trained_extra(args.draft),
+                                             *_answered_if(args.seen_answers)]),
     }
     print(json.dumps(evaluation, indent=2))
     if not args.no_card:
