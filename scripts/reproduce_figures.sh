@@ -590,10 +590,14 @@ run_draft_more_data() {  # issue 10: more data at the same compute: the 4-layer,
   $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-3ep-shipped \
     --out "$d" --steps 474 --lr 3e-4 --seed 3 --extra-answers "$EXTRA" \
     | tee "$OUT/draft-more-data-training.txt"
-  $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
-    | tee "$OUT/draft-more-data-by-confidence.txt"
-  $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
-    | tee "$OUT/draft-more-data-eval.txt"
+  measure_trained "$d" draft-more-data
+}
+measure_trained() {  # $1: a draft distill saved, $2: name; its held-out agreement by the
+  # target's confidence and distill_eval at k = 4 (card left alone) into $OUT/$2-*.txt
+  $PY -m server.model_files.training.distill_eval --by-confidence --draft "$1" \
+    | tee "$OUT/$2-by-confidence.txt"
+  $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$1" \
+    | tee "$OUT/$2-eval.txt"
 }
 EXTRA=models/generated/target-answers-extra.jsonl  # target_answers --start 3990: the requests
 # after the 3,990 of target_answers' own file, none of which those used (all code)
@@ -617,10 +621,7 @@ run_draft_more_data_2() {  # issue 10: more data again: draft_more_data's draft 
   $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-more-data \
     --out "$d" --epochs 1 --lr 3e-4 --seed 4 --extra-answers "$EXTRA" \
     | tee "$OUT/draft-more-data-2-training.txt"
-  $PY -m server.model_files.training.distill_eval --by-confidence --draft "$d" \
-    | tee "$OUT/draft-more-data-2-by-confidence.txt"
-  $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
-    | tee "$OUT/draft-more-data-2-eval.txt"
+  measure_trained "$d" draft-more-data-2
 }
 run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_2's draft
   have_answers || return 0
