@@ -179,8 +179,9 @@ def family_agreement(draft, answers: Path, eval_prose: Path, count: int = AGREEM
     out = {}
     if answers.exists():
         train, held_out = answer_split(answers)
-        out["held-out code"] = answer_agreement(draft, held_out[:count])
-        unseen = unseen_held_out(held_out[:count], [*train, *extra], decode) if decode else []
+        held_out = held_out[:count]
+        out["held-out code"] = answer_agreement(draft, held_out)
+        unseen = unseen_held_out(held_out, [*train, *extra], decode) if decode else []
         if unseen:
             out["held-out code, functions no training request names"] = answer_agreement(
                 draft, unseen)
