@@ -4,7 +4,7 @@
 # sections about 3 h of it). Usage:
 #   scripts/reproduce_figures.sh [SECTION...]   (sections: overhead smoke sweep compare
 #                                   demo_server temp adaptive lookup load spec_batch fused
-#                                   engine_load prefill_shapes prefill_head prefix stall
+#                                   decode_profile engine_load prefill_shapes prefill_head prefix stall
 #                                   before structured draft draft_server verify_cost
 #                                   draft_p_min hybrid hybrid_ab hybrid_load draft_ab
 #                                   hybrid_k6 round_replay default_reps draft_3ep_ab
@@ -140,6 +140,13 @@ run_fused() {  # issues 8 and 10: one forward with fused projections vs unfused
   $PY -m server.bench.fused | tee "$OUT/fused.txt"
   $PY -c "from server.model_files.default_model import target_folder; print(target_folder())" \
     | xargs -I{} $PY -m server.bench.fused --model {} | tee "$OUT/fused-smollm2.txt"
+}
+run_decode_profile() {  # issue 10 item 4: where a decode step goes; fusion; mx.compile
+  local target
+  target=$($PY -c "from server.model_files.default_model import target_folder; print(target_folder())")
+  $PY -m server.bench.decode_profile --model "$target" --reps 5 | tee "$OUT/decode-profile.txt"
+  $PY -m server.bench.fused --model "$target" --reps 8 | tee -a "$OUT/decode-profile.txt"
+  $PY -m server.bench.fused --reps 8 | tee -a "$OUT/decode-profile.txt"
 }
 run_engine_load() {  # issue 8: the same load in process, our scheduler vs mlx_lm's BatchGenerator
   $PY -m server.bench.engine_load | tee "$OUT/engine-load.txt"
@@ -668,5 +675,5 @@ size_benches() {  # $1: draft folder, $2: tag
   for d in model hybrid; do draft_benches "$1" "$2-$d" 1,2,4 2 $d; done
 }
 
-sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min held_out_default}
+sections=${*:-overhead smoke sweep compare demo_server temp adaptive lookup load spec_batch fused decode_profile engine_load prefill_shapes prefill_head prefix stall before structured draft_server verify_cost draft_p_min hybrid hybrid_ab hybrid_load draft_ab hybrid_k6 round_replay default_reps draft_3ep_ab hybrid_match_ab held_out_ab p_min_ab hybrid_p_min k4_p_min held_out_default}
 for s in $sections; do echo "=== $s"; "run_$s"; done

@@ -37,3 +37,12 @@ def test_the_speculation_policy_comes_from_the_engine_settings(tmp_path):
     default = build_engine(Settings.load(None)).policy
     assert (default.spec_max_batch, default.batch_draft_tokens) == (
         SpeculationPolicy().spec_max_batch, SpeculationPolicy().batch_draft_tokens)
+
+
+def test_fuse_projections_reaches_the_engine(tmp_path):
+    from server.http.app import build_engine
+
+    config = tmp_path / "config.yaml"
+    config.write_text("engine:\n  fuse_projections: true\n")
+    assert build_engine(Settings.load(config)).fuse_projections is True  # not started
+    assert build_engine(Settings.load(None)).fuse_projections is False

@@ -67,7 +67,16 @@ def test_projections_that_differ_are_left_alone(tiny_pair):
     assert isinstance(model.layers[0].mlp.gate_proj, FusedPart)
 
 
-def test_the_engine_loads_models_fused_unless_told_not_to(tiny_pair):
-    assert isinstance(load_model(str(tiny_pair[0])).model.layers[0].mlp.up_proj, FusedPart)
-    plain = load_model(str(tiny_pair[0]), fuse=False).model
-    assert isinstance(plain.layers[0].mlp.up_proj, nn.Linear)
+def test_models_load_unfused_unless_fuse_projections_is_set(tiny_pair):
+    from server.config import Settings
+    from server.engine.model_kit import ModelKit
+
+    assert Settings().engine.fuse_projections is False
+    plain = ModelKit(load_model(str(tiny_pair[0])))
+    plain.load_draft(str(tiny_pair[1]))
+    for model in (plain.target.model, plain.draft.model):
+        assert type(model.layers[0].mlp.up_proj) is nn.Linear
+    fused = ModelKit(load_model(str(tiny_pair[0]), fuse=True), fuse=True)
+    fused.load_draft(str(tiny_pair[1]))  # the draft as the target: fused
+    for model in (fused.target.model, fused.draft.model):
+        assert isinstance(model.layers[0].mlp.up_proj, FusedPart)

@@ -74,9 +74,10 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
 
 
 def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
-               fuse: bool = True, dequantize: bool = False) -> LoadedModel:
+               fuse: bool = False, dequantize: bool = False) -> LoadedModel:
     """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
-    and gate/up projections into one matmul (`server.engine.fused`). With `dequantize`, a
+    and gate/up projections into one matmul (`server.engine.fused`, `engine.fuse_projections`:
+    off unless asked, since it paid on one host and cost on another). With `dequantize`, a
     quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
     which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32
     (`distill_eval`'s draft step), while a draft is only worth its cost when it is cheap."""
@@ -150,10 +151,11 @@ def tokenizer_mismatch(target: TokenizerWrapper, draft: TokenizerWrapper) -> str
 class ModelKit:
     """Holds the target and the optional draft; swaps the draft at runtime."""
 
-    def __init__(self, target: LoadedModel, *, dtype: str = "auto"):
+    def __init__(self, target: LoadedModel, *, dtype: str = "auto", fuse: bool = False):
         self.target = target
         self.draft: LoadedModel | None = None
         self.dtype = dtype
+        self.fuse = fuse  # drafts are loaded as the target was: fused or not
 
     def check_draft(self, path: str) -> str | None:
         """The reason `path` cannot draft for the target, or None if it can."""
@@ -164,7 +166,7 @@ class ModelKit:
         reason = self.check_draft(path)
         if reason is not None:
             raise IncompatibleDraft(reason)
-        candidate = load_model(path, dtype=self.dtype, dequantize=True)
+        candidate = load_model(path, dtype=self.dtype, fuse=self.fuse, dequantize=True)
         previous, self.draft = self.draft, candidate
         if previous is not None:
             del previous

@@ -101,11 +101,12 @@ class InferenceEngine:
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
                  spec_batch_draft_tokens: int | None = None,
-                 prefix_cache_bytes: int = 0):
+                 prefix_cache_bytes: int = 0, fuse_projections: bool = False):
         self._target_path = model
         self._draft_path = draft_model
         self.model_name = model_name or model
         self.dtype = dtype
+        self.fuse_projections = fuse_projections
         policy = {"spec_max_batch": spec_max_batch, "batch_draft_tokens": spec_batch_draft_tokens}
         self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens,
                                         **{k: v for k, v in policy.items() if v is not None})
@@ -148,8 +149,9 @@ class InferenceEngine:
 
     def _load_initial(self) -> None:
         log.info("loading target model %s", self._target_path)
-        target = load_model(self._target_path, dtype=self.dtype, name=self.model_name)
-        self.kit = ModelKit(target, dtype=self.dtype)
+        target = load_model(self._target_path, dtype=self.dtype, name=self.model_name,
+                            fuse=self.fuse_projections)
+        self.kit = ModelKit(target, dtype=self.dtype, fuse=self.fuse_projections)
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)

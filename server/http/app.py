@@ -35,6 +35,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
         spec_max_batch=settings.engine.spec_max_batch,
         spec_batch_draft_tokens=settings.engine.spec_batch_draft_tokens,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
+        fuse_projections=settings.engine.fuse_projections,
     )
 
 
