@@ -77,7 +77,7 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
                fuse: bool = False, dequantize: bool = False) -> LoadedModel:
     """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
     and gate/up projections into one matmul (`server.engine.fused`, `engine.fuse_projections`:
-    off unless asked, since it paid on one host and cost on another). With `dequantize`, a
+    off unless asked, since it paid one day and cost the next). With `dequantize`, a
     quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
     which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32
     (`distill_eval`'s draft step), while a draft is only worth its cost when it is cheap."""
