@@ -50,12 +50,21 @@ def test_weight_bytes_and_evals_per_round(tiny_pair, models):
     untied = getattr(model, "lm_head", None) is not None
     assert dp.weight_bytes(model) == every - (model.model.embed_tokens.weight.nbytes
                                               if untied else 0)
-    assert dp.evals_per_round(str(tiny_pair[0]), "none", 16, 6) == 1.0
+    assert dp.evals_per_round(str(tiny_pair[0]), "none", 16, 6) == (1.0, 0.0)
+    # a draft-model round reads its draft tokens back, then the verification
+    evals, proposed = dp.evals_per_round(str(tiny_pair[0]), "model", 16, 12, str(tiny_pair[1]))
+    assert evals == 2.0 and 0 < proposed <= 4
+    evals, proposed = dp.evals_per_round(str(tiny_pair[0]), "prompt_lookup", 16, 12)
+    assert evals == 1.0 and proposed <= 4
+    with pytest.raises(ValueError):  # done within its prefill's step: no round to count
+        dp.evals_per_round(str(tiny_pair[0]), "none", 16, 1)
 
 
 def test_main_prints_each_section(tiny_pair, capsys):
-    dp.main(["--model", str(tiny_pair[0]), "--steps", "3", "--reps", "1", "--context", "8"])
+    dp.main(["--model", str(tiny_pair[0]), "--draft-model", str(tiny_pair[1]), "--steps", "3",
+             "--reps", "1", "--context", "8"])
     out = capsys.readouterr().out
+    assert all(name in out for name in dp.SYNC_CASES.values())
     for name in dp.RUNNERS:
         assert name in out
     assert "ops per layer" in out and "mx.eval calls per decoding round" in out

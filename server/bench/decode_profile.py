@@ -13,9 +13,9 @@ In process, greedy, one row, after a `--context`-token prompt. It prints:
   fixed-size cache (`StaticCache`, so that every step has the same shapes), and `mlx_lm`'s
   `generate_step`, which overlaps building the next step's graph with computing this one
   (`mx.async_eval`); with the ratio to the first and whether each gave its tokens;
-- **syncs per round**: the engine's `mx.eval` calls per decoding round, plain and by prompt
-  lookup at k = 4 (a `.item()` or `.tolist()` after an `mx.eval` reads an evaluated array and
-  waits for nothing).
+- **syncs per round**: the engine's `mx.eval` calls and draft tokens proposed per decoding
+  round, plain, by prompt lookup and by the draft model at k = 4 (a `.item()` or `.tolist()`
+  after an `mx.eval` reads an evaluated array and waits for nothing).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from server.bench.tokens import random_tokens
 from server.engine.model_kit import load_model
-from server.model_files.default_model import DEFAULT_TARGET_DIR
+from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
 
 WARMUP = 3
 
@@ -213,9 +213,15 @@ def layer_ops(model: nn.Module, prompt: mx.array) -> Counter:
 # ---------------------------------------------------------------- engine syncs
 
 
-def evals_per_round(path: str, draft: str, context: int, tokens: int) -> float:
-    """The engine's `mx.eval` calls per decoding round for one request (`draft`: "none" or
-    "prompt_lookup" at k = 4)."""
+SYNC_TOKENS = 48  # one request's tokens while its syncs are counted
+SYNC_CASES = {"none": "plain", "prompt_lookup": "prompt lookup, k = 4",
+              "model": "the draft model, k = 4"}
+
+
+def evals_per_round(path: str, source: str, context: int, tokens: int,
+                    draft_model: str | None = None) -> tuple[float, float]:
+    """(`mx.eval` calls, draft tokens proposed) per decoding round of one request, drafting by
+    `source` ("none", or "prompt_lookup" / "model" at a fixed k = 4)."""
     from server.engine.model_kit import ModelKit
     from server.engine.params import GenerationParams, SpeculationParams
     from server.engine.policy import SpeculationPolicy
@@ -223,14 +229,17 @@ def evals_per_round(path: str, draft: str, context: int, tokens: int) -> float:
     from server.engine.sequence import Phase
 
     kit = ModelKit(load_model(path))
-    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 0))
+    if source == "model":
+        kit.load_draft(draft_model)
+    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy())  # one row: speculates
     prompt = tuple(random_tokens(kit.target.model, (1, context))[0].tolist())
-    speculation = (SpeculationParams() if draft == "none" else
-                   SpeculationParams(4, source="prompt_lookup", adaptive=False))
+    speculation = (SpeculationParams() if source == "none" else
+                   SpeculationParams(4, source=source, adaptive=False))
     seq = scheduler.submit(GenerationParams(prompt, tokens, speculation=speculation,
                                             ignore_eos=True), lambda event: None)
-    while seq.phase is not Phase.DECODE:
+    while seq.phase not in (Phase.DECODE, Phase.DONE):  # a step may prefill and decode
         scheduler.step()
+    proposed_before = seq.counters.proposed
     original, calls = mx.eval, [0]
 
     def counting(*args, **kwargs):
@@ -245,7 +254,9 @@ def evals_per_round(path: str, draft: str, context: int, tokens: int) -> float:
             rounds += 1
     finally:
         mx.eval = original
-    return calls[0] / rounds
+    if not rounds:
+        raise ValueError(f"{tokens} tokens ended before a decoding round could be counted")
+    return calls[0] / rounds, (seq.counters.proposed - proposed_before) / rounds
 
 
 # ---------------------------------------------------------------- report
@@ -296,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(DEFAULT_TARGET_DIR),
                    help="Target folder (default: %(default)s).")
+    p.add_argument("--draft-model", default=str(DEFAULT_DRAFT_DIR),
+                   help="Draft for the syncs of a draft-model round ('' to skip; default:"
+                   " %(default)s).")
     p.add_argument("--context", type=int, default=128, help="Prompt tokens before decoding.")
     p.add_argument("--steps", type=int, default=40, help="Timed steps per run.")
     p.add_argument("--reps", type=int, default=3, help="Interleaved runs per way.")
@@ -317,9 +331,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"matrix-vector products alone / the engine's step: {floor / step_ms:.2f}")
     del models, model
     print("\nthe engine's mx.eval calls per decoding round (one request)")
-    for draft in ("none", "prompt_lookup"):
-        per_round = evals_per_round(args.model, draft, args.context, args.steps)
-        print(f"  {'plain' if draft == 'none' else 'prompt lookup, k = 4':22}{per_round:.2f}")
+    print(f"  {'':24}{'mx.eval':>8}{'proposed':>9}")
+    for source, name in SYNC_CASES.items():
+        if source == "model" and not args.draft_model:
+            continue
+        evals, proposed = evals_per_round(args.model, source, args.context, SYNC_TOKENS,
+                                          args.draft_model)
+        print(f"  {name:24}{evals:>8.2f}{proposed:>9.2f}")
 
 
 if __name__ == "__main__":
