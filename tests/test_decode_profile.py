@@ -68,3 +68,15 @@ def test_main_prints_each_section(tiny_pair, capsys):
     for name in dp.RUNNERS:
         assert name in out
     assert "ops per layer" in out and "mx.eval calls per decoding round" in out
+    assert "a draft-model round (k = 4)" in out
+
+
+def test_a_draft_round_verifies_the_same_tokens_with_one_sync_or_two(tiny_pair, models):
+    draft = load_model(str(tiny_pair[1])).model
+    prompt = mx.array([[3, 17, 42, 8, 99, 5]], dtype=mx.uint32)
+    round_ = dp.DraftRound(models["unfused"], draft, prompt)
+    two = round_.two_syncs()
+    assert len(two) == 5 and round_.one_sync() == two == round_.two_syncs()  # caches trimmed back
+    # its first token is the target's greedy next token after the prompt, by mlx_lm alone
+    assert two[0] == mx.argmax(models["unfused"](prompt)[0, -1]).item()
+    assert set(dp.round_syncs_ms(round_, 2)) == {"two_syncs", "one_sync"}

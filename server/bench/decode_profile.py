@@ -15,7 +15,10 @@ In process, greedy, one row, after a `--context`-token prompt. It prints:
   (`mx.async_eval`); with the ratio to the first and whether each gave its tokens;
 - **syncs per round**: the engine's `mx.eval` calls and draft tokens proposed per decoding
   round, plain, by prompt lookup and by the draft model at k = 4 (a `.item()` or `.tolist()`
-  after an `mx.eval` reads an evaluated array and waits for nothing).
+  after an `mx.eval` reads an evaluated array and waits for nothing);
+- **fewer syncs**: a draft-model round (`--draft-model`, k = 4) with its draft tokens read
+  back before the target verifies them, as the engine does, against the same round verifying
+  them straight from the arrays, one sync instead of two (`DraftRound`).
 """
 
 from __future__ import annotations
@@ -259,6 +262,59 @@ def evals_per_round(path: str, source: str, context: int, tokens: int,
     return calls[0] / rounds, (seq.counters.proposed - proposed_before) / rounds
 
 
+class DraftRound:
+    """A draft-model round outside the engine (k draft steps, then the target verifies the
+    k + 1 tokens), its caches trimmed back after each so every round sees the same context:
+    with the draft tokens read back before the verification (two syncs, as the engine does) or
+    fed to it as arrays (one sync)."""
+
+    def __init__(self, target: nn.Module, draft: nn.Module, prompt: mx.array, k: int = 4):
+        self.target, self.draft, self.k = target, draft, k
+        self.target_cache, self.draft_cache = make_prompt_cache(target), make_prompt_cache(draft)
+        context = prompt[:, :-1]  # the last token is the round's input, as a sampled one is
+        mx.eval(target(context, cache=self.target_cache), draft(context, cache=self.draft_cache))
+        self.token = prompt[0, -1:]
+
+    def _drafted(self) -> list[mx.array]:
+        token, out = self.token, []
+        for _ in range(self.k):
+            token = mx.argmax(self.draft(token[None], cache=self.draft_cache)[:, -1], axis=-1)
+            out.append(token)
+        return out
+
+    def _verify(self, inputs: mx.array) -> list[int]:
+        verified = mx.argmax(self.target(inputs, cache=self.target_cache), axis=-1)
+        mx.eval(verified)
+        for c in self.target_cache:
+            c.trim(self.k + 1)
+        for c in self.draft_cache:
+            c.trim(self.k)
+        return verified[0].tolist()
+
+    def two_syncs(self) -> list[int]:
+        drafted = self._drafted()
+        mx.eval(drafted)
+        ids = self.token.tolist() + [t.item() for t in drafted]
+        return self._verify(mx.array([ids], dtype=self.token.dtype))
+
+    def one_sync(self) -> list[int]:
+        drafted = [t.astype(self.token.dtype) for t in self._drafted()]
+        return self._verify(mx.concatenate([self.token, *drafted])[None])
+
+
+def round_syncs_ms(round_: DraftRound, rounds: int) -> dict[str, float]:
+    """Median ms of a draft-model round with two syncs and with one, taking turns."""
+    times: dict[str, list[float]] = {"two_syncs": [], "one_sync": []}
+    for i in range(WARMUP + rounds):
+        order = ("two_syncs", "one_sync") if i % 2 else ("one_sync", "two_syncs")
+        for name in order:
+            start = time.perf_counter()
+            getattr(round_, name)()
+            if i >= WARMUP:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
 # ---------------------------------------------------------------- report
 
 RUNNERS = {
@@ -301,6 +357,14 @@ def print_ops(models: dict[str, nn.Module], prompt: mx.array) -> None:
         print(f"{which:>8}: {sum(ops.values())} ({listing})")
 
 
+def print_round_syncs(target: nn.Module, draft_path: str, prompt: mx.array, rounds: int) -> None:
+    draft = load_model(draft_path, dequantize=True).model  # as the engine loads a draft
+    ms = round_syncs_ms(DraftRound(target, draft, prompt), rounds)
+    print(f"\na draft-model round (k = 4), median of {rounds}: draft tokens read back, then "
+          f"verified (2 syncs, the engine's) {ms['two_syncs']:.1f} ms; verified from the arrays "
+          f"(1 sync) {ms['one_sync']:.1f} ms; {ms['one_sync'] / ms['two_syncs']:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m server.bench.decode_profile",
                                 description=__doc__,
@@ -329,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
     print_steps(results, args.steps, args.reps)
     step_ms = results[next(iter(RUNNERS))][0] * 1e3
     print(f"matrix-vector products alone / the engine's step: {floor / step_ms:.2f}")
+    if args.draft_model:
+        print_round_syncs(model, args.draft_model, prompt, args.steps)
     del models, model
     print("\nthe engine's mx.eval calls per decoding round (one request)")
     print(f"  {'':24}{'mx.eval':>8}{'proposed':>9}")
