@@ -7,7 +7,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from server.bench import decode_profile as dp
-from server.engine.model_kit import load_model
+from server.engine.model_kit import ModelKit, load_model
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +50,16 @@ def test_weight_bytes_and_evals_per_round(tiny_pair, models):
     untied = getattr(model, "lm_head", None) is not None
     assert dp.weight_bytes(model) == every - (model.model.embed_tokens.weight.nbytes
                                               if untied else 0)
-    assert dp.evals_per_round(str(tiny_pair[0]), "none", 16, 6) == (1.0, 0.0)
+    kit = ModelKit(load_model(str(tiny_pair[0])))
+    kit.load_draft(str(tiny_pair[1]))
+    assert dp.evals_per_round(kit, "none", 16, 6) == (1.0, 0.0)
     # a draft-model round reads its draft tokens back, then the verification
-    evals, proposed = dp.evals_per_round(str(tiny_pair[0]), "model", 16, 12, str(tiny_pair[1]))
+    evals, proposed = dp.evals_per_round(kit, "model", 16, 12)
     assert evals == 2.0 and 0 < proposed <= 4
-    evals, proposed = dp.evals_per_round(str(tiny_pair[0]), "prompt_lookup", 16, 12)
+    evals, proposed = dp.evals_per_round(kit, "prompt_lookup", 16, 12)
     assert evals == 1.0 and proposed <= 4
     with pytest.raises(ValueError):  # done within its prefill's step: no round to count
-        dp.evals_per_round(str(tiny_pair[0]), "none", 16, 1)
+        dp.evals_per_round(kit, "none", 16, 1)
 
 
 def test_main_prints_each_section(tiny_pair, capsys):
@@ -80,3 +82,11 @@ def test_a_draft_round_verifies_the_same_tokens_with_one_sync_or_two(tiny_pair, 
     # its first token is the target's greedy next token after the prompt, by mlx_lm alone
     assert two[0] == mx.argmax(models["unfused"](prompt)[0, -1]).item()
     assert set(dp.round_syncs_ms(round_, 2)) == {"two_syncs", "one_sync"}
+
+
+def test_step_matrices_hold_each_matrix_once(models):
+    model = models["unfused"]  # the tiny target: untied, 7 projections per layer
+    matrices = dp.step_matrices(model)
+    assert len(matrices) == 7 * len(model.layers) + 1
+    assert len({id(m) for m in matrices}) == len(matrices)
+    assert any(m is model.lm_head.weight for m in matrices)

@@ -38,7 +38,11 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from server.bench.tokens import random_tokens
-from server.engine.model_kit import load_model
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SpeculationParams
+from server.engine.policy import SpeculationPolicy
+from server.engine.scheduler import Scheduler, SchedulerConfig
+from server.engine.sequence import Phase
 from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
 
 WARMUP = 3
@@ -127,21 +131,18 @@ def static_compiled_steps(model: nn.Module, prompt: mx.array, steps: int):
         out = mx.argmax(model(token, cache=static)[:, -1:], axis=-1)
         return out, [c.keys for c in static], [c.values for c in static], offset + 1
 
-    state = [mx.argmax(logits[:, -1:], axis=-1), keys, values,
-             mx.array(prompt.shape[1], dtype=mx.int32)]
+    token = mx.argmax(logits[:, -1:], axis=-1)
+    buffers = [keys, values, mx.array(prompt.shape[1], dtype=mx.int32)]
     del cache, keys, values, logits
-    tokens, start = [], 0.0
-    for i in range(WARMUP + steps):
-        if i == WARMUP:
-            start = time.perf_counter()
-        args, state = state, None
-        out = step(*args)
+
+    def advance(token: mx.array) -> mx.array:
+        nonlocal buffers
+        args, buffers = buffers, None
+        token, *buffers = step(token, *args)  # the old buffers: referenced by the graph only
         del args
-        mx.eval(out)
-        state = list(out)
-        del out
-        tokens.append(state[0].item())
-    return tokens, (time.perf_counter() - start) / steps
+        return token
+
+    return _timed(advance, token, steps)
 
 
 def _static_buffers(cache, capacity: int) -> tuple[list[mx.array], list[mx.array]]:
@@ -172,22 +173,34 @@ def pipelined_steps(model: nn.Module, prompt: mx.array, steps: int):
 # ---------------------------------------------------------------- weights and ops
 
 
+def _output_head(model: nn.Module) -> nn.Module:
+    """The untied `lm_head`, or the embedding when the model ties them."""
+    head = getattr(model, "lm_head", None)
+    return head if head is not None else model.model.embed_tokens
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of parameters one decode step reads: all of them, but only one embedding row when
     the embedding is not also the output head."""
     total = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     embed = model.model.embed_tokens
-    if getattr(model, "lm_head", None) is not None:
-        total -= embed.weight.nbytes
-    return total
+    return total if _output_head(model) is embed else total - embed.weight.nbytes
+
+
+def step_matrices(model: nn.Module) -> list[mx.array]:
+    """Each float matrix one decode step multiplies a vector by, once: the linear layers'
+    weights (an untied `lm_head` among them) and the embedding when it is also the head."""
+    weights = [m.weight for _, m in model.named_modules() if type(m) is nn.Linear]
+    embed = model.model.embed_tokens
+    if _output_head(model) is embed:
+        weights.append(embed.weight)
+    return weights
 
 
 def matvec_ms(model: nn.Module, reps: int) -> float:
-    """Median time of one product of a vector with each float matrix of `model` (its linear
-    layers and its output head), evaluated together as one graph."""
-    weights = [m.weight for _, m in model.named_modules() if type(m) is nn.Linear]
-    head = getattr(model, "lm_head", None) or model.model.embed_tokens
-    weights.append(head.weight)
+    """Median time of one product of a vector with each of `step_matrices(model)`, evaluated
+    together as one graph."""
+    weights = step_matrices(model)
     inputs = {w.shape[1]: mx.random.normal((1, w.shape[1])) for w in weights}
     mx.eval(list(inputs.values()))
     times = []
@@ -221,19 +234,11 @@ SYNC_CASES = {"none": "plain", "prompt_lookup": "prompt lookup, k = 4",
               "model": "the draft model, k = 4"}
 
 
-def evals_per_round(path: str, source: str, context: int, tokens: int,
-                    draft_model: str | None = None) -> tuple[float, float]:
+def evals_per_round(kit: ModelKit, source: str, context: int,
+                    tokens: int) -> tuple[float, float]:
     """(`mx.eval` calls, draft tokens proposed) per decoding round of one request, drafting by
-    `source` ("none", or "prompt_lookup" / "model" at a fixed k = 4)."""
-    from server.engine.model_kit import ModelKit
-    from server.engine.params import GenerationParams, SpeculationParams
-    from server.engine.policy import SpeculationPolicy
-    from server.engine.scheduler import Scheduler, SchedulerConfig
-    from server.engine.sequence import Phase
-
-    kit = ModelKit(load_model(path))
-    if source == "model":
-        kit.load_draft(draft_model)
+    `source` ("none", or "prompt_lookup" / "model" at a fixed k = 4; "model" needs the kit's
+    draft)."""
     scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy())  # one row: speculates
     prompt = tuple(random_tokens(kit.target.model, (1, context))[0].tolist())
     speculation = (SpeculationParams() if source == "none" else
@@ -396,13 +401,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.draft_model:
         print_round_syncs(model, args.draft_model, prompt, args.steps)
     del models, model
+    print_evals_per_round(args.model, args.draft_model, args.context)
+
+
+def print_evals_per_round(target: str, draft: str, context: int) -> None:
+    kit = ModelKit(load_model(target))  # as the engine loads its models, once for every case
+    if draft:
+        kit.load_draft(draft)
     print("\nthe engine's mx.eval calls per decoding round (one request)")
     print(f"  {'':24}{'mx.eval':>8}{'proposed':>9}")
     for source, name in SYNC_CASES.items():
-        if source == "model" and not args.draft_model:
+        if source == "model" and kit.draft is None:
             continue
-        evals, proposed = evals_per_round(args.model, source, args.context, SYNC_TOKENS,
-                                          args.draft_model)
+        evals, proposed = evals_per_round(kit, source, context, SYNC_TOKENS)
         print(f"  {name:24}{evals:>8.2f}{proposed:>9.2f}")
 
 
