@@ -1,7 +1,7 @@
 """The chat requests a draft's training data answers: code, questions and prose, all made here.
 
-A draft is accepted as often as it predicts what the target writes, on what users ask. Four
-families, interleaved in one seeded order so that any prefix of the list mixes them:
+A draft is accepted as often as it predicts what the target writes, on what users ask. The first
+pool is four families, interleaved in one seeded order so that any prefix of it mixes them:
 
 - **function**: a documented function of the standard library's training files, asked for by
   its signature and docstring summary (`corpus.function_pairs`);
@@ -10,6 +10,14 @@ families, interleaved in one seeded order so that any prefix of the list mixes t
 - **explain**: a documented function or class asked about (`corpus.explain_pairs`);
 - **prose**: everyday topics under prose templates (reflections, advice, explanations,
   stories, letters), from the lists below.
+
+A second pool follows the first in the order (so the first's order, and the held-out split
+taken from it, never change), two more code families over the same functions:
+
+- **utility module**: one function asked for by its signature and summary and two or three
+  more by their signatures alone, as "small utility functions" of one module (the shape of the
+  benchmark's `structured` prompt, `server.bench.cells`);
+- **implement**: each function request worded another way, with a usage example asked for.
 
 Only the requests are made here; the answers are the target's own (`target_answers`).
 """
@@ -83,19 +91,33 @@ PROSE_TEMPLATES = (
 
 MODULE_REQUEST = ("Write a Python module with {n} functions: {items}. Give each function a "
                   "docstring and type hints.")
+UTILITY_MODULE_REQUEST = ("Write a Python module with a function `{sig}` that {what}, and {n} "
+                          "small utility functions: {utilities}. Give each function a docstring "
+                          "and type hints.")
+IMPLEMENT_REQUEST = ("Implement `{sig}` in Python: it {what}. Include a docstring, type hints "
+                     "and a short example of calling it.")
 
 
 def requests(seed: int) -> list[str]:
-    """Every request, the four families interleaved, in a seeded order."""
+    """Every request in a seeded order: the first pool's four families interleaved, then the
+    second pool's two."""
     rng = random.Random(seed)
     functions, explains = _stdlib_requests()
-    families = [functions, _module_requests(functions, rng), explains, prose_requests()]
+    first = _interleaved([functions, _module_requests(functions, rng), explains,
+                          prose_requests()], rng)
+    second = _interleaved([_utility_module_requests(functions, rng),
+                           _implement_requests(functions)], rng)
+    return list(dict.fromkeys(first + second))
+
+
+def _interleaved(families: list[list[str]], rng: random.Random) -> list[str]:
+    """Each family shuffled, then one of each in turn until all run out."""
     for family in families:
         rng.shuffle(family)
     out = []
     for i in range(max(map(len, families))):
         out += [family[i] for family in families if i < len(family)]
-    return list(dict.fromkeys(out))
+    return out
 
 
 def _stdlib_requests() -> tuple[list[str], list[str]]:
@@ -110,11 +132,16 @@ def _stdlib_requests() -> tuple[list[str], list[str]]:
 _FUNCTION_REQUEST = re.compile(r"^Write a Python function `(?P<sig>[^`]+)` that (?P<what>.+)$")
 
 
+def _short_functions(function_requests: list[str]) -> list[tuple[str, str]]:
+    """(signature, what it does) of the function requests with a short signature, no method."""
+    return [(m["sig"], m["what"].rstrip(".")) for m in map(_FUNCTION_REQUEST.match,
+                                                          function_requests)
+            if m and len(m["sig"]) < 60 and "(self" not in m["sig"]]
+
+
 def _module_requests(function_requests: list[str], rng: random.Random) -> list[str]:
     """Two or three function requests ("`f(x)` that returns ...") joined into one module."""
-    parts = [f"`{m['sig']}` that {m['what'].rstrip('.')}" for m in
-             map(_FUNCTION_REQUEST.match, function_requests)
-             if m and len(m["sig"]) < 60 and "(self" not in m["sig"]]
+    parts = [f"`{sig}` that {what}" for sig, what in _short_functions(function_requests)]
     rng.shuffle(parts)
     out, i = [], 0
     while i + 3 <= len(parts):
@@ -123,6 +150,27 @@ def _module_requests(function_requests: list[str], rng: random.Random) -> list[s
                                          items="; ".join(parts[i: i + n])))
         i += n
     return out
+
+
+def _utility_module_requests(function_requests: list[str], rng: random.Random) -> list[str]:
+    """One function by signature and summary, two or three more by signature alone."""
+    functions = _short_functions(function_requests)
+    rng.shuffle(functions)
+    out, i = [], 0
+    while i + 4 <= len(functions):
+        n = 2 + i % 2
+        (sig, what), utilities = functions[i], [f"`{s}`" for s, _ in functions[i + 1: i + 1 + n]]
+        out.append(UTILITY_MODULE_REQUEST.format(
+            sig=sig, what=what, n=("two", "three")[n - 2],
+            utilities=", ".join(utilities[:-1]) + " and " + utilities[-1]))
+        i += n + 1
+    return out
+
+
+def _implement_requests(function_requests: list[str]) -> list[str]:
+    """Each function request ("Write a Python function `f(x)` that ...") worded another way."""
+    return [IMPLEMENT_REQUEST.format(sig=m["sig"], what=m["what"].rstrip("."))
+            for m in map(_FUNCTION_REQUEST.match, function_requests) if m]
 
 
 def request_names(request: str) -> set[str]:
