@@ -16,6 +16,7 @@
 #                                   draft_more_data_ab held_out_more_data
 #                                   draft_more_data_2 held_out_more_data_2
 #                                   draft_more_data_2_ab unseen_agreement
+#                                   draft_more_data_3
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -29,7 +30,8 @@
 #                                   (~21 min), held_out_more_data (~16 min),
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
 #                                   (~16 min), draft_more_data_2_ab (~21 min),
-#                                   unseen_agreement (~15 min) and
+#                                   unseen_agreement (~15 min), draft_more_data_3
+#                                   (~135 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -625,10 +627,27 @@ run_draft_more_data_2() {  # issue 10: more data again: draft_more_data's draft 
   have_answers || return 0
   [ -d models/generated/draft-4l-more-data ] || run_draft_more_data
   extra_answers_to 4876 70 draft-more-data-2-answers.txt
+  [ "$(answers_in $EXTRA)" = 4876 ] || {
+    echo "$EXTRA holds more than 4,876 answers (draft_more_data_3 added to it): skipped"
+    return 0; }
   $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-more-data \
     --out "$d" --epochs 1 --lr 3e-4 --seed 4 --extra-answers "$EXTRA" \
     | tee "$OUT/draft-more-data-2-training.txt"
   measure_trained "$d" draft-more-data-2
+}
+run_draft_more_data_3() {  # issue 10: more data a third time: the second request pool
+  # (chat_requests: utility modules shaped as the bench's structured prompt, "implement"
+  # requests) answered for 80 minutes into $EXTRA after the first pool's 4,876, then
+  # draft_more_data_2's draft trained 1,200 steps (~45 min) over the training answers and all of
+  # $EXTRA
+  local d=models/generated/draft-4l-more-data-3
+  have_answers || return 0
+  [ -d models/generated/draft-4l-more-data-2 ] || run_draft_more_data_2
+  extra_answers_to 8130 80 draft-more-data-3-answers.txt
+  $PY -m server.model_files.training.distill --init-from models/generated/draft-4l-more-data-2 \
+    --out "$d" --steps 1200 --lr 3e-4 --seed 5 --extra-answers "$EXTRA" \
+    | tee "$OUT/draft-more-data-3-training.txt"
+  measure_trained "$d" draft-more-data-3
 }
 run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_2's draft
   have_answers || return 0
