@@ -16,7 +16,7 @@
 #                                   draft_more_data_ab held_out_more_data
 #                                   draft_more_data_2 held_out_more_data_2
 #                                   draft_more_data_2_ab unseen_agreement
-#                                   draft_more_data_3
+#                                   draft_more_data_3 pack_answers
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -31,7 +31,7 @@
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
 #                                   (~16 min), draft_more_data_2_ab (~21 min),
 #                                   unseen_agreement (~15 min), draft_more_data_3
-#                                   (~135 min) and
+#                                   (~135 min), pack_answers (~1 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -196,7 +196,26 @@ one_more_epoch() {  # $1: a draft distill saved, $2: where it goes trained one e
   $PY -m server.model_files.training.distill --init-from "$1" --out "$2" --epochs 1 --lr 3e-4 \
     --seed "$3"
 }
+ANSWERS=models/generated/target-answers.jsonl  # target_answers' own file (its DEFAULT_OUT)
+EXTRA=models/generated/target-answers-extra.jsonl  # target_answers --start 3990: the requests
+# after the 3,990 of target_answers' own file, none of which those used (all code)
+ARCHIVE=data/target-answers  # answer_archive's packed copies of $ANSWERS and $EXTRA (in git)
+restore_answers() {  # $1: an answers file, $2: its archive; the archived lines the file lacks,
+  # their teacher distributions rebuilt by the target (answer_archive restore; resumes)
+  [ -f "$2" ] || return 0
+  $PY -m server.model_files.default_model >/dev/null
+  $PY -m server.model_files.training.answer_archive restore "$2" "$1"
+}
+run_pack_answers() {  # issue 10: the answers files packed into $ARCHIVE (commit them, and the
+  # next clone restores them instead of decoding them again)
+  [ -s $ANSWERS ] && $PY -m server.model_files.training.answer_archive pack $ANSWERS \
+    $ARCHIVE/answers.jsonl.gz
+  [ -s $EXTRA ] && $PY -m server.model_files.training.answer_archive pack $EXTRA \
+    $ARCHIVE/extra.jsonl.gz
+  return 0
+}
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
+  restore_answers $ANSWERS $ARCHIVE/answers.jsonl.gz
   $PY -m server.model_files.training.target_answers --limit ${DRAFT_ANSWERS:-3990} --minutes 120 \
     | tee "$OUT/draft-data.txt"
   $PY -m server.model_files.training.distill | tee "$OUT/draft-training.txt"
@@ -359,9 +378,10 @@ held_out_p_min_benches() {
     --setting k6-p0.4='{"draft": "hybrid", "adaptive": false, "num_draft_tokens": 6, "draft_p_min": 0.4}' \
     --count 16 | tee "$OUT/held-out-p-min-k6.txt"
 }
-have_answers() {  # the target's answers (section draft writes them) and the prose kept for
-  # measuring (written here if missing, ~2 min)
-  [ -s models/generated/target-answers.jsonl ] || {
+have_answers() {  # the target's answers (restored from $ARCHIVE, or section draft writes
+  # them) and the prose kept for measuring (written here if missing, ~2 min)
+  restore_answers $ANSWERS $ARCHIVE/answers.jsonl.gz
+  [ -s $ANSWERS ] || {
     echo "no target answers: run section draft first"; return 1; }
   [ -s models/generated/target-answers-eval-prose.jsonl ] ||
     $PY -m server.model_files.training.target_answers --eval-prose
@@ -608,13 +628,12 @@ measure_trained() {  # $1: a draft distill saved, $2: name; its held-out agreeme
   $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$1" \
     | tee "$OUT/$2-eval.txt"
 }
-EXTRA=models/generated/target-answers-extra.jsonl  # target_answers --start 3990: the requests
-# after the 3,990 of target_answers' own file, none of which those used (all code)
 answers_in() {  # $1: an answers file; its lines (0 when there is none)
   if [ -f "$1" ]; then wc -l <"$1" | tr -d ' '; else echo 0; fi
 }
 extra_answers_to() {  # $1: answers $EXTRA is to hold, $2: minutes at most, $3: log in $OUT;
   # appends the missing ones
+  restore_answers $EXTRA $ARCHIVE/extra.jsonl.gz
   local missing=$(($1 - $(answers_in $EXTRA)))
   [ "$missing" -gt 0 ] || return 0
   $PY -m server.model_files.training.target_answers --start 3990 --limit "$missing" \

@@ -43,7 +43,11 @@ MIN_LOGPROB = -9.0  # ... of those more likely than this (p > 1.2e-4)
 
 def top_tokens(logprobs: mx.array) -> tuple[list[int], list[float]]:
     """The target's most likely next tokens and their log-probabilities, most likely first."""
-    lp = np.array(logprobs.astype(mx.float32))
+    return top_row(np.array(logprobs.astype(mx.float32)))
+
+
+def top_row(lp: np.ndarray) -> tuple[list[int], list[float]]:
+    """`top_tokens` of one row of log-probabilities already in NumPy."""
     ids = np.argpartition(-lp, TOP_K)[:TOP_K]
     ids = ids[np.argsort(-lp[ids], kind="stable")]
     ids = ids[lp[ids] > MIN_LOGPROB]
