@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 
-import numpy as np
-
 from server.model_files.training import answer_archive, target_answers
 
 ATOL = 2e-3  # log-probabilities are written rounded to 1e-3; batched matmuls differ below that
