@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm import load as mlx_load
 
+from server.engine.head import split_of
 from server.model_files.training import target_answers
 
 ARCHIVE_DIR = Path("data/target-answers")
@@ -52,14 +53,20 @@ def unpacked(archive: Path) -> list[tuple[list[int], list[int]]]:
 def teacher(model, lines: list[tuple[list[int], list[int]]]) -> list[tuple[list, list]]:
     """For each (prompt, answer), the target's (top_ids, top_logprobs) at each answer position,
     from one forward pass over the batch (right-padded: causal attention keeps the padding out
-    of every real position)."""
+    of every real position; the output head only where an answer token is predicted)."""
     rows = [prompt + answer[:-1] for prompt, answer in lines]
     width = max(len(r) for r in rows)
     padded = mx.array([r + [0] * (width - len(r)) for r in rows])
-    logits = model(padded).astype(mx.float32)
+    split = split_of(model)  # the output head over the answer positions only, where it can
+    if split.body is None:
+        whole = model(padded)
+        logits_at = lambda b, start, end: whole[b, start:end]  # noqa: E731
+    else:
+        hidden = split.body(padded)
+        logits_at = lambda b, start, end: split.head(hidden[b, start:end])  # noqa: E731
     out = []
     for b, (prompt, answer) in enumerate(lines):
-        at = logits[b, len(prompt) - 1: len(prompt) - 1 + len(answer)]
+        at = logits_at(b, len(prompt) - 1, len(prompt) - 1 + len(answer)).astype(mx.float32)
         lp = np.array(at - mx.logsumexp(at, axis=-1, keepdims=True))
         tops = [target_answers.top_row(row) for row in lp]
         out.append(([ids for ids, _ in tops], [lps for _, lps in tops]))
