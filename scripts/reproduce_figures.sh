@@ -200,11 +200,12 @@ ANSWERS=models/generated/target-answers.jsonl  # target_answers' own file (its D
 EXTRA=models/generated/target-answers-extra.jsonl  # target_answers --start 3990: the requests
 # after the 3,990 of target_answers' own file, none of which those used (all code)
 ARCHIVE=data/target-answers  # answer_archive's packed copies of $ANSWERS and $EXTRA (in git)
-restore_answers() {  # $1: an answers file, $2: its archive; the archived lines the file lacks,
-  # their teacher distributions rebuilt by the target (answer_archive restore; resumes)
+restore_answers() {  # $1: an answers file, $2: its archive, $3: lines at most (default all);
+  # the archived lines the file lacks, their teacher distributions rebuilt by the target
+  # (answer_archive restore; resumes)
   [ -f "$2" ] || return 0
   $PY -m server.model_files.default_model >/dev/null
-  $PY -m server.model_files.training.answer_archive restore "$2" "$1"
+  $PY -m server.model_files.training.answer_archive restore "$2" "$1" ${3:+--limit "$3"}
 }
 run_pack_answers() {  # issue 10: the answers files packed into $ARCHIVE (commit them, and the
   # next clone restores them instead of decoding them again)
@@ -633,7 +634,7 @@ answers_in() {  # $1: an answers file; its lines (0 when there is none)
 }
 extra_answers_to() {  # $1: answers $EXTRA is to hold, $2: minutes at most, $3: log in $OUT;
   # appends the missing ones
-  restore_answers $EXTRA $ARCHIVE/extra.jsonl.gz
+  restore_answers $EXTRA $ARCHIVE/extra.jsonl.gz "$1"
   local missing=$(($1 - $(answers_in $EXTRA)))
   [ "$missing" -gt 0 ] || return 0
   $PY -m server.model_files.training.target_answers --start 3990 --limit "$missing" \

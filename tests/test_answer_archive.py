@@ -75,8 +75,11 @@ def test_the_command_line_packs_and_restores(tiny_pair, tmp_path, capsys):
                             limit=5)
     archive, out = tmp_path / "x.jsonl.gz", tmp_path / "out.jsonl"
     answer_archive.main(["pack", str(src), str(archive)])
+    answer_archive.main(["restore", str(archive), str(out), "--target", str(tiny_pair[0]),
+                         "--limit", "3"])
     answer_archive.main(["restore", str(archive), str(out), "--target", str(tiny_pair[0])])
     printed = capsys.readouterr().out
     assert f"5 answers packed into {archive}" in printed
-    assert f"5 answers restored to {out} (5 in all)" in printed
+    assert f"3 answers restored to {out} (3 in all)" in printed
+    assert f"2 answers restored to {out} (5 in all)" in printed
     assert target_answers.read(out) == target_answers.read(src)

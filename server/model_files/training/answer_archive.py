@@ -2,7 +2,7 @@
 
     python -m server.model_files.training.answer_archive pack SRC.jsonl ARCHIVE.jsonl.gz
     python -m server.model_files.training.answer_archive restore ARCHIVE.jsonl.gz OUT.jsonl
-        [--target PATH] [--batch-tokens 4096]
+        [--target PATH] [--batch-tokens 4096] [--limit N]
 
 `target_answers` writes, per answer position, the target's 16 most likely tokens and their
 log-probabilities: ~200 bytes a token, hundreds of MB for the draft's data, and hours of greedy
@@ -93,12 +93,12 @@ def batches(lines: list, batch_tokens: int, chunk: int = 256) -> list[list[int]]
 
 
 def restore(archive: Path, out: Path, target_dir: Path,
-            batch_tokens: int = DEFAULT_BATCH_TOKENS) -> int:
-    """Append to `out` the archive's lines it lacks, with the target's distributions, in the
-    archive's order; returns how many were appended."""
+            batch_tokens: int = DEFAULT_BATCH_TOKENS, limit: int | None = None) -> int:
+    """Append to `out` the archive's lines it lacks (of its first `limit`), with the target's
+    distributions, in the archive's order; returns how many were appended."""
     from tqdm import tqdm
 
-    lines = unpacked(archive)[target_answers.done_count(out):]
+    lines = unpacked(archive)[:limit][target_answers.done_count(out):]
     if not lines:
         return 0
     model, _ = mlx_load(str(target_dir))
@@ -141,11 +141,14 @@ def main(argv=None) -> None:
     rs.add_argument("--target", help="Target model folder or GGUF (default: the default target).")
     rs.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                     help="Padded tokens per forward pass.")
+    rs.add_argument("--limit", type=int, default=None,
+                    help="Restore the archive's first N lines at most.")
     args = p.parse_args(argv)
     if args.command == "pack":
         print(f"{pack(args.src, args.archive)} answers packed into {args.archive}")
         return
-    n = restore(args.archive, args.out, target_folder(args.target), args.batch_tokens)
+    n = restore(args.archive, args.out, target_folder(args.target), args.batch_tokens,
+                args.limit)
     print(f"{n} answers restored to {args.out} ({target_answers.done_count(args.out)} in all)")
 
 
