@@ -229,8 +229,8 @@ run_answer_archive_cost() {  # issue 10: restoring the target's answers against 
     $PY -m server.model_files.training.answer_archive restore "$tmp/a.jsonl.gz" \
       "$tmp/restored.jsonl" 2>/dev/null
     local took=$((SECONDS - start))
-    $PY -c "import sys; from server.model_files.training.target_answers import read
-n = sum(len(a) for _, a in read(sys.argv[1]))
+    $PY -c "import sys; from pathlib import Path; from server.model_files.training.target_answers import read
+n = sum(len(a) for _, a in read(Path(sys.argv[1])))
 print(f'restored {n} answer tokens in {sys.argv[2]} s: {n / int(sys.argv[2]):.1f} tok/s')" \
       "$tmp/decoded.jsonl" "$took"
     $PY -m server.model_files.training.answer_archive compare "$tmp/decoded.jsonl" \
