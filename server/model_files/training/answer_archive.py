@@ -32,7 +32,6 @@ from mlx_lm import load as mlx_load
 from server.engine.head import split_of
 from server.model_files.training import target_answers
 
-ARCHIVE_DIR = Path("data/target-answers")
 DEFAULT_BATCH_TOKENS = 4096
 
 
