@@ -16,7 +16,8 @@
 #                                   draft_more_data_ab held_out_more_data
 #                                   draft_more_data_2 held_out_more_data_2
 #                                   draft_more_data_2_ab unseen_agreement
-#                                   draft_more_data_3 pack_answers answer_archive_cost
+#                                   draft_more_data_3 draft_all_answers pack_answers
+#                                   answer_archive_cost
 #                                   feature_probe;
 #                                   default: all but draft (retrains
 #                                   models/smollm2-draft, ~255 min), draft_sizes (trains 2-
@@ -31,7 +32,8 @@
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
 #                                   (~16 min), draft_more_data_2_ab (~21 min),
 #                                   unseen_agreement (~15 min), draft_more_data_3
-#                                   (~135 min), pack_answers (~1 min),
+#                                   (~135 min), draft_all_answers (~55 min once the
+#                                   answers are in), pack_answers (~1 min),
 #                                   answer_archive_cost (~4 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
@@ -691,6 +693,19 @@ run_draft_more_data_3() {  # issue 10: more data a third time: the second reques
     --out "$d" --steps 1200 --lr 3e-4 --seed 5 --extra-answers "$EXTRA" \
     | tee "$OUT/draft-more-data-3-training.txt"
   measure_trained "$d" draft-more-data-3
+}
+run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more (~41 min) over
+  # the training answers and $EXTRA's first 5,458: the first pool's 4,876 and the second pool's
+  # first 582, which hold all 291 utility modules (the bench's structured prompt's shape); one
+  # run from the shipped draft instead of draft_more_data_3's chain of three
+  local d=models/generated/draft-all-answers extra=models/generated/target-answers-extra-5458.jsonl
+  have_answers || return 0
+  extra_answers_to 5458 90 draft-all-answers-answers.txt
+  head -n 5458 "$EXTRA" >"$extra"
+  $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
+    --out "$d" --epochs 1 --lr 3e-4 --seed 6 --extra-answers "$extra" \
+    | tee "$OUT/draft-all-answers-training.txt"
+  measure_trained "$d" draft-all-answers
 }
 run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_2's draft
   have_answers || return 0
