@@ -32,7 +32,7 @@
 #                                   draft_more_data_2 (~105 min), held_out_more_data_2
 #                                   (~16 min), draft_more_data_2_ab (~21 min),
 #                                   unseen_agreement (~15 min), draft_more_data_3
-#                                   (~135 min), draft_all_answers (~55 min once the
+#                                   (~135 min), draft_all_answers (~65 min once the
 #                                   answers are in), pack_answers (~1 min),
 #                                   answer_archive_cost (~4 min) and
 #                                   feature_probe (~110 min); these need the target's
@@ -694,14 +694,15 @@ run_draft_more_data_3() {  # issue 10: more data a third time: the second reques
     | tee "$OUT/draft-more-data-3-training.txt"
   measure_trained "$d" draft-more-data-3
 }
-run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more (~41 min) over
-  # the training answers and $EXTRA's first 5,458: the first pool's 4,876 and the second pool's
-  # first 582, which hold all 291 utility modules (the bench's structured prompt's shape); one
-  # run from the shipped draft instead of draft_more_data_3's chain of three
-  local d=models/generated/draft-all-answers extra=models/generated/target-answers-extra-5458.jsonl
+run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more (1,156 steps,
+  # ~56 min) over the training answers and $EXTRA's first 5,458: the first pool's 4,876 and the
+  # second pool's first 582, which hold all 291 utility modules (the bench's structured
+  # prompt's shape); one run from the shipped draft instead of draft_more_data_3's chain of three
+  local n=5458 d=models/generated/draft-all-answers
+  local extra=models/generated/target-answers-extra-$n.jsonl
   have_answers || return 0
-  extra_answers_to 5458 90 draft-all-answers-answers.txt
-  head -n 5458 "$EXTRA" >"$extra"
+  extra_answers_to $n 90 draft-all-answers-answers.txt
+  head -n $n "$EXTRA" >"$extra"
   $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
     --out "$d" --epochs 1 --lr 3e-4 --seed 6 --extra-answers "$extra" \
     | tee "$OUT/draft-all-answers-training.txt"
