@@ -515,6 +515,9 @@ def test_round_replay_hybrid_leaves_short_matches_to_the_draft_when_told():
     # the draft model's rounds also say how many draft steps they ran
     assert found["hybrid lookup 4 from a 2-match / model 2"](0) == ("model", [8, 8], 2)
     assert found["hybrid lookup 4 from a 2-match / model 4"](0) == ("model", [8, 8, 8, 8], 4)
+    # the draft model alone ignores the lookup match, and its last round is cut at the answer
+    assert found["draft model k=4"](0) == ("model", [8, 8, 8, 8], 4)
+    assert found["draft model k=4"](2) == ("model", [8, 8], 2)
 
 
 def test_round_replay_ngram_table_proposes_only_confident_continuations():

@@ -10,7 +10,8 @@ forward over 1 + proposed tokens, plus one draft step per token the draft model 
 speedup leaves out what the server adds (the draft's catch-up, prefill), so it ranks policies
 rather than predicting the server's figure.
 
-Policies: prompt lookup alone; hybrid (lookup when it matches, the draft model when not) with
+Policies: prompt lookup alone; the draft model alone at a fixed k (what `mlx_lm`'s
+speculative decoding does); hybrid (lookup when it matches, the draft model when not) with
 a lookup k and a model k; hybrid with a lookup k per match length (0: the draft model drafts at
 that match length, as if lookup had found nothing); hybrid with a corpus n-gram
 table (the target's training answers, `--answers`: REST's datastore, llama.cpp's static lookup
@@ -201,10 +202,15 @@ def policies(prompt: list[int], answer: list[int], draft_next: list[int],
     def lookup(k: int) -> Propose:
         return lambda j: ("prompt_lookup", lookup_match(prompt + answer[:j], k)[1])
 
+    def model(k: int) -> Propose:  # the draft model alone (`mlx_lm`'s speculative decoding)
+        return lambda j: ("model", *confident_draft(draft_next, None, j, k, 0.0))
+
     same = lambda k: {1: k, 2: k, 3: k}  # noqa: E731 - one lookup k for every match length
     found = {
         "lookup k=4": lookup(4),
         "lookup k=2": lookup(2),
+        "draft model k=2": model(2),
+        "draft model k=4": model(4),
         "hybrid lookup 4 / model 1": hybrid(same(4), 1),
         "hybrid lookup 4 / model 2": hybrid(same(4), 2),
         "hybrid lookup 4 / model 3": hybrid(same(4), 3),
