@@ -17,6 +17,8 @@
 #                                   draft_more_data_2 held_out_more_data_2
 #                                   draft_more_data_2_ab unseen_agreement
 #                                   draft_more_data_3 draft_all_answers pack_answers
+#                                   draft_layer_choice replay_all_answers
+#                                   draft_all_answers_ab
 #                                   answer_archive_cost
 #                                   feature_probe;
 #                                   default: all but draft (retrains
@@ -34,7 +36,9 @@
 #                                   unseen_agreement (~15 min), draft_more_data_3
 #                                   (~135 min), draft_all_answers (~65 min once the
 #                                   answers are in), pack_answers (~1 min),
-#                                   answer_archive_cost (~4 min) and
+#                                   answer_archive_cost (~4 min), draft_layer_choice
+#                                   (~18 min), replay_all_answers (~10 min),
+#                                   draft_all_answers_ab (~21 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -708,6 +712,28 @@ run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more 
     | tee "$OUT/draft-all-answers-training.txt"
   measure_trained "$d" draft-all-answers
 }
+run_draft_layer_choice() {  # issue 10: which of the target's layers a 4-layer draft starts
+  # from: its first four (the shipped draft's), or its first ones and its last one or two (what
+  # the output head reads); 120 steps each on the training answers (~6 min each), same seed
+  local layers
+  have_answers || return 0
+  : >"$OUT/draft-layer-choice.txt"
+  for layers in 0,1,2,3 0,1,2,29 0,1,28,29; do
+    echo "== layers $layers" | tee -a "$OUT/draft-layer-choice.txt"
+    $PY -m server.model_files.training.distill --layers $layers --steps 120 --bits 0 \
+      --out "models/generated/draft-layers-$layers" 2>&1 | tr '\r' '\n' \
+      | grep -v 's/step' | tee -a "$OUT/draft-layer-choice.txt"
+  done
+}
+run_replay_all_answers() {  # issue 10: round_replay --held-out 200 with the shipped draft,
+  # then with draft_all_answers' draft: their rounds (at a fixed k, the draft model alone too)
+  # on 200 held-out code answers and 100 prose ones, one run
+  have_answers || return 0
+  [ -d models/generated/draft-all-answers ] || run_draft_all_answers
+  $PY -m server.bench.round_replay --held-out 200 | tee "$OUT/round-replay-held-out-shipped.txt"
+  $PY -m server.bench.round_replay --held-out 200 --draft-model models/generated/draft-all-answers \
+    | tee "$OUT/round-replay-held-out-all-answers.txt"
+}
 run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_2's draft
   have_answers || return 0
   on_smol_server models/generated/draft-4l-more-data-2 held-out-more-data-2 \
@@ -726,6 +752,11 @@ run_unseen_agreement() {  # issue 10: the shipped draft, draft_more_data's and d
     $PY -m server.model_files.training.distill_eval --no-card --k 4 --draft "$d" \
       --seen-answers "$EXTRA" | tee -a "$OUT/unseen-agreement.txt"
   done
+}
+run_draft_all_answers_ab() {  # issue 10: draft_all_answers' draft against the shipped one,
+  # taking turns through the server (draft_ab)
+  [ -d models/generated/draft-all-answers ] || run_draft_all_answers
+  draft_ab models/generated/draft-all-answers models/smollm2-draft draft-all-answers-ab
 }
 run_draft_more_data_2_ab() {  # issue 10: draft_more_data_2's draft against the shipped one,
   # taking turns through the server (draft_ab)
