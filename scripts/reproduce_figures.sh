@@ -18,7 +18,7 @@
 #                                   draft_more_data_2_ab unseen_agreement
 #                                   draft_more_data_3 draft_all_answers pack_answers
 #                                   draft_layer_choice replay_all_answers
-#                                   draft_all_answers_ab
+#                                   draft_all_answers_ab draft_hard_weight
 #                                   answer_archive_cost
 #                                   feature_probe;
 #                                   default: all but draft (retrains
@@ -38,7 +38,8 @@
 #                                   answers are in), pack_answers (~1 min),
 #                                   answer_archive_cost (~4 min), draft_layer_choice
 #                                   (~18 min), replay_all_answers (~10 min),
-#                                   draft_all_answers_ab (~21 min) and
+#                                   draft_all_answers_ab (~21 min), draft_hard_weight
+#                                   (~18 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -723,6 +724,19 @@ run_draft_layer_choice() {  # issue 10: which of the target's layers a 4-layer d
     $PY -m server.model_files.training.distill --layers $layers --steps 120 --bits 0 \
       --out "models/generated/draft-layers-$layers" 2>&1 | tr '\r' '\n' \
       | grep -v 's/step' | tee -a "$OUT/draft-layer-choice.txt"
+  done
+}
+run_draft_hard_weight() {  # issue 10: distill's mix of the target's written token and its
+  # distribution (--hard-weight 0: its distribution alone; 1: the token alone; 0.5 the
+  # default), 120 steps each from the target's layers 0-3 on the training answers (~6 min each)
+  local w
+  have_answers || return 0
+  : >"$OUT/draft-hard-weight.txt"
+  for w in 0 0.5 1; do
+    echo "== hard weight $w" | tee -a "$OUT/draft-hard-weight.txt"
+    $PY -m server.model_files.training.distill --hard-weight $w --steps 120 --bits 0 \
+      --out "models/generated/draft-hard-weight-$w" 2>&1 | tr '\r' '\n' \
+      | grep -v 's/step' | tee -a "$OUT/draft-hard-weight.txt"
   done
 }
 run_replay_all_answers() {  # issue 10: round_replay --held-out 200 with the shipped draft,
