@@ -713,31 +713,29 @@ run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more 
     | tee "$OUT/draft-all-answers-training.txt"
   measure_trained "$d" draft-all-answers
 }
-run_draft_layer_choice() {  # issue 10: which of the target's layers a 4-layer draft starts
-  # from: its first four (the shipped draft's), or its first ones and its last one or two (what
-  # the output head reads); 120 steps each on the training answers (~6 min each), same seed
-  local layers
+short_distills() {  # $1: results file, $2: a distill flag, $3...: its values; per value a
+  # draft trained 120 steps from the defaults (the target's layers 0-3, the training answers,
+  # same seed, ~6 min), its held-out agreement before and after into $OUT/$1
+  local file=$1 flag=$2 label=${2#--} value
+  shift 2
+  label=${label//-/ }
   have_answers || return 0
-  : >"$OUT/draft-layer-choice.txt"
-  for layers in 0,1,2,3 0,1,2,29 0,1,28,29; do
-    echo "== layers $layers" | tee -a "$OUT/draft-layer-choice.txt"
-    $PY -m server.model_files.training.distill --layers $layers --steps 120 --bits 0 \
-      --out "models/generated/draft-layers-$layers" 2>&1 | tr '\r' '\n' \
-      | grep -v 's/step' | tee -a "$OUT/draft-layer-choice.txt"
+  : >"$OUT/$file"
+  for value in "$@"; do
+    echo "== $label $value" | tee -a "$OUT/$file"
+    $PY -m server.model_files.training.distill "$flag" "$value" --steps 120 --bits 0 \
+      --out "models/generated/draft${flag#-}-$value" 2>&1 | tr '\r' '\n' \
+      | grep -v 's/step' | tee -a "$OUT/$file"
   done
 }
+run_draft_layer_choice() {  # issue 10: which of the target's layers a 4-layer draft starts
+  # from: its first four (the shipped draft's), or its first ones and its last one or two (what
+  # the output head reads)
+  short_distills draft-layer-choice.txt --layers 0,1,2,3 0,1,2,29 0,1,28,29
+}
 run_draft_hard_weight() {  # issue 10: distill's mix of the target's written token and its
-  # distribution (--hard-weight 0: its distribution alone; 1: the token alone; 0.5 the
-  # default), 120 steps each from the target's layers 0-3 on the training answers (~6 min each)
-  local w
-  have_answers || return 0
-  : >"$OUT/draft-hard-weight.txt"
-  for w in 0 0.5 1; do
-    echo "== hard weight $w" | tee -a "$OUT/draft-hard-weight.txt"
-    $PY -m server.model_files.training.distill --hard-weight $w --steps 120 --bits 0 \
-      --out "models/generated/draft-hard-weight-$w" 2>&1 | tr '\r' '\n' \
-      | grep -v 's/step' | tee -a "$OUT/draft-hard-weight.txt"
-  done
+  # distribution (--hard-weight 0: its distribution alone; 1: the token alone; 0.5 the default)
+  short_distills draft-hard-weight.txt --hard-weight 0 0.5 1
 }
 run_replay_all_answers() {  # issue 10: round_replay --held-out 200 with the shipped draft,
   # then with draft_all_answers' draft: their rounds (at a fixed k, the draft model alone too)
