@@ -699,11 +699,12 @@ run_draft_more_data_3() {  # issue 10: more data a third time: the second reques
     | tee "$OUT/draft-more-data-3-training.txt"
   measure_trained "$d" draft-more-data-3
 }
+ALL_ANSWERS_DRAFT=models/generated/draft-all-answers  # draft_all_answers' draft
 run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more (1,156 steps,
   # ~56 min) over the training answers and $EXTRA's first 5,458: the first pool's 4,876 and the
   # second pool's first 582, which hold all 291 utility modules (the bench's structured
   # prompt's shape); one run from the shipped draft instead of draft_more_data_3's chain of three
-  local n=5458 d=models/generated/draft-all-answers
+  local n=5458 d=$ALL_ANSWERS_DRAFT
   local extra=models/generated/target-answers-extra-$n.jsonl
   have_answers || return 0
   extra_answers_to $n 90 draft-all-answers-answers.txt
@@ -713,6 +714,7 @@ run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more 
     | tee "$OUT/draft-all-answers-training.txt"
   measure_trained "$d" draft-all-answers
 }
+need_all_answers_draft() { [ -d "$ALL_ANSWERS_DRAFT" ] || run_draft_all_answers; }
 short_distills() {  # $1: results file, $2: a distill flag, $3...: its values; per value a
   # draft trained 120 steps from the defaults (the target's layers 0-3, the training answers,
   # same seed, ~6 min), its held-out agreement before and after into $OUT/$1
@@ -741,9 +743,9 @@ run_replay_all_answers() {  # issue 10: round_replay --held-out 200 with the shi
   # then with draft_all_answers' draft: their rounds (at a fixed k, the draft model alone too)
   # on 200 held-out code answers and 100 prose ones, one run
   have_answers || return 0
-  [ -d models/generated/draft-all-answers ] || run_draft_all_answers
+  need_all_answers_draft
   $PY -m server.bench.round_replay --held-out 200 | tee "$OUT/round-replay-held-out-shipped.txt"
-  $PY -m server.bench.round_replay --held-out 200 --draft-model models/generated/draft-all-answers \
+  $PY -m server.bench.round_replay --held-out 200 --draft-model "$ALL_ANSWERS_DRAFT" \
     | tee "$OUT/round-replay-held-out-all-answers.txt"
 }
 run_held_out_more_data_2() {  # issue 10: held_out_default with draft_more_data_2's draft
@@ -767,8 +769,8 @@ run_unseen_agreement() {  # issue 10: the shipped draft, draft_more_data's and d
 }
 run_draft_all_answers_ab() {  # issue 10: draft_all_answers' draft against the shipped one,
   # taking turns through the server (draft_ab)
-  [ -d models/generated/draft-all-answers ] || run_draft_all_answers
-  draft_ab models/generated/draft-all-answers models/smollm2-draft draft-all-answers-ab
+  need_all_answers_draft
+  draft_ab "$ALL_ANSWERS_DRAFT" models/smollm2-draft draft-all-answers-ab
 }
 run_draft_more_data_2_ab() {  # issue 10: draft_more_data_2's draft against the shipped one,
   # taking turns through the server (draft_ab)
