@@ -19,6 +19,7 @@
 #                                   draft_more_data_3 draft_all_answers pack_answers
 #                                   draft_layer_choice replay_all_answers
 #                                   draft_all_answers_ab draft_hard_weight
+#                                   draft_data_scaling data_scaling_fit answers_batch
 #                                   answer_archive_cost
 #                                   feature_probe;
 #                                   default: all but draft (retrains
@@ -39,7 +40,8 @@
 #                                   answer_archive_cost (~4 min), draft_layer_choice
 #                                   (~18 min), replay_all_answers (~10 min),
 #                                   draft_all_answers_ab (~21 min), draft_hard_weight
-#                                   (~18 min) and
+#                                   (~18 min), draft_data_scaling (~60 min),
+#                                   data_scaling_fit (seconds), answers_batch (~9 min) and
 #                                   feature_probe (~110 min); these need the target's
 #                                   answers, which draft
 #                                   writes first)
@@ -738,6 +740,49 @@ run_draft_layer_choice() {  # issue 10: which of the target's layers a 4-layer d
 run_draft_hard_weight() {  # issue 10: distill's mix of the target's written token and its
   # distribution (--hard-weight 0: its distribution alone; 1: the token alone; 0.5 the default)
   short_distills draft-hard-weight.txt --hard-weight 0 0.5 1
+}
+run_draft_data_scaling() {  # issue 10: how held-out agreement grows with the data: the shipped
+  # draft trained one epoch more, as draft_all_answers' was (lr 3e-4, seed 6), over the training
+  # answers plus the first N of $EXTRA, N = $SCALING_EXTRA (0: the same answers one epoch more;
+  # ~23 and ~35 min); draft_all_answers is the same recipe with N = 5,458
+  local n extra
+  have_answers || return 0
+  extra_answers_to 5458 90 draft-all-answers-answers.txt
+  : >"$OUT/draft-data-scaling.txt"
+  for n in $SCALING_EXTRA; do
+    echo "== extra answers $n" | tee -a "$OUT/draft-data-scaling.txt"
+    extra=()
+    if [ "$n" -gt 0 ]; then
+      head -n "$n" "$EXTRA" >"models/generated/target-answers-extra-$n.jsonl"
+      extra=(--extra-answers "models/generated/target-answers-extra-$n.jsonl")
+    fi
+    $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
+      --out "models/generated/draft-scaling-$n" --epochs 1 --lr 3e-4 --seed 6 "${extra[@]}" \
+      2>&1 | tr '\r' '\n' | grep -v 's/step' | tee -a "$OUT/draft-data-scaling.txt"
+  done
+}
+SCALING_EXTRA=${SCALING_EXTRA:-0 2000}
+ANSWERS_PER_HOUR=2597  # the target's decoding rate: 1,000 answers in 23:06
+# (RESULTS/target-answers-extra-decoded-3.txt)
+run_data_scaling_fit() {  # issue 10: draft_data_scaling's drafts and draft_all_answers' (the same
+  # recipe, 0 / 2,000 / 5,458 extra answers) fitted with a power law, and what acceptance 0.6
+  # at k = 4 (agreement ~0.81) and the replay's 0.83 would take; seconds
+  have_answers || return 0
+  need_all_answers_draft
+  $PY -m server.model_files.training.data_scaling models/generated/draft-scaling-* \
+    "$ALL_ANSWERS_DRAFT" --agreement 0.81 0.83 --answers-per-hour $ANSWERS_PER_HOUR \
+    | tee "$OUT/draft-data-scaling-fit.txt"
+}
+run_answers_batch() {  # issue 10: the target's decoding rate for training data at batch 32 (the
+  # default) and 96: three batches' worth of answers each, after the archived ones, into /tmp
+  local b
+  : >"$OUT/target-answers-batch.txt"
+  for b in 32 96; do
+    rm -f "/tmp/answers-batch-$b.jsonl"
+    $PY -m server.model_files.training.target_answers --start 10448 --limit $((3 * b)) \
+      --batch $b --minutes 30 --out "/tmp/answers-batch-$b.jsonl" 2>&1 | tr '\r' '\n' \
+      | grep -v '^$' | tail -n 2 | tee -a "$OUT/target-answers-batch.txt"
+  done
 }
 run_replay_all_answers() {  # issue 10: round_replay --held-out 200 with the shipped draft,
   # then with draft_all_answers' draft: their rounds (at a fixed k, the draft model alone too)
