@@ -769,6 +769,7 @@ run_data_scaling_fit() {  # issue 10: draft_data_scaling's drafts and draft_all_
   # at k = 4 (agreement ~0.81) and the replay's 0.83 would take; seconds
   have_answers || return 0
   need_all_answers_draft
+  [ -d models/generated/draft-scaling-0 ] || run_draft_data_scaling
   $PY -m server.model_files.training.data_scaling models/generated/draft-scaling-* \
     "$ALL_ANSWERS_DRAFT" --agreement 0.81 0.83 --answers-per-hour $ANSWERS_PER_HOUR \
     | tee "$OUT/draft-data-scaling-fit.txt"
