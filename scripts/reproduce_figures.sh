@@ -707,14 +707,20 @@ run_draft_all_answers() {  # issue 10: the shipped draft trained one epoch more 
   # second pool's first 582, which hold all 291 utility modules (the bench's structured
   # prompt's shape); one run from the shipped draft instead of draft_more_data_3's chain of three
   local n=5458 d=$ALL_ANSWERS_DRAFT
-  local extra=models/generated/target-answers-extra-$n.jsonl
   have_answers || return 0
   extra_answers_to $n 90 draft-all-answers-answers.txt
-  head -n $n "$EXTRA" >"$extra"
-  $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
-    --out "$d" --epochs 1 --lr 3e-4 --seed 6 --extra-answers "$extra" \
-    | tee "$OUT/draft-all-answers-training.txt"
+  one_epoch_more $n "$d" | tee "$OUT/draft-all-answers-training.txt"
   measure_trained "$d" draft-all-answers
+}
+one_epoch_more() {  # $1: N, $2: out folder; the shipped draft trained one epoch more (lr 3e-4,
+  # seed 6) over the training answers plus $EXTRA's first N (0: none)
+  local extra=()
+  if [ "$1" -gt 0 ]; then
+    head -n "$1" "$EXTRA" >"models/generated/target-answers-extra-$1.jsonl"
+    extra=(--extra-answers "models/generated/target-answers-extra-$1.jsonl")
+  fi
+  $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
+    --out "$2" --epochs 1 --lr 3e-4 --seed 6 "${extra[@]}"
 }
 need_all_answers_draft() { [ -d "$ALL_ANSWERS_DRAFT" ] || run_draft_all_answers; }
 short_distills() {  # $1: results file, $2: a distill flag, $3...: its values; per value a
@@ -743,22 +749,16 @@ run_draft_hard_weight() {  # issue 10: distill's mix of the target's written tok
 }
 run_draft_data_scaling() {  # issue 10: how held-out agreement grows with the data: the shipped
   # draft trained one epoch more, as draft_all_answers' was (lr 3e-4, seed 6), over the training
-  # answers plus the first N of $EXTRA, N = $SCALING_EXTRA (0: the same answers one epoch more;
-  # ~23 and ~35 min); draft_all_answers is the same recipe with N = 5,458
-  local n extra
+  # answers plus the first N of $EXTRA (one_epoch_more), N = $SCALING_EXTRA (0: the same
+  # answers one epoch more; ~23 and ~35 min); draft_all_answers is the same recipe with N = 5,458
+  local n
   have_answers || return 0
   extra_answers_to 5458 90 draft-all-answers-answers.txt
   : >"$OUT/draft-data-scaling.txt"
   for n in $SCALING_EXTRA; do
     echo "== extra answers $n" | tee -a "$OUT/draft-data-scaling.txt"
-    extra=()
-    if [ "$n" -gt 0 ]; then
-      head -n "$n" "$EXTRA" >"models/generated/target-answers-extra-$n.jsonl"
-      extra=(--extra-answers "models/generated/target-answers-extra-$n.jsonl")
-    fi
-    $PY -m server.model_files.training.distill --init-from models/smollm2-draft \
-      --out "models/generated/draft-scaling-$n" --epochs 1 --lr 3e-4 --seed 6 "${extra[@]}" \
-      2>&1 | tr '\r' '\n' | grep -v 's/step' | tee -a "$OUT/draft-data-scaling.txt"
+    one_epoch_more "$n" "models/generated/draft-scaling-$n" 2>&1 | tr '\r' '\n' \
+      | grep -v 's/step' | tee -a "$OUT/draft-data-scaling.txt"
   done
 }
 SCALING_EXTRA=${SCALING_EXTRA:-0 2000}
