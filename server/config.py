@@ -108,8 +108,7 @@ class EngineSettings(BaseModel):
     fuse_projections: bool = Field(
         False,
         description="Stack each layer's q/k/v and gate/up projections into one matmul at load"
-        " (target and draft). Off: on this project's 2-core CPU it paid one day (0.92x the step"
-        " time) and cost the next (1.01-1.05x); `python -m server.bench.fused` measures yours.",
+        " (target and draft). Same output; faster on some machines, not on others.",
     )
 
 
