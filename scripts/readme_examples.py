@@ -1,7 +1,7 @@
 """Run every command README.md shows and capture what it prints.
 
     python scripts/readme_examples.py [--config config.yaml] [--model P] [--draft-model P]
-        [--out RESULTS/readme] [--write-readme | --check]
+        [--out build/readme] [--write-readme | --check]
 
 Starts `python -m server` (the models `config.yaml` serves unless `--model/--draft-model` say
 otherwise), runs each example against it (the curl commands as httpx calls with the same JSON
@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path("RESULTS/readme")
+RESULTS_DIR = Path("build/readme")  # git ignores build/
 SHOWN_URL = "http://127.0.0.1:8000"  # what the README's commands say
 MARKER = re.compile(r"<!-- readme-example: ([\w-]+) -->\n(.*?)<!-- /readme-example -->",
                     re.DOTALL)
@@ -177,7 +177,7 @@ class Context:
 @dataclass
 class Example:
     name: str
-    command: Callable[[Context], str]  # what the README shows
+    command: Callable[[Context], str] | None  # what the README shows (None: output only)
     command_lang: str
     run: Callable[[Context], str]  # what it printed
     lang: str  # "json" or "text"
@@ -315,42 +315,52 @@ def py_command(module: str, argv: list[str]) -> str:
     return f".venv/bin/python -m {module} " + shlex.join(argv)
 
 
+STATS_FILTER = ".stats"
+
+
+def chat_stats(ctx: Context) -> str:
+    return pretty(post(ctx, "/v1/chat/completions", CHAT_BODY)["stats"])
+
+
+def server_help(ctx: Context) -> str:
+    p = subprocess.run([ctx.python, "-m", "server", "--help"], capture_output=True, text=True,
+                       timeout=60, check=True, env={**os.environ, "COLUMNS": "100"})
+    return p.stdout.rstrip("\n")
+
+
+def config_table(ctx: Context | None = None) -> str:
+    """Every settings key with its default and description, from server/config.py."""
+    from server.config import Settings
+
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for section, field in Settings.model_fields.items():
+        for key, info in field.annotation.model_fields.items():
+            default = info.get_default(call_default_factory=True)
+            shown = json.dumps(default) if default is not None else "null"
+            text = (info.description or "").replace("|", "\\|")
+            rows.append(f"| `{section}.{key}` | `{shown}` | {text} |")
+    return "\n".join(rows)
+
+
 EXAMPLES = [
-    Example("chat", lambda c: curl("/v1/chat/completions", CHAT_BODY), "bash", chat, "json",
-            shape_of_json),
-    Example("chat-cached",
-            lambda c: curl("/v1/chat/completions", CHAT_BODY) + f" | jq '{CACHED_FILTER}'",
-            "bash", chat_cached, "json", shape_of_json),
     Example("stream", lambda c: curl("/v1/chat/completions", STREAM_BODY, stream=True), "bash",
             stream, "text", shape_of_sse),
-    Example("completion", lambda c: curl("/v1/completions", COMPLETION_BODY), "bash",
-            completion, "json", shape_of_json),
     Example("sdk", sdk_code, "python", sdk, "text", shape_of_sdk),
-    Example("models", lambda c: curl("/v1/models"), "bash",
-            lambda c: pretty(get(c, "/v1/models").json()), "json", shape_of_json),
+    Example("stats",
+            lambda c: curl("/v1/chat/completions", CHAT_BODY) + f" | jq '{STATS_FILTER}'",
+            "bash", chat_stats, "json", shape_of_json),
     Example("health", lambda c: curl("/health"), "bash",
             lambda c: pretty(get(c, "/health").json()), "json", shape_of_json),
-    Example("metrics",
-            lambda c: curl("/metrics") + " | grep -E '^mlx_spec_(completions|generated_tokens|"
-            "prompt_tokens|time_to_first_token_seconds_count|spec_decode|prefix_cache|"
-            "queue_depth|running)'",
-            "bash", metrics, "text", shape_of_metrics),
-    Example("cache-clear", lambda c: curl("/v1/cache", method="DELETE"), "bash",
-            admin("DELETE", "/v1/cache"), "json", shape_of_json),
-    Example("compatibility",
-            lambda c: curl("/v1/models/draft/compatibility", draft_body(c)), "bash",
-            admin("POST", "/v1/models/draft/compatibility", draft_body), "json", shape_of_json),
-    Example("unload", lambda c: curl("/v1/models/draft", method="DELETE"), "bash",
-            admin("DELETE", "/v1/models/draft"), "json", shape_of_json),
     Example("load", lambda c: curl("/v1/models/draft", draft_body(c, 4)), "bash",
             admin("POST", "/v1/models/draft", lambda c: draft_body(c, 4)), "json",
             shape_of_json),
+    Example("config", None, "", config_table, "markdown", lambda text: text.strip()),
+    Example("help", lambda c: "python -m server --help", "bash", server_help, "text",
+            lambda text: sorted(re.findall(r"--[\w-]+", text))),
     Example("demo", lambda c: py_command("server.demo", demo_argv(c)), "bash", demo, "text",
             shape_of_labels),
-    Example("bench-smoke", lambda c: py_command("server.bench", bench_argv(c)), "bash", bench,
-            "text", shape_of_bench),
 ]
-NEEDS_DRAFT = {"compatibility", "unload", "load"}
+NEEDS_DRAFT = {"load"}
 
 
 # -- the server -----------------------------------------------------------------------------
@@ -419,7 +429,9 @@ def fenced(text: str, lang: str) -> str:
     return f"{fence}{lang}\n{text.rstrip()}\n{fence}\n"
 
 
-def region_text(command: str, command_lang: str, output: str, lang: str) -> str:
+def region_text(command: str | None, command_lang: str, output: str, lang: str) -> str:
+    if command is None:  # generated markdown, shown as it is
+        return output.rstrip() + "\n"
     return fenced(command, command_lang) + "\n" + fenced(output, lang)
 
 
@@ -432,7 +444,7 @@ def captured_text(meta: dict) -> str:
             f"draft {draft}; requests that name no drafter use "
             f"`{meta.get('default_drafter', 'model')}`. "
             f"`scripts/readme_examples.py --write-readme` reruns every example "
-            f"below and rewrites these blocks; the raw outputs are in `RESULTS/readme/`.\n")
+            f"below and rewrites these blocks.\n")
 
 
 def write_readme(path: Path, regions: dict[str, str]) -> None:
@@ -455,11 +467,13 @@ def check_readme(path: Path, outputs: dict[str, str]) -> list[str]:
         problems.append(f"{name}: run by this script but not marked in the README")
     examples = {e.name: e for e in EXAMPLES}
     for name in sorted(shown & set(outputs)):
+        example = examples[name]
         blocks = FENCE.findall(regions[name])
-        if len(blocks) != 2:
+        if example.command is None:
+            blocks = [None, (None, None, regions[name])]
+        elif len(blocks) != 2:
             problems.append(f"{name}: expected a command block and an output block")
             continue
-        example = examples[name]
         try:
             expected = example.shape(blocks[1][2])
         except Exception as e:  # noqa: BLE001 - a README block that no longer parses
@@ -478,7 +492,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", help="Target model (default: what the config serves).")
     p.add_argument("--draft-model", help="Draft model ('none' for none).")
     p.add_argument("--out", type=Path,
-                   help="Where the captured outputs go (default RESULTS/readme; with --check,"
+                   help="Where the captured outputs go (default build/readme; with --check,"
                         " a temporary folder).")
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     p.add_argument("--only", help="Comma-separated example names (default: all).")
@@ -500,11 +514,11 @@ def run_examples(ctx: Context, names: set[str] | None, log) -> dict[str, tuple[s
         started = time.monotonic()
         output = ex.run(ctx)
         suffix = "json" if ex.lang == "json" else "txt"
-        command = ex.command(ctx)
+        command = ex.command(ctx) if ex.command else None
         (ctx.out / f"{ex.name}.{suffix}").write_text(output + "\n")
         done[ex.name] = (command, output)
-        print(f"{ex.name:14s} {time.monotonic() - started:6.1f}s  {command.splitlines()[0][:70]}",
-              file=log, flush=True)
+        shown = (command or ex.name).splitlines()[0][:70]
+        print(f"{ex.name:14s} {time.monotonic() - started:6.1f}s  {shown}", file=log, flush=True)
     return done
 
 
