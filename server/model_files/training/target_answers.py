@@ -24,6 +24,9 @@ from mlx_lm.generate import BatchGenerator
 from server.model_files.training.chat_requests import requests
 
 DEFAULT_OUT = Path("models/generated/target-answers.jsonl")
+# Answers to prose requests no training request used, written by the recipe at 16de7eb
+# (`target_answers --eval-prose`); `server.bench.round_replay.held_out_by_family` reads them.
+EVAL_PROSE_OUT = Path("models/generated/target-answers-eval-prose.jsonl")
 MAX_TOKENS = 160  # per answer
 BATCH = 32  # answers decoded at once
 TOP_K = 16  # the target's most likely tokens kept per answer position ...
