@@ -17,14 +17,17 @@ from server.model_files.training import answer_archive, distill, target_answers
 from server.model_files.training.card import write_card
 
 
-def _common(p: argparse.ArgumentParser, *, target=True, out=True) -> None:
-    p.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT,
-                   help="The target's answers (JSONL, written by the answers stage).")
-    p.add_argument("--limit", type=int, default=distill.ANSWERS,
-                   help="Answers to the first N requests (a smoke run: a few dozen).")
+def _common(p: argparse.ArgumentParser, *, answers=True, target=True, out=True) -> None:
+    if answers:
+        p.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT,
+                       help="The target's answers: JSONL from the answers stage (evaluate "
+                            "reads a packed .jsonl.gz too).")
+        p.add_argument("--limit", type=int, default=distill.ANSWERS,
+                       help="Answers to the first N requests (a smoke run: a few dozen).")
     if target:
         p.add_argument("--target", default=None,
-                       help="Target model folder (default: the converted SmolLM2 target).")
+                       help="Target model folder or GGUF (None: the converted SmolLM2 "
+                            "target, fetched on first use).")
     if out:
         p.add_argument("--out", type=Path, default=distill.DEFAULT_OUT,
                        help="The draft's folder.")
@@ -36,12 +39,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     sub = p.add_subparsers(dest="command", required=True)
-    stages = {name: sub.add_parser(name, help=help) for name, help in (
+    stages = {name: sub.add_parser(name, help=help, description=help,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+              for name, help in (
         ("draft", "All four stages."), ("answers", "The target's answers."),
         ("distill", "Train the draft."), ("evaluate", "Measure the draft."),
         ("card", "Write the model card."))}
     for name, s in stages.items():
-        _common(s, target=name in ("draft", "answers", "distill"), out=name != "answers")
+        _common(s, answers=name != "card", target=name in ("draft", "answers", "distill"),
+                out=name != "answers")
     for s in (stages["draft"], stages["answers"]):
         s.add_argument("--archive", type=Path, default=answer_archive.DEFAULT_ARCHIVE,
                        help="Packed answers to restore before decoding any.")
@@ -49,10 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="Per decoded answer.")
     for s in (stages["draft"], stages["distill"]):
         s.add_argument("--steps-scale", type=float, default=1.0,
-                       help="Train this fraction of each phase's steps (a smoke run: 0.01).")
+                       help="Train this fraction of each phase's steps and warmup (a smoke "
+                            "run: 0.01).")
     pk = sub.add_parser("pack", help="Pack an answers file's ids (no distributions).")
-    pk.add_argument("src", type=Path)
-    pk.add_argument("archive", type=Path)
+    pk.add_argument("src", type=Path, help="An answers file (JSONL).")
+    pk.add_argument("archive", type=Path, help="The .jsonl.gz to write.")
     return p.parse_args(argv)
 
 
