@@ -27,12 +27,11 @@ def _close(generated: tuple, restored: tuple) -> None:
 
 def test_restore_rebuilds_the_decodings_teacher_and_resumes(tiny_pair, tmp_path):
     src, archive = tmp_path / "answers.jsonl", tmp_path / "a" / "answers.jsonl.gz"
-    n = target_answers.generate(tiny_pair[0], src, minutes=5, max_tokens=12, batch=8, seed=0,
-                                limit=24)
+    n = target_answers.generate(tiny_pair[0], src, max_tokens=12, batch=8, limit=24)
     assert answer_archive.pack(src, archive) == n == 24
     first = archive.read_bytes()
     assert answer_archive.pack(src, archive) == 24 and archive.read_bytes() == first  # mtime 0
-    assert answer_archive.unpacked(archive) == target_answers.read(src)
+    assert target_answers.read(archive) == target_answers.read(src)  # ids exactly
     with gzip.open(archive, "rt") as f:
         assert set(json.loads(f.readline())) == {"prompt", "answer"}
 
@@ -48,14 +47,6 @@ def test_restore_rebuilds_the_decodings_teacher_and_resumes(tiny_pair, tmp_path)
             _close(*pos)
             positions += 1
     assert positions == sum(len(a) for _, a in target_answers.read(src)) > 100
-    c = answer_archive.compare(src, out)
-    assert c["positions"] == positions and c["max_logprob_diff"] <= ATOL
-    assert c["same_top1"] == positions - sum(  # a tie for first place may swap
-        g[0][j][0] != r[0][j][0] for (_, _, g), (_, _, r) in zip(generated, restored,
-                                                                strict=True)
-        for j in range(len(g[0])))
-    assert answer_archive.compare(src, src) == {"positions": positions, "same_top1": positions,
-                                               "max_logprob_diff": 0.0, "other_kept_ids": 0}
 
     # Cut short after 10 lines, a second run appends the rest and ends as the first did.
     partial = tmp_path / "partial.jsonl"
@@ -77,22 +68,12 @@ def test_batches_keep_every_line_once_in_chunks_within_the_token_budget():
     assert [i for b in got for i in b][:5] == [2, 0, 4, 1, 3]  # a chunk by length
 
 
-def test_the_command_line_packs_and_restores(tiny_pair, tmp_path, capsys):
+def test_the_command_line_packs(tiny_pair, tmp_path, capsys):
+    from server.model_files.training.__main__ import main
+
     src = tmp_path / "answers.jsonl"
-    target_answers.generate(tiny_pair[0], src, minutes=5, max_tokens=6, batch=4, seed=1,
-                            limit=5)
-    archive, out = tmp_path / "x.jsonl.gz", tmp_path / "out.jsonl"
-    answer_archive.main(["pack", str(src), str(archive)])
-    answer_archive.main(["restore", str(archive), str(out), "--target", str(tiny_pair[0]),
-                         "--limit", "3"])
-    answer_archive.main(["restore", str(archive), str(out), "--target", str(tiny_pair[0])])
-    printed = capsys.readouterr().out
-    assert f"5 answers packed into {archive}" in printed
-    assert f"3 answers restored to {out} (3 in all)" in printed
-    assert f"2 answers restored to {out} (5 in all)" in printed
-    assert target_answers.read(out) == target_answers.read(src)
-    answer_archive.main(["compare", str(src), str(src)])
-    n = sum(len(answer) for _, answer in target_answers.read(src))
-    assert capsys.readouterr().out == (f"{n} answer positions: the same top-1 at {n}, "
-                                       "log-probabilities within 0.0000, another set of kept "
-                                       "ids at 0\n")
+    target_answers.generate(tiny_pair[0], src, max_tokens=6, batch=4, seed=1, limit=5)
+    archive = tmp_path / "x.jsonl.gz"
+    main(["pack", str(src), str(archive)])
+    assert capsys.readouterr().out == f"5 answers packed into {archive}\n"
+    assert target_answers.read(archive) == target_answers.read(src)

@@ -10,13 +10,31 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
-from server.model_files.training.evaluate import acceptance_counts, chat_prompt
-
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
 PROMPT = (
     "Write a Python function `is_palindrome(s)` that returns True if s reads the same backwards."
 )
 MAX_TOKENS = 48
+
+
+def chat_prompt(tokenizer, user: str) -> list[int]:
+    """The user turn in the model's own chat template, ready for the assistant's reply."""
+    messages = [{"role": "user", "content": user}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def acceptance_counts(from_draft: list[bool], k: int, max_tokens: int) -> tuple[int, int]:
+    """(proposed, accepted) rebuilt from the per-token `from_draft` flags: each round proposes
+    min(k, tokens still allowed) draft tokens and ends with one target token (False)."""
+    proposed = accepted = 0
+    round_start = True
+    for i, flag in enumerate(from_draft):
+        if round_start:
+            proposed += min(k, max_tokens - i)
+        round_start = not flag
+        accepted += flag
+    return proposed, accepted
 
 
 @pytest.fixture(scope="module")

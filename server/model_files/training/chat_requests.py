@@ -1,41 +1,35 @@
-"""The chat requests a draft's training data answers: code, questions and prose, all made here.
+"""The chat requests the draft's training answers answer: code, questions and prose, made here.
 
-A draft is accepted as often as it predicts what the target writes, on what users ask. The first
-pool is four families, interleaved in one seeded order so that any prefix of it mixes them:
+A draft is accepted as often as it predicts what the target writes, on what users ask. The
+requests are four families, interleaved in one seeded order so that any prefix of it mixes them:
 
-- **function**: a documented function of the standard library's training files, asked for by
-  its signature and docstring summary (`corpus.function_pairs`);
+- **function**: a documented function of the Python standard library's training files, asked
+  for by its signature and docstring summary;
 - **module**: two or three of those functions asked for at once, as one module with docstrings
   and type hints;
-- **explain**: a documented function or class asked about (`corpus.explain_pairs`);
-- **prose**: everyday topics under prose templates (reflections, advice, explanations,
-  stories, letters), from the lists below.
+- **explain**: a documented function or class asked about;
+- **prose**: everyday topics under prose templates (reflections, advice, stories, letters).
 
-A second pool follows the first in the order (so the first's order, and the held-out split
-taken from it, never change), two more code families over the same functions:
-
-- **utility module**: one function asked for by its signature and summary and two or three
-  more by their signatures alone, as "small utility functions" of one module (the shape of the
-  benchmark's `structured` prompt, `server.bench.cells`);
-- **implement**: each function request worded another way, with a usage example asked for.
-
-Only the requests are made here; the answers are the target's own (`target_answers`).
+The standard library ships with every Python, so the requests need no download. Only the
+requests are made here; the answers are the target's own (`target_answers`).
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import math
 import random
 import re
+import textwrap
+import warnings
+from functools import cache
+from pathlib import Path
 
-from server.model_files.tokenizer_builder import stdlib_files
-from server.model_files.training.corpus import (
-    explain_pairs,
-    function_pairs,
-    read_source,
-    split_files,
-)
+from server.model_files.tokenizer_builder import stdlib_dir, stdlib_files
 
-VAL_FRACTION = 0.05  # the stdlib files no training here sees (corpus.split_files)
+VAL_FRACTION = 0.05  # the stdlib files whose functions no request asks about
+MAX_CODE_CHARS = 3000  # functions longer than this are mostly tables or state machines
 
 TOPICS = (
     "learning a new language", "cooking for friends", "moving to a new city", "keeping a "
@@ -69,13 +63,6 @@ TOPICS = (
     "kindness at work", "a thunderstorm", "learning chess", "living abroad",
 )
 
-# Topics for measuring only (`eval_prose_requests`), none of them in TOPICS.
-EVAL_TOPICS = (
-    "a first day at school", "learning to bake pies", "a lighthouse keeper's week",
-    "choosing a second-hand car", "a year without travel", "writing a song", "a street parade",
-    "a broken umbrella", "visiting a zoo", "moving to the countryside",
-)
-
 PROSE_TEMPLATES = (
     "Write a short reflection on {topic}. Use a few paragraphs of plain prose.",
     "What have people learned from {topic}? Answer in plain prose.",
@@ -91,57 +78,139 @@ PROSE_TEMPLATES = (
 
 MODULE_REQUEST = ("Write a Python module with {n} functions: {items}. Give each function a "
                   "docstring and type hints.")
-UTILITY_MODULE_REQUEST = ("Write a Python module with a function `{sig}` that {what}, and {n} "
-                          "small utility functions: {utilities}. Give each function a docstring "
-                          "and type hints.")
-IMPLEMENT_REQUEST = ("Implement `{sig}` in Python: it {what}. Include a docstring, type hints "
-                     "and a short example of calling it.")
+
+# First words of docstring summaries that are not verbs ("The ...", "Internal helper ...").
+_NOT_VERBS = frozenset(
+    "a an the this these that it its if in on for of to as with when while used internal "
+    "helper private deprecated convenience abstract same like alias note see default "
+    "called given new base simple compatibility backward backwards".split())
+_IRREGULAR = {"do": "does", "go": "goes", "be": "is", "have": "has", "undo": "undoes"}
 
 
-def requests(seed: int) -> list[str]:
-    """Every request in a seeded order: the first pool's four families interleaved, then the
-    second pool's two."""
+def requests(seed: int = 0) -> list[str]:
+    """Every request, the four families interleaved in a seeded order."""
     rng = random.Random(seed)
     functions, explains = _stdlib_requests()
-    first = _interleaved([functions, _module_requests(functions, rng), explains,
-                          prose_requests()], rng)
-    second = _interleaved([_utility_module_requests(functions, rng),
-                           _implement_requests(functions)], rng)
-    return list(dict.fromkeys(first + second))
-
-
-def _interleaved(families: list[list[str]], rng: random.Random) -> list[str]:
-    """Each family shuffled, then one of each in turn until all run out."""
+    families = [list(functions), _module_requests(functions, rng), list(explains),
+                prose_requests()]
     for family in families:
         rng.shuffle(family)
     out = []
     for i in range(max(map(len, families))):
         out += [family[i] for family in families if i < len(family)]
+    return list(dict.fromkeys(out))
+
+
+def prose_requests() -> list[str]:
+    """The prose family: every topic under every prose template."""
+    return [t.format(topic=topic) for topic in TOPICS for t in PROSE_TEMPLATES]
+
+
+@cache
+def _stdlib_requests() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(function requests, explain requests) of the stdlib's training files, sorted."""
+    functions, explains = set(), set()
+    for path in training_files(stdlib_files()):
+        source = path.read_text(encoding="utf-8", errors="replace")
+        tree = _parse(source)
+        if tree is not None:
+            functions |= set(function_requests(tree, source.splitlines(keepends=True)))
+            explains |= set(explain_requests(tree))
+    return tuple(sorted(functions)), tuple(sorted(explains))
+
+
+def training_files(files: list[Path], root: Path | None = None) -> list[Path]:
+    """All but the VAL_FRACTION of files whose path (relative to the stdlib) hashes lowest: the
+    same split on every machine, whatever modules another Python adds or drops."""
+    root = root or stdlib_dir()
+
+    def key(path: Path) -> str:
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+        return hashlib.sha1(rel.encode()).hexdigest()
+
+    held_out = set(sorted(files, key=key)[: max(1, math.ceil(len(files) * VAL_FRACTION))])
+    return [p for p in files if p not in held_out]
+
+
+def _parse(source: str) -> ast.Module | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # invalid escape sequences in old modules
+        try:
+            return ast.parse(source)
+        except (SyntaxError, ValueError):
+            return None
+
+
+def function_requests(tree: ast.Module, lines: list[str]) -> list[str]:
+    """"Write a Python function `f(x)` that returns ..." for each documented function or
+    method (not dunder) whose docstring has a summary and whose source is not too long."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+                node.name.startswith("__") and node.name.endswith("__")):
+            continue
+        summary = _summary(ast.get_docstring(node) or "")
+        if not summary or node.end_lineno is None or _code_chars(node, lines) > MAX_CODE_CHARS:
+            continue
+        signature, clause = f"{node.name}({ast.unparse(node.args)})", _as_clause(summary)
+        out.append(f"Write a Python function `{signature}`. Its docstring begins: {summary}"
+                   if clause is None else f"Write a Python function `{signature}` that {clause}")
     return out
 
 
-def _stdlib_requests() -> tuple[list[str], list[str]]:
-    functions, explains = [], []
-    for path in split_files(stdlib_files(), VAL_FRACTION).train:
-        source = read_source(path)
-        functions += [q for q, _ in function_pairs(source)]
-        explains += [q for q, _ in explain_pairs(source)]
-    return sorted(set(functions)), sorted(set(explains))
+def _code_chars(node: ast.AST, lines: list[str]) -> int:
+    """The length of the function's whole lines, dedented (trailing space stripped)."""
+    return len(textwrap.dedent("".join(lines[node.lineno - 1: node.end_lineno])).rstrip())
+
+
+def explain_requests(tree: ast.Module) -> list[str]:
+    """"What does the Python function `f` do?" for documented public functions and classes."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node)
+            if doc and 80 <= len(doc) <= 2000 and not node.name.startswith("_"):
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                out.append(f"What does the Python {kind} `{node.name}` do?")
+    return out
+
+
+def _summary(docstring: str) -> str:
+    """The docstring's first sentence (summaries often wrap onto a second line)."""
+    paragraph = " ".join(docstring.strip().split("\n\n", 1)[0].split())
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[: end + 1]
+
+
+def _as_clause(summary: str) -> str | None:
+    """'Return the x.' -> 'returns the x.'; None when the summary does not start with a verb."""
+    first, _, rest = summary.partition(" ")
+    word = first.lower()
+    if not first.isalpha() or not first[0].isupper() or not first[1:].islower():
+        return None
+    if word in _NOT_VERBS or word.endswith(("ed", "ing", "ly", "ion", "er", "or")):
+        return None
+    if word.endswith("s") and not word.endswith("ss"):
+        verb = word
+    elif word in _IRREGULAR:
+        verb = _IRREGULAR[word]
+    elif word.endswith(("s", "sh", "ch", "x", "z")):
+        verb = word + "es"
+    elif word.endswith("y") and len(word) > 1 and word[-2] not in "aeiou":
+        verb = word[:-1] + "ies"
+    else:
+        verb = word + "s"
+    return f"{verb} {rest}".strip()
 
 
 _FUNCTION_REQUEST = re.compile(r"^Write a Python function `(?P<sig>[^`]+)` that (?P<what>.+)$")
 
 
-def _short_functions(function_requests: list[str]) -> list[tuple[str, str]]:
-    """(signature, what it does) of the function requests with a short signature, no method."""
-    return [(m["sig"], m["what"].rstrip(".")) for m in map(_FUNCTION_REQUEST.match,
-                                                          function_requests)
-            if m and len(m["sig"]) < 60 and "(self" not in m["sig"]]
-
-
-def _module_requests(function_requests: list[str], rng: random.Random) -> list[str]:
-    """Two or three function requests ("`f(x)` that returns ...") joined into one module."""
-    parts = [f"`{sig}` that {what}" for sig, what in _short_functions(function_requests)]
+def _module_requests(function_requests: tuple[str, ...], rng: random.Random) -> list[str]:
+    """Two or three function requests with a short signature (no method) joined into one."""
+    parts = [f"`{m['sig']}` that {m['what'].rstrip('.')}"
+             for m in map(_FUNCTION_REQUEST.match, function_requests)
+             if m and len(m["sig"]) < 60 and "(self" not in m["sig"]]
     rng.shuffle(parts)
     out, i = [], 0
     while i + 3 <= len(parts):
@@ -150,42 +219,3 @@ def _module_requests(function_requests: list[str], rng: random.Random) -> list[s
                                          items="; ".join(parts[i: i + n])))
         i += n
     return out
-
-
-def _utility_module_requests(function_requests: list[str], rng: random.Random) -> list[str]:
-    """One function by signature and summary, two or three more by signature alone."""
-    functions = _short_functions(function_requests)
-    rng.shuffle(functions)
-    out, i = [], 0
-    while i + 4 <= len(functions):
-        n = 2 + i % 2
-        (sig, what), utilities = functions[i], [f"`{s}`" for s, _ in functions[i + 1: i + 1 + n]]
-        out.append(UTILITY_MODULE_REQUEST.format(
-            sig=sig, what=what, n=("two", "three")[n - 2],
-            utilities=", ".join(utilities[:-1]) + " and " + utilities[-1]))
-        i += n + 1
-    return out
-
-
-def _implement_requests(function_requests: list[str]) -> list[str]:
-    """Each function request ("Write a Python function `f(x)` that ...") worded another way."""
-    return [IMPLEMENT_REQUEST.format(sig=m["sig"], what=m["what"].rstrip("."))
-            for m in map(_FUNCTION_REQUEST.match, function_requests) if m]
-
-
-def request_names(request: str) -> set[str]:
-    """The functions and classes a request names: each backticked name, without its arguments
-    (a function asked for in one request and explained in another is named by both)."""
-    return {name.split("(")[0] for name in re.findall(r"`([^`]+)`", request)}
-
-
-def prose_requests(topics: tuple[str, ...] = TOPICS) -> list[str]:
-    """The prose family: every topic under every prose template."""
-    return [t.format(topic=topic) for topic in topics for t in PROSE_TEMPLATES]
-
-
-def eval_prose_requests() -> list[str]:
-    """Prose requests on topics no training request uses (`EVAL_TOPICS`): the held-out answers
-    are the last 5% of `requests`, where only code requests are left, so prose is measured on
-    these."""
-    return prose_requests(EVAL_TOPICS)

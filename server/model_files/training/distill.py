@@ -1,36 +1,22 @@
-"""Train a small-vocabulary draft on the target's own answers, in one seeded command.
+"""Distil the shipped draft from the target's answers: its whole schedule, seeded, resumable.
 
-    python -m server.model_files.training.distill [--answers FILE] [--target PATH]
-        [--out models/smollm2-draft] [--layers 0,1,2,3] [--vocab 8192] [--epochs 2]
-        [--steps N] [--max-minutes M] [--batch 8] [--lr 1e-3] [--warmup 50] [--clip-norm 1]
-        [--hard-weight 0.5] [--seed 0] [--bits 8] [--init-from DRAFT_DIR]
-        [--extra-answers FILE]
+The draft is a llama at the target's width: a copy of its layers `LAYERS` and its final norm,
+and an embedding and tied head over only the `VOCAB` most frequent answer tokens plus one
+"other" row (`server.engine.draft_vocab`), so its head costs VOCAB/V of the target's. At each
+answer position of `target_answers`' file (the prompt is context only) it learns a mix:
+`HARD_WEIGHT` on the token the target wrote (greedy acceptance is the draft's argmax agreeing
+with it) and the rest the target's distribution over its top tokens that the draft has.
 
-The data is `target_answers`' JSONL (the target's greedy answers to chat requests, with its
-next-token distribution at each answer position): at each answer position (the prompt is
-context only) the draft learns a mix, `--hard-weight` on the token the target wrote (greedy
-acceptance is the draft's argmax agreeing with it) and the rest the target's distribution over
-its top tokens (cross-entropy to it, KL up to a constant: what sampled acceptance rewards).
-Lines without the distribution train on the written token alone. `--extra-answers FILE` (a
-second `target_answers` file, `--start` past the first's requests) adds its answers to the
-training split; the held-out split stays `--answers`' last 5%.
-
-The draft is a llama at the target's width: a copy of some of its layers (`--layers`) and its
-final norm, and an embedding and tied head over only the `--vocab` most frequent answer tokens
-plus one "other" row (`server.engine.draft_vocab`), so its head costs N/V of the target's.
-Held-out answers (5%) give the draft's top-1 agreement with the target, before and after. Saved
-8-bit (`--bits`; the server dequantizes it to float32 on a CPU) with `draft_vocab.json`, the
-tokenizer and `training.json`.
-
-`--init-from DRAFT_DIR` trains a draft this script saved further (dequantized to float32, its
-layers and kept tokens; `--layers` and `--vocab` are then ignored) with a new cosine schedule
-from `--lr`; its `training.json` goes on from the earlier run's (steps, tokens and minutes add
-up, the loss curve continues, each continuation is listed under `continued`).
+`SCHEDULE` is the shipped draft's: 2 epochs from lr 1e-3, then two more epochs each a new
+cosine from lr 3e-4, every phase with `WARMUP` warmup steps and the gradient clipped to norm
+`CLIP_NORM`. Each phase starts from the draft the one before saved (8-bit, dequantized) and
+saves over it, with `training.json`: the first phase's settings, and each later one's under
+`continued`, steps, tokens and minutes added up. A run goes on from the phases `training.json`
+lists. Held-out answers (the file's last 5%) give the draft's top-1 agreement before and after.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
@@ -48,49 +34,32 @@ from mlx_lm.models import llama
 from mlx_lm.utils import quantize_model
 
 from server.engine.draft_vocab import draft_index, read_vocab, write_vocab
-from server.engine.model_kit import load_model as load_draft
+from server.engine.model_kit import load_model
 from server.model_files.training import target_answers
-from server.model_files.training.train import warmup_cosine
+from server.model_files.training.target_answers import answer_split, held_out_start  # noqa: F401
 
-DEFAULT_OUT = Path("models/smollm2-draft")
-# 4 layers, trained with warmup: held-out agreement 0.651 after 2 epochs, against 0.590 for the
-# 3-layer draft shipped before it after 4 (and 0.545 after 2), faster through the server
-# (RESULTS/draft-4l-warm-*.txt, draft-4l-ab.txt); 4 layers without warmup: 0.394. The shipped
-# draft is these defaults' run and two epochs more (`--init-from`, lr 3e-4, seeds 2 and 3):
-# 0.673, then 0.684 (RESULTS/draft-4l-3ep-eval.txt, draft-4l-4ep-training.txt). 5 layers, the
-# same way: 0.659, then 0.680, and no faster through the server (RESULTS/draft-5l-ab.txt)
-DEFAULT_LAYERS = (0, 1, 2, 3)
-DEFAULT_VOCAB = 8192
-DEFAULT_EPOCHS = 2  # 948 steps, 50 min on 2 CPU cores
-DEFAULT_BATCH = 8
-DEFAULT_LR = 1e-3
-# Without warmup the first updates spike, from layers taken out of the target's stack into its
-# final norm and head, and a 4-layer draft never recovers (RESULTS/draft-warmup.txt)
-DEFAULT_WARMUP = 50
-DEFAULT_CLIP_NORM = 1.0
-DEFAULT_HARD_WEIGHT = 0.5
-DEFAULT_BITS = 8  # stored 8-bit: the 4-layer, 8192-token draft is ~38 MB in float16, 20 MB so
-QUANT_GROUP = 64
-DEFAULT_SEED = 0
-VAL_FRACTION = 0.05
+DEFAULT_OUT = Path("models/generated/smollm2-draft")
+ANSWERS = 3990  # the requests whose answers the shipped draft trained on (5% held out)
+LAYERS = (0, 1, 2, 3)  # the target's layers the draft starts from
+VOCAB = 8192  # the tokens the draft predicts
+BATCH = 8
+WARMUP = 50  # steps of linear warmup to each phase's lr, then cosine to a 20th of it
+CLIP_NORM = 1.0  # the gradient's global norm at most
+HARD_WEIGHT = 0.5  # the written token's share of the training target; the rest: distillation
+BITS, QUANT_GROUP = 8, 64  # stored 8-bit; the server dequantizes it to float32 on a CPU
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
+
+@dataclass(frozen=True)
+class Phase:
+    epochs: float
+    lr: float
+    seed: int
+
+
+SCHEDULE = (Phase(2, 1e-3, 0), Phase(1, 3e-4, 2), Phase(1, 3e-4, 3))
+
 Example = tuple[list[int], list[int]]  # (prompt ids, answer ids), target ids
-Teacher = tuple[list[list[int]], list[list[float]]] | None  # target_answers.read_with_teacher
-
-
-def held_out_start(examples: list) -> int:
-    """Where the held-out answers begin: the answers file's last VAL_FRACTION (every tool that
-    reads it splits it here)."""
-    return int(len(examples) * (1 - VAL_FRACTION))
-
-
-def answer_split(path: Path) -> tuple[list[Example], list[Example]]:
-    """An answers file's (prompt, answer) lines that have an answer, as (training split,
-    held-out split)."""
-    lines = target_answers.answered(path)
-    split = held_out_start(lines)
-    return lines[:split], lines[split:]
 
 
 def frequent_ids(examples: list[Example], n: int, always: set[int]) -> list[int]:
@@ -125,34 +94,6 @@ def build_draft(target: nn.Module, config: dict, layer_ids: list[int],
     return draft
 
 
-def warm_start(folder: Path) -> tuple[llama.Model, list[int], dict]:
-    """A draft this script saved, to train further: the model in float32 (dequantized, as the
-    server loads a draft; unfused, over its own rows), the target ids it predicts and its
-    `training.json`."""
-    folder = Path(folder)
-    loaded = load_draft(str(folder), dtype="float32", fuse=False, dequantize=True)
-    kept, _ = read_vocab(folder)
-    return loaded.model.inner, kept, json.loads((folder / "training.json").read_text())
-
-
-def continued_card(previous: dict, run: dict) -> dict:
-    """The card of a draft trained further: the earlier run's (its data, initialisation and
-    settings), with the agreement now, steps, tokens and minutes added up, the loss curve
-    continued, and this run listed under `continued`."""
-    card = {**previous, "answers": run["answers"], "after": run["after"]}
-    for key in ("steps", "answer_tokens_seen", "train_minutes"):
-        card[key] = previous[key] + run[key]
-    card["train_minutes"] = round(card["train_minutes"], 1)
-    card["losses"] = previous["losses"] + [[previous["steps"] + s, v] for s, v in run["losses"]]
-    keep = ("answers", "extra_answers", "extra_answers_file", "epochs", "fixed_steps", "steps",
-            "batch", "lr", "warmup", "clip_norm", "seed", "hard_weight", "train_minutes")
-    card["continued"] = [*previous.get("continued", []),
-                         {**{k: run[k] for k in keep if k in run},
-                          "agreement_before": run["before"],
-                          "agreement_after": run["after"]}]
-    return card
-
-
 def _rows(matrix: mx.array, kept: list[int]) -> mx.array:
     """The kept rows, then the mean of the others (the "other" row)."""
     matrix = matrix.astype(mx.float32)
@@ -162,8 +103,15 @@ def _rows(matrix: mx.array, kept: list[int]) -> mx.array:
     return mx.concatenate([matrix[mx.array(kept)], other])
 
 
-def soft_targets(examples: list[Example], teachers: list[Teacher], index: np.ndarray,
-                 hard_weight: float, k: int = target_answers.TOP_K
+def warm_start(folder: Path) -> tuple[llama.Model, list[int]]:
+    """A saved draft, to train further: in float32 (dequantized, as the server loads a draft),
+    over its own rows, and the target ids it predicts."""
+    loaded = load_model(str(folder), dtype="float32", dequantize=True)
+    return loaded.model.inner, read_vocab(Path(folder))[0]
+
+
+def soft_targets(examples: list[Example], teachers: list, index: np.ndarray,
+                 hard_weight: float = HARD_WEIGHT, k: int = target_answers.TOP_K
                  ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per example, (ids, probs) of shape (answer length, k) in draft ids, the training target
     at each answer position: `hard_weight` on the target's greedy token (the label; "other"
@@ -193,66 +141,96 @@ def batches(examples: list[Example], index: np.ndarray, batch: int, rng, soft=No
     k = soft[0][0].shape[1] if soft else 1
     for start in range(0, len(order), batch):
         picked = order[start: start + batch]
-        chunk = [examples[i] for i in picked]
-        seqs = [index[np.asarray(p + a)] for p, a in chunk]
-        width = max(len(s) for s in seqs) - 1
-        x = np.zeros((len(seqs), width), np.uint32)
-        y = np.zeros((len(seqs), width), np.uint32)
-        m = np.zeros((len(seqs), width), np.float32)
-        sid = np.zeros((len(seqs), width, k), np.uint32)
-        sp = np.zeros((len(seqs), width, k), np.float32)
-        for i, (e, (p, _), s) in enumerate(zip(picked, chunk, seqs, strict=True)):
+        seqs = [index[np.asarray(examples[e][0] + examples[e][1])] for e in picked]
+        shape = (len(seqs), max(len(s) for s in seqs) - 1)
+        x, y = np.zeros(shape, np.uint32), np.zeros(shape, np.uint32)
+        m = np.zeros(shape, np.float32)
+        sid, sp = np.zeros((*shape, k), np.uint32), np.zeros((*shape, k), np.float32)
+        for i, (e, s) in enumerate(zip(picked, seqs, strict=True)):
+            p = len(examples[e][0])
             x[i, : len(s) - 1], y[i, : len(s) - 1] = s[:-1], s[1:]
-            answer = slice(len(p) - 1, len(s) - 1)  # positions predicting answer tokens
+            answer = slice(p - 1, len(s) - 1)  # positions predicting answer tokens
             m[i, answer] = 1.0
             if soft:
                 sid[i, answer], sp[i, answer] = soft[e]
             else:
-                sid[i, answer, 0], sp[i, answer, 0] = s[len(p):], 1.0
+                sid[i, answer, 0], sp[i, answer, 0] = s[p:], 1.0
         yield mx.array(x), mx.array(y), mx.array(m), mx.array(sid), mx.array(sp)
 
 
 def loss_fn(draft, x, y, mask, soft_ids, soft_probs):
-    """Cross-entropy to the target's distribution (KL plus its constant entropy) per answer
-    position; with one-hot targets, plain cross-entropy on the labels."""
+    """Cross-entropy to the training target per answer position (KL to the target's
+    distribution plus its constant entropy), averaged over the answer positions."""
     logits = draft(x)
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     ce = -(soft_probs * mx.take_along_axis(logq, soft_ids, axis=-1)).sum(-1)
     return (ce * mask).sum() / mask.sum()
 
 
-def top1_hits(logits: mx.array, labels: mx.array, mask: mx.array, other: int) -> tuple[int, int]:
-    """(positions where the argmax, never "other", is the label; positions), over the mask."""
-    logits[..., other] = -mx.inf
-    hit = (logits.argmax(-1) == labels) * mask
-    return int(hit.sum().item()), int(mask.sum().item())
-
-
 def agreement(draft, examples: list[Example], index: np.ndarray, other: int) -> float:
     """How often the draft's argmax (never "other") is the target's next answer token."""
     agree = total = 0
     for x, y, m, _, _ in batches(examples, index, 16, None):
-        hits, n = top1_hits(draft(x), y, m, other)
-        agree, total = agree + hits, total + n
+        logits = draft(x)
+        logits[..., other] = -mx.inf
+        agree += int(((logits.argmax(-1) == y) * m).sum().item())
+        total += int(m.sum().item())
     return agree / max(total, 1)
 
 
-def save(draft, config: dict, target_dir: Path, out: Path, kept: list[int], card: dict,
-         bits: int | None = DEFAULT_BITS) -> None:
-    """The draft in float16, its matrices quantized to `bits` (group QUANT_GROUP) unless None;
-    the server dequantizes it in memory on a CPU (`server.engine.model_kit.load_model`)."""
+def warmup_cosine(peak: float, steps: int, warmup: int, end: float):
+    """Linear warmup from 0 over `warmup` steps to `peak`, then cosine decay to `end` at the
+    last step; without warmup, the cosine decay alone."""
+    decay = optim.cosine_decay(peak, max(steps - warmup, 1), end=end)
+    if warmup <= 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def train(draft, train_set: list[Example], soft, index: np.ndarray, steps: int, lr: float,
+          warmup: int, seed: int) -> dict:
+    """`steps` AdamW updates over seeded shuffles of `train_set`; the run's steps, answer
+    tokens seen, minutes and mean loss per 50 steps."""
+    from tqdm import tqdm
+
+    mx.random.seed(seed)
+    rng = np.random.default_rng(seed)
+    opt = optim.AdamW(learning_rate=warmup_cosine(lr, steps, warmup, lr / 20), weight_decay=0.0)
+    loss_and_grad = nn.value_and_grad(draft, loss_fn)
+    start, losses, curve, tokens = time.time(), [], [], 0
+    bar = tqdm(total=steps, desc=f"distill lr {lr:g}", unit="step", mininterval=5)
+    while len(losses) < steps:
+        for batch in batches(train_set, index, BATCH, rng, soft):
+            loss, grads = loss_and_grad(draft, *batch)
+            grads, _ = optim.clip_grad_norm(grads, CLIP_NORM)
+            opt.update(draft, grads)
+            mx.eval(loss, draft.parameters(), opt.state)
+            losses.append(loss.item())
+            tokens += int(batch[2].sum().item())
+            bar.update(1)
+            if len(losses) % 50 == 0:
+                curve.append([len(losses), float(np.mean(losses[-50:]))])
+            if len(losses) == steps:
+                break
+    bar.close()
+    return {"steps": steps, "answer_tokens_seen": tokens, "losses": curve,
+            "train_minutes": round((time.time() - start) / 60, 1)}
+
+
+def save(draft, config: dict, target_dir: Path, out: Path, kept: list[int],
+         card: dict) -> None:
+    """The draft in float16, its matrices quantized to BITS, with its vocabulary map, the
+    target's tokenizer and `card` as `training.json`; drops a stale `evaluation.json`."""
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.safetensors"):
-        stale.unlink()
+    (out / "evaluation.json").unlink(missing_ok=True)
     config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}
     draft.set_dtype(mx.float16)
-    if bits:
-        draft, quantized = quantize_model(draft, {}, group_size=QUANT_GROUP, bits=bits)
-        config["quantization"] = quantized["quantization"]
-    weights = dict(tree_flatten(draft.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    config.update(num_hidden_layers=draft.args.num_hidden_layers, vocab_size=len(kept) + 1,
-                  tie_word_embeddings=draft.args.tie_word_embeddings, torch_dtype="float16")
+    draft, quantized = quantize_model(draft, {}, group_size=QUANT_GROUP, bits=BITS)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(draft.parameters())),
+                        metadata={"format": "mlx"})
+    config.update(quantization=quantized["quantization"], torch_dtype="float16",
+                  num_hidden_layers=draft.args.num_hidden_layers, vocab_size=len(kept) + 1,
+                  tie_word_embeddings=draft.args.tie_word_embeddings)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_vocab(out, kept, int(card["target_vocab_size"]))
     for name in TOKENIZER_FILES:
@@ -261,176 +239,79 @@ def save(draft, config: dict, target_dir: Path, out: Path, kept: list[int], card
     (out / "training.json").write_text(json.dumps(card, indent=2))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m server.model_files.training.distill",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT,
-                   help="JSONL written by server.model_files.training.target_answers.")
-    p.add_argument("--target", default=None, help="Target folder (default: the default target).")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
-                   help="Target layers the draft starts from, by index.")
-    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="Tokens the draft predicts.")
-    p.add_argument("--epochs", type=float, default=DEFAULT_EPOCHS)
-    p.add_argument("--steps", type=int, default=None,
-                   help="Train this many steps instead of --epochs' worth.")
-    p.add_argument("--max-minutes", type=float, default=None, help="Stop training after this.")
-    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
-    p.add_argument("--lr", type=float, default=DEFAULT_LR)
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
-                   help="Steps of linear warmup to --lr before the cosine decay (0: none).")
-    p.add_argument("--clip-norm", type=float, default=DEFAULT_CLIP_NORM,
-                   help="Clip the gradient to this global norm (0: no clipping).")
-    p.add_argument("--hard-weight", type=float, default=DEFAULT_HARD_WEIGHT,
-                   help="Weight of the target's greedy token in the training target; the rest "
-                        "is its distribution (0: distillation alone, 1: its answers alone).")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    p.add_argument("--bits", type=int, choices=[0, 4, 8], default=DEFAULT_BITS,
-                   help="Store the matrices quantized to this many bits (0: float16).")
-    p.add_argument("--extra-answers", type=Path, default=None,
-                   help="More answers (target_answers --start) to train on; the held-out split "
-                        "stays --answers'.")
-    p.add_argument("--init-from", type=Path, default=None,
-                   help="Train this saved draft further (its layers and tokens; --layers and "
-                        "--vocab are ignored).")
-    return p.parse_args(argv)
+def phases_done(out: Path) -> int:
+    """How many of SCHEDULE's phases the draft in `out` has had (0 without one)."""
+    card = Path(out) / "training.json"
+    return 1 + len(json.loads(card.read_text()).get("continued", [])) if card.exists() else 0
 
 
-@dataclass
-class Setup:
-    """What a distillation run trains and measures: the draft, its kept tokens and the layers
-    it came from, the answers split and in draft ids, the training targets, the target's
-    config, the card of the run it continues (None for a new draft) and how many training
-    answers carry the target's distribution."""
-
-    draft: llama.Model
-    kept: list[int]
-    layer_ids: list[int]
-    train: list[Example]
-    val: list[Example]
-    index: np.ndarray
-    soft: list[tuple[np.ndarray, np.ndarray]]
-    config: dict
-    target_dir: Path
-    previous: dict | None
-    soft_count: int  # training answers with the target's distribution
-    extra_count: int  # training answers from --extra-answers
+def steps_for(phase: Phase, answers: int, steps_scale: float = 1.0) -> int:
+    """A phase's updates: its epochs over `answers` training answers (the last batch of an
+    epoch may be short), times `steps_scale` (a smoke run's fraction), at least one."""
+    return max(1, round(phase.epochs * -(-answers // BATCH) * steps_scale))
 
 
-def setup(args: argparse.Namespace) -> Setup:
-    """The draft (from the target's layers, or `--init-from`) and its data, for `args`."""
-    from server.model_files.default_model import target_folder
-
-    target_dir = target_folder(args.target)
+def run_phase(n: int, answers: Path, target_dir: Path, out: Path, limit: int,
+              steps_scale: float = 1.0) -> dict:
+    """SCHEDULE[n]: the first from the target's layers, a later one from `out`'s draft; saves
+    the draft and its card to `out` and returns the card."""
+    phase = SCHEDULE[n]
     target, tokenizer, config = mlx_load(str(target_dir), return_config=True)
-    lines = target_answers.answered_with_teacher(args.answers)
-    examples = [(prompt, answer) for prompt, answer, _ in lines]
-    teachers = [teacher for _, _, teacher in lines]
-    split = held_out_start(examples)
-    train, val = examples[:split], examples[split:]
-    extra = target_answers.answered_with_teacher(args.extra_answers) if args.extra_answers else []
-    train += [(prompt, answer) for prompt, answer, _ in extra]
-    teachers = teachers[:split] + [teacher for _, _, teacher in extra]
-    previous = None
-    if args.init_from:
-        draft, kept, previous = warm_start(args.init_from)
-        layer_ids = previous["layers_from_target"]
+    lines = [line for line in target_answers.read_with_teacher(answers, limit) if line[1]]
+    split = held_out_start(lines)
+    train_set, val = [line[:2] for line in lines[:split]], [line[:2] for line in lines[split:]]
+    if n == 0:
+        kept = frequent_ids(train_set, VOCAB, set(tokenizer.eos_token_ids))
+        draft = build_draft(target, config, list(LAYERS), kept)
     else:
-        kept = frequent_ids(train, args.vocab, set(tokenizer.eos_token_ids))
-        layer_ids = [int(i) for i in args.layers.split(",")]
-        draft = build_draft(target, config, layer_ids, kept)
+        draft, kept = warm_start(out)
     index = draft_index(kept, int(config["vocab_size"]))
-    soft = soft_targets(train, teachers, index, args.hard_weight)
-    return Setup(draft, kept, layer_ids, train, val, index, soft, config, target_dir, previous,
-                 sum(t is not None for t in teachers), len(extra))
-
-
-def steps_per_epoch(answers: int, batch: int) -> int:
-    """Batches in one pass over `answers` training answers (the last one may be short)."""
-    return -(-answers // batch)
-
-
-def total_steps(args: argparse.Namespace, s: Setup) -> int:
-    return args.steps or int(args.epochs * steps_per_epoch(len(s.train), args.batch))
-
-
-def optimizer(args: argparse.Namespace, steps: int) -> optim.Optimizer:
-    """AdamW, `--warmup` steps of linear warmup to `--lr`, then cosine to a 20th of it."""
-    return optim.AdamW(learning_rate=warmup_cosine(args.lr, max(steps, 1), args.warmup,
-                                                   args.lr / 20), weight_decay=0.0)
-
-
-def train_step(draft, opt, loss_and_grad, batch, clip_norm: float) -> tuple[mx.array, mx.array]:
-    """One update on one batch; (loss, the gradient's global norm before clipping). With
-    `clip_norm` > 0 the gradient is scaled down to that norm when above it."""
-    loss, grads = loss_and_grad(draft, *batch)
-    if clip_norm > 0:
-        grads, norm = optim.clip_grad_norm(grads, clip_norm)
-    else:
-        norm = mx.sqrt(sum((g * g).sum() for _, g in tree_flatten(grads)))
-    opt.update(draft, grads)
-    mx.eval(loss, norm, draft.parameters(), opt.state)
-    return loss, norm
-
-
-def main(argv=None) -> None:
-    from tqdm import tqdm
-
-    args = parse_args(argv)
-    mx.random.seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    s = setup(args)
-    draft, kept, val, index = s.draft, s.kept, s.val, s.index
-    covered = np.mean([index[t] < len(kept) for _, a in val for t in a])
+    soft = soft_targets(train_set, [line[2] for line in lines[:split]], index)
     before = agreement(draft, val, index, len(kept))
-    print(f"{len(s.train)} train / {len(val)} held-out answers; the {len(kept)} kept tokens "
-          f"cover {covered:.1%} of held-out answer tokens; agreement before {before:.3f}",
-          flush=True)
-
-    steps = total_steps(args, s)
-    opt = optimizer(args, steps)
-    loss_and_grad = nn.value_and_grad(draft, loss_fn)
-    card = {"target": str(s.target_dir), "answers": len(s.train) - s.extra_count + len(val),
-            "layers_from_target": s.layer_ids, "vocab": len(kept),
-            "target_vocab_size": int(s.config["vocab_size"]), "held_out_coverage": covered,
-            "epochs": (steps / steps_per_epoch(len(s.train), args.batch) if args.steps
-                       else args.epochs),
-            **({"fixed_steps": args.steps} if args.steps else {}),
-            "batch": args.batch, "lr": args.lr, "seed": args.seed,
-            "warmup": args.warmup, "clip_norm": args.clip_norm,
-            "before": before,
-            "soft_targets": s.soft_count,
-            "hard_weight": args.hard_weight,
-            **({"extra_answers": s.extra_count, "extra_answers_file": str(args.extra_answers)}
-               if s.extra_count else {}),
-            "losses": []}
-    start, losses, step, tokens = time.time(), [], 0, 0
-    bar = tqdm(total=steps, desc="distill", unit="step", mininterval=5)
-    while step < steps:
-        for batch in batches(s.train, index, args.batch, rng, s.soft):
-            loss, _ = train_step(draft, opt, loss_and_grad, batch, args.clip_norm)
-            losses.append(loss.item())
-            tokens += int(batch[2].sum().item())
-            step += 1
-            bar.update(1)
-            bar.set_postfix(ce=f"{np.mean(losses[-50:]):.3f}", refresh=False)
-            if step % 50 == 0:
-                card["losses"].append([step, float(np.mean(losses[-50:]))])
-            over = args.max_minutes is not None and time.time() - start > args.max_minutes * 60
-            if step >= steps or over:
-                steps = step
-                break
-    bar.close()
-    card.update(steps=step, answer_tokens_seen=tokens,
-                train_minutes=round((time.time() - start) / 60, 1),
-                after=agreement(draft, val, index, len(kept)))
-    print(f"agreement after {card['after']:.3f} ({step} steps, {card['train_minutes']} min)")
-    card["bits"] = args.bits
-    if s.previous is not None:
-        card = continued_card(s.previous, card)
-    save(draft, s.config, s.target_dir, args.out, kept, card, args.bits or None)
-    print(f"saved {args.out}", flush=True)
+    steps = steps_for(phase, len(train_set), steps_scale)
+    run = train(draft, train_set, soft, index, steps, phase.lr, round(WARMUP * steps_scale),
+                phase.seed)
+    after = agreement(draft, val, index, len(kept))
+    settings = {"answers": len(lines), "epochs": phase.epochs, "steps_scale": steps_scale,
+                "batch": BATCH, "lr": phase.lr, "warmup": round(WARMUP * steps_scale),
+                "clip_norm": CLIP_NORM, "seed": phase.seed, "hard_weight": HARD_WEIGHT}
+    if n == 0:
+        covered = float(np.mean([index[t] < len(kept) for _, a in val for t in a]))
+        card = {"target": str(target_dir), "layers_from_target": list(LAYERS),
+                "vocab": len(kept), "target_vocab_size": int(config["vocab_size"]),
+                "held_out_coverage": covered, **settings, "before": before,
+                "soft_targets": sum(line[2] is not None for line in lines[:split]),
+                **run, "after": after, "bits": BITS}
+    else:
+        card = continued_card(json.loads((out / "training.json").read_text()),
+                              {**settings, **run, "agreement_before": before,
+                               "agreement_after": after})
+    save(draft, config, target_dir, out, kept, card)
+    return card
 
 
-if __name__ == "__main__":
-    main()
+def continued_card(previous: dict, run: dict) -> dict:
+    """The card after a later phase: the first's, with the agreement now, steps, tokens and
+    minutes added up, the loss curve continued and the phase listed under `continued`."""
+    card = {**previous, "after": run["agreement_after"]}
+    for key in ("steps", "answer_tokens_seen", "train_minutes"):
+        card[key] = round(previous[key] + run[key], 1)
+    card["losses"] = previous["losses"] + [[previous["steps"] + s, v] for s, v in run["losses"]]
+    card["continued"] = [*previous.get("continued", []),
+                         {k: v for k, v in run.items() if k not in ("losses",
+                                                                    "answer_tokens_seen")}]
+    return card
+
+
+def distill(answers: Path, target_dir: Path, out: Path, limit: int = ANSWERS,
+            steps_scale: float = 1.0) -> str:
+    """The distill stage: the phases of SCHEDULE that `out`'s draft has not had. Returns what
+    it did, in words."""
+    done = phases_done(out)
+    for n in range(done, len(SCHEDULE)):
+        card = run_phase(n, answers, target_dir, out, limit, steps_scale)
+        print(f"phase {n + 1}/{len(SCHEDULE)}: held-out agreement {card['after']:.3f}",
+              flush=True)
+    if done == len(SCHEDULE):
+        return f"{out} has had all {len(SCHEDULE)} phases: kept"
+    return f"{out}: phases {done + 1}-{len(SCHEDULE)} trained"
