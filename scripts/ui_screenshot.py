@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's package
+# Debian's package; CHROMIUM_PATH points elsewhere (macOS: a Chrome or Chromium binary).
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -102,12 +103,18 @@ def ask(page, prompt: str, button: str = "#send") -> None:
 
 
 def capture_screenshot(base_url: str, path: str | Path, *, prompt: str = DEFAULT_PROMPT,
-                       max_tokens: int = 96, compare: bool = True) -> Path:
-    """Open the playground at `base_url`, ask `prompt` (then Compare it), save a PNG at `path`."""
+                       max_tokens: int = 96, compare: bool = True, browser=None) -> Path:
+    """Open the playground at `base_url`, ask `prompt` (then Compare it), save a PNG at `path`.
+
+    `browser`: a running playwright Browser to use (one playwright per thread); default: start
+    `chromium()` for this call."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with chromium() as browser:
-        page = browser.new_page(viewport=VIEWPORT)
+    with ExitStack() as stack:
+        browser = browser or stack.enter_context(chromium())
+        context = browser.new_context(viewport=VIEWPORT)
+        stack.callback(context.close)
+        page = context.new_page()
         page.goto(base_url.rstrip("/") + "/")
         page.fill("#max-tokens", str(max_tokens))
         ask(page, prompt)
