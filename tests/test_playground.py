@@ -160,13 +160,20 @@ def ui_server(tiny_pair):
         engine.stop()
 
 
+# What the page may call: its own assets and endpoints the API already has.
+PAGE_PATHS = {"/", "/ui/app.js", "/ui/style.css", "/ui/favicon.svg", "/health", "/v1/models",
+              "/v1/models/draft", "/v1/chat/completions"}
+
+
 class Page:
-    """A playwright page on the playground that records console errors and uncaught ones."""
+    """A playwright page on the playground that records console errors, uncaught ones, and
+    every URL it requests."""
 
     def __init__(self, page):
-        self.page, self.errors = page, []
+        self.page, self.errors, self.requests = page, [], []
         page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        page.on("request", lambda r: self.requests.append(r.url))
 
     def spans(self, within: str, from_draft: str) -> list[str]:
         return self.page.locator(f"{within} span.tok[data-from-draft='{from_draft}']"
@@ -184,6 +191,9 @@ def page(browser, ui_server):
     p.page.wait_for_selector("#model-list li[data-role='target']")
     yield p
     context.close()
+    origin = ui_server[0]
+    assert all(url.startswith(origin + "/") for url in p.requests), p.requests
+    assert {url[len(origin):] for url in p.requests} <= PAGE_PATHS
 
 
 def settings(page: Page, drafter: str, max_tokens: int, k: int | None = None) -> None:

@@ -306,6 +306,7 @@ function compare() {
     const speedup = spec.stats.generation_tps / plain.stats.generation_tps;
     $("speedup").textContent = `speedup ${speedup.toFixed(2)}x`;
     $("speedup").dataset.speedup = speedup.toFixed(3);
+    $("speedup").classList.toggle("slower", speedup < 1);
     showStats(spec.stats);
     $("compare-note").textContent = compareNote(spec, plain, withDraft.temperature);
   });
