@@ -322,6 +322,50 @@ def test_json_schema_box_constrains_the_answer(page):
     assert page.errors == []
 
 
+@pytest.fixture()
+def keyed_server(engine, tiny_pair):
+    """The shared engine behind an app that wants an API key on /v1, served in a thread."""
+    import uvicorn
+
+    from server.http.app import create_app
+
+    settings = make_settings(*tiny_pair, api_key="playground-api-key")
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine), host="127.0.0.1",
+                                           port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@slow
+def test_the_api_key_field_unlocks_a_keyed_server(browser, keyed_server):
+    context = browser.new_context(viewport=ui.VIEWPORT)
+    page = Page(context.new_page())
+    try:
+        page.page.goto(keyed_server + "/")
+        page.page.wait_for_selector("#admin-status.error")  # GET /v1/models without the key
+        assert "401" in page.text("#admin-status")
+        page.page.fill("#max-tokens", "8")
+        page.page.fill("textarea#prompt", "hello")
+        ui.run_and_wait(page.page, "#send")
+        assert "invalid API key" in ui.page_error(page.page)
+
+        page.page.fill("#api-key", "playground-api-key")
+        ui.ask(page.page, "hello")
+        assert page.page.locator("#chat .assistant span.tok").count() > 0
+        page.page.click("#refresh-models")
+        page.page.wait_for_selector("#model-list li[data-role='draft']")
+        assert page.page.locator("#admin-status.error").count() == 0
+        assert all("401" in e for e in page.errors) and len(page.errors) == 2
+    finally:
+        context.close()
+
+
 @slow
 def test_capture_screenshot_writes_a_png(ui_server, browser):
     out = ui.capture_screenshot(ui_server[0], ARTIFACTS / "capture.png", prompt=REPETITIVE,

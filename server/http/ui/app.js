@@ -328,6 +328,7 @@ function adminStatus(message, isError = false) {
 }
 
 async function admin(action) {
+  adminStatus("");
   try {
     await action();
   } catch (e) {
