@@ -62,7 +62,7 @@ async function* sseEvents(response) {
   }
 }
 
-// Streams one chat completion into `view`; resolves to the final `stats` (null if none came).
+// Streams one chat completion into `view`; resolves to the final `stats`.
 async function streamChat(body, view, signal) {
   const started = performance.now();
   const response = await api("POST", "/v1/chat/completions",
@@ -83,6 +83,7 @@ async function streamChat(body, view, signal) {
       tps: count > 1 && seconds > 0 ? (count - 1) / seconds : null,
     });
   }
+  if (stats === null) throw new ServerError("the stream ended without its final stats chunk");
   return stats;
 }
 
@@ -170,7 +171,6 @@ function addMessage(role, text) {
 const percent = (x) => `${(100 * x).toFixed(1)}%`;
 
 function showStats(stats) {
-  if (!stats) return;
   $("tps").textContent = stats.generation_tps.toFixed(1);
   $("ttft").textContent = `${(stats.ttft_s * 1000).toFixed(0)} ms`;
   $("acceptance").textContent = stats.acceptance_rate === null
@@ -282,8 +282,8 @@ async function compareRun(column, body, signal) {
   column.querySelector(".run-stats").textContent = "running…";
   const view = outputView(output);
   const stats = await streamChat(body, view, signal);
-  column.querySelector(".run-stats").textContent = stats
-    ? `${stats.generation_tps.toFixed(1)} tok/s, ${stats.generation_tokens} tokens` : "";
+  column.querySelector(".run-stats").textContent =
+    `${stats.generation_tps.toFixed(1)} tok/s, ${stats.generation_tokens} tokens`;
   return { stats, text: view.text };
 }
 
@@ -304,7 +304,8 @@ function compare() {
     const plain = await compareRun($("compare-plain"), without, signal);
     const spec = await compareRun($("compare-spec"), withDraft, signal);
     const speedup = spec.stats.generation_tps / plain.stats.generation_tps;
-    $("speedup").textContent = `speedup ${speedup.toFixed(2)}x`;
+    $("speedup").textContent = Number.isFinite(speedup)
+      ? `speedup ${speedup.toFixed(2)}x` : "speedup n/a (too few tokens to time)";
     $("speedup").dataset.speedup = speedup.toFixed(3);
     $("speedup").classList.toggle("slower", speedup < 1);
     showStats(spec.stats);
@@ -314,7 +315,8 @@ function compare() {
 
 function compareNote(spec, plain, temperature) {
   const tps = `generation tok/s: ${spec.stats.generation_tps.toFixed(1)} with ` +
-    `${spec.stats.draft_model ?? "no drafter"} vs ${plain.stats.generation_tps.toFixed(1)} without`;
+    `${spec.stats.draft_model ?? "no drafter"} vs ${plain.stats.generation_tps.toFixed(1)} ` +
+    "without (one run each: timings vary with the machine's load)";
   if (temperature !== 0) return `${tps}. At temperature > 0 the two texts are samples.`;
   const same = spec.text === plain.text;
   return `${tps}. Greedy: the texts are ${same ? "identical" : "DIFFERENT"}.`;
