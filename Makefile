@@ -6,13 +6,15 @@ STAMP := $(VENV)/.installed
 # MLX's Linux CPU wheel links a slow reference BLAS; OpenBLAS is ~50x faster for fp32 matmuls.
 OPENBLAS := /usr/lib/x86_64-linux-gnu/libopenblas.so.0
 PRELOAD = LD_PRELOAD=$$([ -f $(OPENBLAS) ] && echo $(OPENBLAS))
+# Debian's Chromium: the playground's browser tests drive it with playwright.
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: serve test lint bench-smoke openblas clean
+.PHONY: serve test lint bench-smoke openblas chromium clean
 
 serve: $(STAMP) openblas
 	$(PRELOAD) $(PY) -m server --config config.yaml
 
-test: $(STAMP) openblas
+test: $(STAMP) openblas chromium
 	$(PRELOAD) $(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -31,6 +33,16 @@ openblas:
 		(apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 || \
 		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1)) || \
 		echo "OpenBLAS not installed; MLX will use its slower built-in BLAS"; \
+	fi
+
+# Best effort, as for OpenBLAS: the browser tests of the playground page (GET /) need Chromium;
+# playwright's own browser download is not used. Without it they skip, except with CI=true.
+chromium:
+	@if [ "$$(uname -s)" = Linux ] && [ ! -x $(CHROMIUM) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1)) || \
+		echo "Chromium not installed; the playground's browser tests will skip (CI: fail)"; \
 	fi
 
 clean:

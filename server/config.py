@@ -38,6 +38,11 @@ class ServerSettings(BaseModel):
         description="Requests that may wait for a batch slot; beyond it: 503 with Retry-After.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
+    ui: bool = Field(
+        True,
+        description="Serve the playground page at GET / (chat with draft tokens coloured,"
+        " compare with and without speculation, load/unload the draft); false: / is a 404.",
+    )
 
 
 class ModelSettings(BaseModel):

@@ -15,7 +15,7 @@ from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
 from server.http.openapi import install_openapi
-from server.http.routes import cache, completions, models
+from server.http.routes import cache, completions, models, ui
 
 log = logging.getLogger(__name__)
 
@@ -68,4 +68,6 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.include_router(models.router)
     app.include_router(models.health_router)
     app.include_router(cache.router)
+    if settings.server.ui:
+        app.include_router(ui.router)
     return app
