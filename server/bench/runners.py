@@ -198,7 +198,7 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
                 stream.error = f"HTTP {r.status_code}: {error_message(r)}"[:300]
                 return stream
             async for line in r.aiter_lines():
-                if not stream.feed(line, clock()):
+                if line.startswith("data:") and not stream.feed(line, clock()):
                     break
         if not stream.done:
             stream.error = "stream ended before its end event"
