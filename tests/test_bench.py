@@ -10,10 +10,8 @@ import subprocess
 import sys
 
 import httpx
-import numpy as np
 import pytest
 
-from server.bench import main as bench_main
 from server.bench.results import ResultsWriter, summarize
 from server.bench.runners import HttpRunner
 from server.bench.sweep import (

@@ -23,16 +23,9 @@ from collections.abc import Sequence
 
 import httpx
 
-from server.bench.report import aligned, num
-from server.bench.results import (
-    ResultsWriter,
-    add_output_args,
-    command_line,
-    environment,
-    named_url,
-    print_written,
-    ratio,
-)
+from server.bench import results
+from server.bench.report import num
+from server.bench.results import named_url, ratio
 from server.bench.runners import API_PATHS, Stream, StreamFailed, request_body, stream_async
 
 QUESTIONS = ("What does this module do?", "Which function parses numbers?",
@@ -123,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
       "skip that part).")
     a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
     a("--api-key", help="Bearer key for the servers.")
-    add_output_args(p)
+    results.add_output_args(p)
     return p
 
 
@@ -150,11 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (httpx.HTTPError, StreamFailed) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    writer = ResultsWriter(args.results_dir, "chat", args.tag)
-    for row in rows:
-        writer.write_row(row)
-    written = writer.finish(command_line("chat", argv), environment(), rows,
-                            system_chars=args.system_chars)
-    print(f"{aligned(table(rows))}\n")
-    print_written(written)
+    results.save("chat", argv, args, results.environment(), rows, table,
+                 system_chars=args.system_chars)
     return 0

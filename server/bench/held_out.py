@@ -24,14 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from server.bench.report import aligned
-from server.bench.results import (
-    ResultsWriter,
-    add_output_args,
-    command_line,
-    environment,
-    print_written,
-)
+from server.bench import results
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -74,11 +67,11 @@ def run(client: httpx.Client, prompt: list[int], fields: dict, max_tokens: int) 
     return {"text": answer["choices"][0]["text"], **answer["stats"]}
 
 
-def setting_rows(family: str, names: list[str], results: dict[str, list[dict]]) -> list[dict]:
+def setting_rows(family: str, names: list[str], answers: dict[str, list[dict]]) -> list[dict]:
     """One row per setting: tokens, decode seconds, tok/s and over the first, acceptance."""
     rows = []
     for name in names:
-        rs = results[name]
+        rs = answers[name]
         tokens = sum(r["generation_tokens"] for r in rs)
         decode_s = sum(r["generation_tokens"] / r["generation_tps"]
                        for r in rs if r["generation_tps"])
@@ -116,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=16, help="Requests per family (16).")
     p.add_argument("--max-tokens", type=int, default=128, help="Tokens per request (128).")
     p.add_argument("--api-key", help="Bearer key for the server.")
-    add_output_args(p)
+    results.add_output_args(p)
     return p
 
 
@@ -129,19 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     with httpx.Client(base_url=args.server, timeout=600, headers=headers) as client:
         for family, prompts in families.items():
-            results: dict[str, list[dict]] = {name: [] for name in names}
+            answers: dict[str, list[dict]] = {name: [] for name in names}
             for i, prompt in enumerate(prompts):
                 texts = set()
                 for name in names[i % len(names):] + names[:i % len(names)]:
-                    results[name].append(run(client, prompt, fields[name], args.max_tokens))
-                    texts.add(results[name][-1]["text"])
+                    answers[name].append(run(client, prompt, fields[name], args.max_tokens))
+                    texts.add(answers[name][-1]["text"])
                 same &= len(texts) == 1
-            rows += setting_rows(family, names, results)
-    writer = ResultsWriter(args.results_dir, "held-out", args.tag)
-    for row in rows:
-        writer.write_row(row)
-    written = writer.finish(command_line("held-out", argv), environment(model=args.model),
-                            rows, same_text=same)
-    print(f"{aligned(table(rows))}\n\nevery setting gave the same text as {names[0]}: {same}")
-    print_written(written)
+            rows += setting_rows(family, names, answers)
+    results.save("held-out", argv, args, results.environment(model=args.model), rows, table,
+                 same_text=same)
+    print(f"every setting gave the same text as {names[0]}: {same}")
     return 0 if same else 1

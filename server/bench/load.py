@@ -32,18 +32,9 @@ from pathlib import Path
 
 import httpx
 
+from server.bench import results
 from server.bench.report import aligned, num
-from server.bench.results import (
-    ResultsWriter,
-    add_output_args,
-    command_line,
-    environment,
-    int_list,
-    named_url,
-    percentile,
-    print_written,
-    ratio,
-)
+from server.bench.results import named_url, percentile, ratio
 from server.bench.runners import API_PATHS, Stream, request_body, stream_async
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
@@ -336,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--server", type=named_url, metavar="[NAME=]URL", help="Ours: ratios are its over others'.")
     a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
       help="A server to compare with (repeatable).")
-    a("--concurrency", type=int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
+    a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
     a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
     a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians.")
@@ -351,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
     a("--target-model", help="--in-process: the target (default: the generated pair's).")
     a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
-    add_output_args(p)
+    results.add_output_args(p)
     return p
 
 
@@ -392,21 +383,20 @@ def describe_server(name: str, url: str) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, log = parse_args(argv), sys.stderr
-    writer = ResultsWriter(args.results_dir, "load", args.tag)
+    writer = results.ResultsWriter(args.results_dir, "load", args.tag)
     rows: list[dict] = []
 
     def on_row(row):
         writer.write_row(row)
         rows.append(row)
 
-    meta = environment(target_model=args.target_model, draft_model=args.draft_model)
+    meta = results.environment(target_model=args.target_model, draft_model=args.draft_model)
     if args.in_process:
         in_process(args, on_row, log)
     else:
         meta["servers"] = [describe_server(*s) for s in args.servers]
         args.models = {s["name"]: (s.get("health") or {}).get("target") for s in meta["servers"]}
         asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
-    written = writer.finish(command_line("load", argv), meta, rows, plot=plot)
-    print(f"\n{aligned(table(rows))}\n")
-    print_written(written)
+    written = writer.finish(results.command_line("load", argv), meta, rows, plot=plot)
+    results.print_results(aligned(table(rows)), written)
     return 0

@@ -1,11 +1,9 @@
-"""What every subcommand shares: its result files, their metadata, robust summaries, and the
-small argument parsers.
+"""What every subcommand shares: result files and their metadata, summaries, small parsers.
 
 Files: `<subcommand>-<stamp>[-<tag>]` in `--results-dir` (default `bench-results/`, which git
-ignores): `.jsonl` row by row as they are measured (a crash keeps them), then `.csv`, `.json`
-and, where a subcommand draws one, `.png`. The `.json` is what `report` renders:
-`{"subcommand", "command", "metadata", "rows", ...}`, `command` the exact command line and
-`metadata` the date, machine, cores, versions, git commit and models.
+ignores): `.jsonl` row by row as measured (a crash keeps them), then `.csv`, `.png` where one is
+drawn, and the `.json` that `report` renders: `{"subcommand", "command" (the exact command
+line), "metadata" (date, machine, cores, versions, git commit, models), "rows", ...}`.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ IQR_TO_SIGMA = 1.349  # IQR / 1.349 estimates a normal distribution's standard d
 NOISY_CV = 0.10
 
 
-# ------------------------------------------------------------------------------ arguments
 def int_list(text: str) -> list[int]:
     """`1,2,4` -> [1, 2, 4]: positive, in the order given, repeats dropped."""
     try:
@@ -68,33 +65,28 @@ def command_line(subcommand: str, argv: Sequence[str]) -> str:
     return shlex.join(["mlx-spec-bench", subcommand, *words])
 
 
-# ------------------------------------------------------------------------------ metadata
-def _version(pkg: str) -> str | None:
-    try:
-        return importlib_metadata.version(pkg)
-    except importlib_metadata.PackageNotFoundError:
-        return None
-
-
 def environment(**models) -> dict:
     """Date, machine, cores, versions, git commit; plus the models named by the caller."""
+    import mlx.core as mx
+
+    def version(pkg: str) -> str | None:
+        try:
+            return importlib_metadata.version(pkg)
+        except importlib_metadata.PackageNotFoundError:
+            return None
+
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=5, check=False).stdout.strip() or None
     except OSError:
         commit = None
-    import mlx.core as mx
-
-    return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.machine(),
-        "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
-        "os": platform.platform(), "python": platform.python_version(),
-        "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"),
-        "mlx_device": str(mx.default_device()), "git_commit": commit, **models,
-    }
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.machine(),
+            "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
+            "os": platform.platform(), "python": platform.python_version(),
+            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
+            "mlx_device": str(mx.default_device()), "git_commit": commit, **models}
 
 
-# ------------------------------------------------------------------------------ files
 def results_name(prefix: str, tag: str | None, now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", tag).strip("-") if tag else ""
@@ -103,11 +95,9 @@ def results_name(prefix: str, tag: str | None, now: float | None = None) -> str:
 
 def csv_value(value):
     """Lists become `;`-joined, None an empty field, dicts JSON; everything else as is."""
-    if value is None:
-        return ""
     if isinstance(value, (list, tuple)):
         return ";".join("" if v is None else repr(v) for v in value)
-    return json.dumps(value) if isinstance(value, dict) else value
+    return "" if value is None else json.dumps(value) if isinstance(value, dict) else value
 
 
 class ResultsWriter:
@@ -157,12 +147,25 @@ class ResultsWriter:
                 out.writerow({k: csv_value(row.get(k)) for k in columns})
 
 
-def print_written(written: dict) -> None:
+def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[dict],
+         table: Callable[[list[dict]], list[list[str]]], **extra) -> dict:
+    """Write the files of rows measured in one go, print their table and the files."""
+    from server.bench.report import aligned
+
+    writer = ResultsWriter(args.results_dir, subcommand, args.tag)
+    for row in rows:
+        writer.write_row(row)
+    written = writer.finish(command_line(subcommand, argv), metadata, rows, **extra)
+    print_results(aligned(table(rows)), written)
+    return written
+
+
+def print_results(text: str, written: dict) -> None:
+    print(f"\n{text}\n")
     for path in written.values():
         print(f"wrote {path}")
 
 
-# ------------------------------------------------------------------------------ statistics
 @dataclass(frozen=True)
 class Summary:
     median: float | None

@@ -17,6 +17,7 @@ the timed span.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import statistics
@@ -68,7 +69,6 @@ class RunResult:
         ), **overrides})
 
 
-# ------------------------------------------------------------------------------ streams
 def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature: float,
                  model: str | None = None, **extra) -> dict:
     """A streamed request in `api`'s shape; `extra` (our extensions) at the top level."""
@@ -209,7 +209,6 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
     return stream
 
 
-# ------------------------------------------------------------------------------ runners
 class EngineRunner:
     """The server's engine in this process: `ModelKit` + `generate_events`, no HTTP."""
 
@@ -226,10 +225,11 @@ class EngineRunner:
         self._prompts: dict[str, tuple[int, ...]] = {}
 
     def describe(self) -> dict:
-        models = {"target": _model_card(self.kit.target)}
-        if self.kit.draft is not None:
-            models["draft"] = _model_card(self.kit.draft)
-        return {"label": self.label, "kind": "engine", "models": models}
+        models = {"target": self.kit.target, "draft": self.kit.draft}
+        return {"label": self.label, "kind": "engine", "models": {
+            role: {"path": m.path, "parameters": m.parameter_count(),
+                   "memory_gb": m.nbytes() / 1e9, "model_type": m.config.get("model_type")}
+            for role, m in models.items() if m is not None}}
 
     def run(self, cell, *, max_tokens: int, seed: int) -> RunResult:
         from server.demo import encode_prompt
@@ -248,19 +248,12 @@ class EngineRunner:
         return RunResult.from_stats(done.stats.to_dict(), finish_reason=done.finish_reason)
 
     def cost_ratio(self) -> float | None:
-        if self.speculation.source == "prompt_lookup":
-            return 0.0
         if self.kit.draft is None:
-            return None
+            return 0.0 if self.speculation.source == "prompt_lookup" else None
         return measure_cost_ratio(self.kit.target.model, self.kit.draft.model)
 
     def close(self) -> None:
         self.kit.unload_draft()
-
-
-def _model_card(model) -> dict:
-    return {"path": model.path, "parameters": model.parameter_count(),
-            "memory_gb": model.nbytes() / 1e9, "model_type": model.config.get("model_type")}
 
 
 def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
@@ -329,73 +322,60 @@ class HttpRunner:
 
     def __init__(self, url: str, *, speculation: SpeculationParams, temperature: float,
                  api: str = "chat", api_key: str | None = None, timeout: float = TIMEOUT_S,
-                 transport: httpx.BaseTransport | None = None):
-        self.url = url.rstrip("/").removesuffix("/v1")
-        self.label = self.url
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.url = self.label = url.rstrip("/").removesuffix("/v1")
         self.speculation, self.temperature, self.api = speculation, temperature, api
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        self.loop = asyncio.new_event_loop()  # one client, its connection kept alive
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers={
+            "Authorization": f"Bearer {api_key}"} if api_key else {})
         try:  # a server that does not answer is an error, not an mlx_lm.server
-            r = self.client.get(self.url + "/health")
-            self.health = r.json() if r.status_code == 200 else {}
+            self.health = self._get("/health")
         except httpx.HTTPError as e:
             raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
-        except ValueError:
-            self.health = {}
         # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.
         self.flavor = "ours" if "target" in self.health else "mlx_lm"
 
+    def _get(self, path: str) -> dict:
+        r = self.loop.run_until_complete(self.client.get(self.url + path))
+        try:
+            return r.json() if r.status_code == 200 else {}
+        except ValueError:
+            return {}
+
     def describe(self) -> dict:
-        models = []
-        if self.flavor == "ours":  # mlx_lm.server's /v1/models scans the Hugging Face cache
-            try:
-                models = self.client.get(self.url + "/v1/models").json().get("data", [])
-            except (httpx.HTTPError, ValueError):
-                pass
+        # mlx_lm.server's /v1/models scans the Hugging Face cache (and can fail): ask ours only.
+        models = self._get("/v1/models").get("data", []) if self.flavor == "ours" else []
         return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,
                 "health": self.health, "acceptance_reported": self.flavor == "ours",
                 "models": [{k: m.get(k) for k in ("id", "role", "path")} for m in models]}
 
     def request_body(self, cell, *, max_tokens: int, seed: int) -> dict:
-        k = cell.k
         extra: dict = {"seed": seed} if self.temperature > 0 else {}
         spec = self.speculation
         if self.flavor == "ours":
-            extra["num_draft_tokens"] = k
-            if k:
+            extra["num_draft_tokens"] = cell.k
+            if cell.k:
                 extra.update(draft=spec.source, acceptance=spec.acceptance,
                              adaptive=spec.adaptive, draft_p_min=spec.draft_p_min,
                              hybrid_min_match=spec.hybrid_min_match)
-        elif k == 0:
+        elif cell.k == 0:
             extra["draft_model"] = None
         elif spec.source != "model":
             raise StreamFailed(f"draft={spec.source} is an extension of our server only")
         else:
-            extra["num_draft_tokens"] = k
+            extra["num_draft_tokens"] = cell.k
         model = self.health.get("target") if self.api != "chat" else None
         return request_body(self.api, [{"role": "user", "content": cell.prompt}], model=model,
                             max_tokens=max_tokens, temperature=self.temperature, **extra)
 
     def run(self, cell, *, max_tokens: int, seed: int) -> RunResult:
         body = self.request_body(cell, max_tokens=max_tokens, seed=seed)
-        stream = Stream(start=time.perf_counter())
-        request = self.client.build_request("POST", self.url + API_PATHS[self.api], json=body)
-        try:
-            response = self.client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
-            # A server may close a kept-alive connection after an error (uvicorn does after a
-            # 500): the next request then fails before it starts. Retry that once, fresh.
-            response = self.client.send(request, stream=True)
-        try:
-            if response.status_code >= 400:
-                response.read()
-                raise StreamFailed(f"HTTP {response.status_code}: {error_message(response)}")
-            for line in response.iter_lines():
-                if not stream.feed(line, time.perf_counter()):
-                    break
-        finally:
-            response.close()
+        stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api,
+                                                           body))
+        if stream.error:
+            raise StreamFailed(stream.error)
         return stream.result()
 
     def close(self) -> None:
-        self.client.close()
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()

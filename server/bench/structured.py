@@ -25,14 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from server.bench.report import aligned, num
-from server.bench.results import (
-    ResultsWriter,
-    add_output_args,
-    command_line,
-    environment,
-    print_written,
-)
+from server.bench import results
+from server.bench.report import num
 from server.engine.params import DraftSource
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
@@ -176,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=4, help="Draft tokens per round (4).")
     p.add_argument("--max-tokens", type=int, default=200, help="Tokens per request (200).")
     p.add_argument("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
-    add_output_args(p)
+    results.add_output_args(p)
     return p
 
 
@@ -184,10 +178,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rows, models = asyncio.run(run(args))
-    writer = ResultsWriter(args.results_dir, "structured", args.tag)
-    for row in rows:
-        writer.write_row(row)
-    written = writer.finish(command_line("structured", argv), environment(**models), rows)
-    print(f"{aligned(table(rows))}\n")
-    print_written(written)
+    results.save("structured", argv, args, results.environment(**models), rows, table)
     return 0

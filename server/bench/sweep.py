@@ -19,17 +19,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import get_args
 
+from server.bench import results
 from server.bench.report import aligned, num
-from server.bench.results import (
-    ResultsWriter,
-    add_output_args,
-    command_line,
-    environment,
-    int_list,
-    print_written,
-    ratio,
-    summarize,
-)
+from server.bench.results import ratio, summarize
 from server.bench.runners import API_PATHS, TIMEOUT_S, RunResult, ServerUnreachable
 from server.engine.params import DraftSource, SpeculationParams
 
@@ -120,7 +112,6 @@ def plan_cells(kinds: list[str], draft_tokens: list[int]) -> list[Cell]:
     return [Cell(kind, k) for kind in kinds for k in (0, *draft_tokens)]
 
 
-# ------------------------------------------------------------------------------ speedup model
 def theoretical_speedup(a: float, k: float, c: float) -> float:
     """Expected speedup of speculative decoding (Leviathan et al. 2023, eq. 1): `a` the
     probability that a drafted token is accepted, `k` tokens drafted per round, `c` a draft
@@ -149,7 +140,6 @@ def per_token_acceptance(rate: float, k: float) -> float:
     return (lo + hi) / 2
 
 
-# ------------------------------------------------------------------------------ verdicts
 @dataclass(frozen=True)
 class Verdict:
     id: str
@@ -172,8 +162,7 @@ def verdict_beats_baseline(rows: list[dict]) -> Verdict:
     """P1: some k is faster than the baseline of its kind, their IQRs not overlapping."""
     claim = "some k beats the baseline"
     base = {r["kind"]: r for r in _ok(rows, baseline=True)}
-    spec = [r for r in _ok(rows, baseline=False) if r["kind"] in base]
-    if not spec:
+    if not (spec := [r for r in _ok(rows, baseline=False) if r["kind"] in base]):
         return Verdict("P1", claim, "N-A", "no baseline and speculative cells to compare")
     best = max(spec, key=lambda r: r["tps_median"] / base[r["kind"]]["tps_median"])
     b = base[best["kind"]]
@@ -185,20 +174,18 @@ def verdict_beats_baseline(rows: list[dict]) -> Verdict:
 
 def verdict_interior_maximum(rows: list[dict]) -> Verdict:
     """P2: per kind, the fastest k is neither the smallest nor the largest k swept."""
-    by_kind: dict[str, list[dict]] = {}
-    for r in _ok(rows, baseline=False):
-        by_kind.setdefault(r["kind"], []).append(r)
-    parts, results = [], []
-    for kind, cells in by_kind.items():
+    spec = _ok(rows, baseline=False)
+    parts, found = [], []
+    for kind in dict.fromkeys(r["kind"] for r in spec):
+        cells = [r for r in spec if r["kind"] == kind]
         if len(cells) < 3:
             parts.append(f"{kind}: fewer than 3 k values")
             continue
-        ks = sorted(r["k"] for r in cells)
-        best = max(cells, key=lambda r: r["tps_median"])
-        results.append(ks[0] < best["k"] < ks[-1])
+        ks, best = sorted(r["k"] for r in cells), max(cells, key=lambda r: r["tps_median"])
+        found.append(ks[0] < best["k"] < ks[-1])
         parts.append(f"{kind}: best k={best['k']} of {ks[0]}..{ks[-1]} "
                      f"({best['tps_median']:.1f} tok/s)")
-    verdict = "N-A" if not results else "PASS" if all(results) else "FAIL"
+    verdict = "N-A" if not found else "PASS" if all(found) else "FAIL"
     return Verdict("P2", "tok/s vs k has an interior maximum", verdict,
                    "; ".join(parts) or "no speculative cells")
 
@@ -209,8 +196,8 @@ def verdict_structured_accepts_more(rows: list[dict]) -> Verdict:
     pooled = {}
     for kind in ("structured", "open_ended"):
         cells = [r for r in _ok(rows, baseline=False) if r["kind"] == kind]
-        proposed = sum(r.get("proposed") or 0 for r in cells)
-        accepted = sum(r.get("accepted") or 0 for r in cells)
+        accepted, proposed = (sum(r.get(key) or 0 for r in cells) for key in ("accepted",
+                                                                             "proposed"))
         if proposed:
             pooled[kind] = (accepted / proposed, accepted, proposed)
     if len(pooled) < 2:
@@ -232,7 +219,6 @@ def verdicts(rows: list[dict]) -> list[Verdict]:
     return out
 
 
-# ------------------------------------------------------------------------------ the sweep
 def cell_row(cell: Cell, runs: list[RunResult], *, server: str, args, error=None) -> dict:
     """One row: medians, IQRs and robust CVs of the reps, plus pooled draft counts."""
     tps = summarize([r.tps for r in runs])
@@ -318,7 +304,6 @@ def sweep(runners: list, cells: list[Cell], args, *, cost_ratio: float | None,
     return rows
 
 
-# ------------------------------------------------------------------------------ table, plot
 def table(rows: list[dict]) -> list[list[str]]:
     """The header, then a line per row (the console's table and `report`'s)."""
     compare = any(r["compare_with"] for r in rows)
@@ -344,30 +329,25 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
     """tok/s vs k per prompt kind (the baseline a dashed line), acceptance on the right axis."""
     from matplotlib.figure import Figure
 
-    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    kinds = list(dict.fromkeys(r["kind"] for r in rows)) or [""]
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    fig = Figure(figsize=(5.5 * max(len(kinds), 1), 4.2))
+    fig = Figure(figsize=(5.5 * len(kinds), 4.2))
     fig.subplots_adjust(bottom=0.13, top=0.86, wspace=0.45)
-    for ax, kind in zip(fig.subplots(1, max(len(kinds), 1), squeeze=False)[0], kinds,
-                        strict=False):
+    for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds, strict=True):
         acc_ax = ax.twinx()
         for i, server in enumerate(servers):
             mine = [r for r in _ok(rows) if r["kind"] == kind and r["server"] == server]
             name = f"{server}: " if len(servers) > 1 else ""
-            for r in mine[:1] if mine and mine[0]["k"] == 0 else []:
+            for r in (r for r in mine if r["k"] == 0):
                 ax.axhline(r["tps_median"], color=f"C{i}", ls="--", label=f"{name}baseline")
-            spec = sorted((r for r in mine if r["k"]), key=lambda r: r["k"])
-            if spec:
+            if spec := sorted((r for r in mine if r["k"]), key=lambda r: r["k"]):
                 ks, med = [r["k"] for r in spec], [r["tps_median"] for r in spec]
                 err = [[m - r["tps_q1"] for m, r in zip(med, spec, strict=True)],
                        [r["tps_q3"] - m for m, r in zip(med, spec, strict=True)]]
                 ax.errorbar(ks, med, yerr=err, color=f"C{i}", marker="o", capsize=3,
                             label=f"{name}speculative")
-                acc = [(r["k"], r["accept_rate_median"]) for r in spec
-                       if r["accept_rate_median"] is not None]
-                if acc:
-                    acc_ax.plot(*zip(*acc, strict=True), color=f"C{i}", marker="s", ls=":",
-                                label=f"{name}acceptance")
+                acc_ax.plot(ks, [r["accept_rate_median"] for r in spec], color=f"C{i}",
+                            marker="s", ls=":", label=f"{name}acceptance")
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(ks, [str(k) for k in ks])
         ax.set(title=kind, xlabel="draft tokens per round (k)",
@@ -380,7 +360,6 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
     fig.savefig(path, dpi=110)
 
 
-# ------------------------------------------------------------------------------ command line
 def _kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in PROMPT_KINDS]
@@ -396,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--target-model", help="Target (default: models/demo/target, else the generated pair). "
       "With --server: only to measure c on this machine.")
     a("--draft-model", help="Draft model (default: the target's pair).")
-    a("--draft-tokens", type=int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
+    a("--draft-tokens", type=results.int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
       help="Draft lengths to sweep (default 1,2,4,8,16).")
     a("--prompt-kinds", type=_kinds, default=list(DEFAULT_PROMPT_KINDS), metavar="KIND,...",
       help=f"Of {', '.join(PROMPT_KINDS)} (default structured,open_ended).")
@@ -426,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timeout", type=float, default=TIMEOUT_S,
       help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
     a("--dry-run", action="store_true", help="Synthetic rows through the same writer.")
-    add_output_args(p)
+    results.add_output_args(p)
     return p
 
 
@@ -522,32 +501,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     c = cost_ratio(args, runners)
     cells = plan_cells(args.prompt_kinds, args.draft_tokens)
-    writer = ResultsWriter(args.results_dir, "sweep", args.tag)
-    started = time.time()
-    meta = {**environment(**models), "dry_run": args.dry_run, "cost_ratio": c,
+    writer, started = results.ResultsWriter(args.results_dir, "sweep", args.tag), time.time()
+    meta = {**results.environment(**models), "dry_run": args.dry_run, "cost_ratio": c,
             "runners": [r.describe() for r in runners]}
     print(f"{len(cells)} cells x {len(runners)} runner(s), {args.warmup} warm-up + {args.reps} "
-          f"reps, {args.max_tokens} tokens; c = {num(c, '.3f', 'n/a')}; writing "
-          f"{writer.paths['jsonl']}", file=log)
+          f"reps, {args.max_tokens} tokens; c = {num(c, '.3f', 'n/a')}", file=log)
     rows: list[dict] = []
-    interrupted = False
     try:
         sweep(runners, cells, args, cost_ratio=c,
               on_row=lambda row: (writer.write_row(row), rows.append(row)),
               on_cell=lambda cell, label: print(f"  {cell.label()} @ {label}", file=log))
     except KeyboardInterrupt:
-        interrupted = True
         print("\ninterrupted: writing what was done", file=log)
+        meta["interrupted"] = True
     finally:
         for runner in runners:
             runner.close()
     found = verdicts(rows)
-    meta.update(elapsed_s=round(time.time() - started, 2), interrupted=interrupted)
-    written = writer.finish(command_line("sweep", argv), meta, rows, plot=plot,
+    meta["elapsed_s"] = round(time.time() - started, 2)
+    written = writer.finish(results.command_line("sweep", argv), meta, rows, plot=plot,
                             verdicts=[asdict(v) for v in found])
-    print(f"\n{aligned(table(rows))}\n")
-    for v in found:
-        print(v.line())
-    print()
-    print_written(written)
-    return 130 if interrupted else 0
+    results.print_results(aligned(table(rows)) + "\n\n" + "\n".join(v.line() for v in found),
+                          written)
+    return 130 if meta.get("interrupted") else 0
