@@ -241,9 +241,10 @@ def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path):
     rows = result(tmp_path, "load")["rows"]
     assert [r["server"] for r in rows] == ["ours+draft", "ours", "mlx_lm"]
     assert all(r["aggregate_tps"] > 0 and len(r["aggregate_tps_runs"]) == 2 for r in rows)
-    assert rows[2]["ratio_vs_mlx_lm"] == 1.0
-    assert rows[0]["ratio_vs_mlx_lm"] == pytest.approx(rows[0]["aggregate_tps"]
+    assert rows[0]["ratio_aggregate"] is None  # ours with the draft over each other
+    assert rows[2]["ratio_aggregate"] == pytest.approx(rows[0]["aggregate_tps"]
                                                        / rows[2]["aggregate_tps"])
+    assert all(r["all_answered"] and r["tokens"] == 2 * 2 * 6 for r in rows)
     assert 0 < rows[0]["from_draft_fraction"] < 1 and rows[1]["from_draft_fraction"] == 0
     assert rows[2]["from_draft_fraction"] is None
 

@@ -68,7 +68,6 @@ def prompt(i: int) -> str:
     return " ".join([task, *extra, f"(Request {i}.)"])
 
 
-# ------------------------------------------------------------------------------ over HTTP
 async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
                     transport=None, clock=time.perf_counter) -> list[Stream]:
     """C clients at once, each sending its requests one after the other."""
@@ -128,12 +127,14 @@ def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
 
 
 MEDIANS = ("aggregate_tps", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "from_draft_fraction")
+RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
+          "itl_p99_s": "ratio_itl_p99", "peak_rss_gb": "ratio_peak_rss"}
 
 
 def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | None) -> dict:
     """A server's row of a level: the medians of its runs; counts summed."""
     def median(key):
-        vals = [r[key] for r in runs if r[key] is not None]
+        vals = [r[key] for r in runs if r.get(key) is not None]
         return statistics.median(vals) if vals else None
 
     return {"server": name, "concurrency": concurrency, "runs": len(runs),
@@ -144,10 +145,6 @@ def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | No
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
 
-RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
-          "itl_p99_s": "ratio_itl_p99", "peak_rss_gb": "ratio_peak_rss"}
-
-
 def add_ratios(rows: list[dict]) -> None:
     """On each other server's row of a level: ours (the first row) over theirs."""
     for row in rows:
@@ -155,46 +152,50 @@ def add_ratios(rows: list[dict]) -> None:
             row[name] = None if row is rows[0] else ratio(rows[0][key], row[key])
 
 
-async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
-                   clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
-    """Every level on every server, `args.runs` interleaved runs each; one row per both."""
-    transports = transports or {}
-    for name, url in servers:  # warm-up, not measured
-        for i in range(args.warmup):
-            await run_level(name, url, 1, i, _short(args), transport=transports.get(name))
-    first, rows = args.warmup, []
-    for concurrency in args.concurrency:
-        runs: dict[str, list[dict]] = {name: [] for name, _ in servers}
-        for name, _ in servers:
-            if name in args.pids:
-                peak_rss_gb(args.pids[name], reset=True)
+async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
+                      log=None) -> list[dict]:
+    """Each level: `args.runs` runs of every server (`await measure(name, c, first_prompt)`),
+    the one going first rotating; then a row per server with the medians and ratios."""
+    pids, first, rows = getattr(args, "pids", {}), args.warmup, []
+    for level, concurrency in enumerate(args.concurrency):
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for name in pids:
+            peak_rss_gb(pids[name], reset=True)
         for r in range(args.runs):
-            shift = (len(rows) // len(servers) + r) % len(servers)
-            for name, url in servers[shift:] + servers[:shift]:
+            shift = (level + r) % len(names)
+            for name in names[shift:] + names[:shift]:
                 if log:
                     print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
-                streams = await run_level(name, url, concurrency, first, args,
-                                          transport=transports.get(name), clock=clock)
-                runs[name].append(level_figures(streams))
+                runs[name].append(await measure(name, concurrency, first))
             first += concurrency * args.requests_per_client
-        level = [level_row(name, concurrency, runs[name],
-                           peak_rss_gb(args.pids[name]) if name in args.pids else None)
-                 for name, _ in servers]
-        add_ratios(level)
-        for row in level:
+        level_rows = [level_row(name, concurrency, runs[name], peak_rss_gb(pids[name])
+                                if name in pids else None) for name in names]
+        add_ratios(level_rows)
+        for row in level_rows:
             on_row(row)
-        rows += level
+        rows += level_rows
     return rows
 
 
-def _short(args) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS,
-                                 "requests_per_client": 1})
+async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
+                   clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
+    """Every level on every server over HTTP, after `args.warmup` short requests each."""
+    urls, transports = dict(servers), transports or {}
+    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS,
+                                  "requests_per_client": 1})
+    for name, url in servers:
+        for i in range(args.warmup):
+            await run_level(name, url, 1, i, short, transport=transports.get(name))
+
+    async def measure(name: str, concurrency: int, first: int) -> dict:
+        return level_figures(await run_level(name, urls[name], concurrency, first, args,
+                                             transport=transports.get(name), clock=clock))
+
+    return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
 
 
-# ------------------------------------------------------------------------------ in process
 def in_process(args, on_row, log) -> list[dict]:
-    """Ours with and without the draft against `BatchGenerator`: aggregate tok/s per level."""
+    """Ours with and without the draft against `BatchGenerator`, C requests at once."""
     from mlx_lm import load as mlx_load
 
     from server.engine.model_kit import ModelKit, load_model
@@ -202,33 +203,26 @@ def in_process(args, on_row, log) -> list[dict]:
 
     target, draft = (args.target_model, args.draft_model) if args.target_model else \
         generated_pair()
-    kits = {"ours+draft": ModelKit(load_model(target)), "ours": ModelKit(load_model(target))}
-    kits["ours+draft"].load_draft(draft)
+    with_draft = ModelKit(load_model(target))
+    with_draft.load_draft(draft)
     model, tokenizer = mlx_load(target)
-    engines = {name: _ours(kit, max(args.concurrency), args.max_tokens)
-               for name, kit in kits.items()}
-    engines["mlx_lm"] = _batch_generator(model, args.max_tokens)
-    rows, first = [], 1000
-    for c in args.concurrency:
-        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
-        for _ in range(args.runs):  # interleaved, so a drift hits every engine alike
-            ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
-                                                 add_generation_prompt=True) for i in range(c)]
-            for name, engine in engines.items():
-                print(f"  {c} request(s) on {name}", file=log)
-                runs[name].append(engine(ids))
-            first += c
-        for name, measured in runs.items():
-            fractions = [f for _, f in measured if f is not None]
-            rows.append({"server": name, "concurrency": c, "runs": args.runs,
-                         "aggregate_tps": statistics.median(t for t, _ in measured),
-                         "from_draft_fraction": statistics.median(fractions) if fractions
-                         else None, "aggregate_tps_runs": [t for t, _ in measured]})
-        level = rows[-len(engines):]
-        for row in level:
-            row["ratio_vs_mlx_lm"] = ratio(row["aggregate_tps"], level[-1]["aggregate_tps"])
-            on_row(row)
-    return rows
+    batch = max(args.concurrency)
+    engines = {"ours+draft": _ours(with_draft, batch, args.max_tokens),
+               "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
+               "mlx_lm": _batch_generator(model, args.max_tokens)}
+
+    async def measure(name: str, concurrency: int, first: int) -> dict:
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
+                                             add_generation_prompt=True)
+               for i in range(concurrency)]
+        return engines[name](ids)
+
+    return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
+
+
+def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dict:
+    return {"requests": n, "completed": n, "errors": 0, "error_messages": [], "tokens": tokens,
+            "aggregate_tps": tokens / seconds, "from_draft_fraction": ratio(from_draft, tokens)}
 
 
 def _ours(kit, batch: int, max_tokens: int):
@@ -239,16 +233,15 @@ def _ours(kit, batch: int, max_tokens: int):
     scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
     spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
 
-    def run(ids: list[list[int]]) -> tuple[float, float]:
+    def run(ids: list[list[int]]) -> dict:
         seqs = [scheduler.submit(GenerationParams(tuple(p), max_tokens, speculation=spec),
                                  lambda event: None) for p in ids]
         start = time.perf_counter()
         while any(s.phase is not Phase.DONE for s in seqs):
             scheduler.step()
-        elapsed = time.perf_counter() - start
-        stats = [s.stats() for s in seqs]
-        tokens = sum(s.generation_tokens for s in stats)
-        return tokens / elapsed, sum(s.draft_tokens_accepted for s in stats) / tokens
+        seconds, stats = time.perf_counter() - start, [s.stats() for s in seqs]
+        return _figures(len(ids), sum(s.generation_tokens for s in stats), seconds,
+                        sum(s.draft_tokens_accepted for s in stats))
 
     return run
 
@@ -256,7 +249,7 @@ def _ours(kit, batch: int, max_tokens: int):
 def _batch_generator(model, max_tokens: int):
     from mlx_lm.generate import BatchGenerator
 
-    def run(ids: list[list[int]]) -> tuple[float, None]:
+    def run(ids: list[list[int]]) -> dict:
         gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
         start = time.perf_counter()
         gen.insert(ids, [max_tokens] * len(ids))
@@ -265,18 +258,12 @@ def _batch_generator(model, max_tokens: int):
             for r in gen.next_generated():
                 tokens += 1
                 done += r.finish_reason is not None
-        return tokens / (time.perf_counter() - start), None
+        return _figures(len(ids), tokens, time.perf_counter() - start, None)
 
     return run
 
 
-# ------------------------------------------------------------------------------ output
 def table(rows: list[dict]) -> list[list[str]]:
-    if rows and "requests" not in rows[0]:  # --in-process
-        return [["streams", "engine", "agg tok/s", "from draft", "vs mlx_lm"]] + [
-            [str(r["concurrency"]), r["server"], num(r["aggregate_tps"], ".1f"),
-             num(r["from_draft_fraction"], ".2f"), num(r["ratio_vs_mlx_lm"], ".2f", suffix="x")]
-            for r in rows]
     lines = [["streams", "server", "agg tok/s", "TTFT p50 s", "ITL p99 ms", "from draft",
               "peak GB", "answered", "agg ratio", "TTFT ratio", "ITL p99 ratio", "mem ratio"]]
     for r in rows:
@@ -309,7 +296,8 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.set(xlabel="concurrent streams", ylabel=label)
-        ax.legend(fontsize="small", loc="best")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="best")
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
 

@@ -41,52 +41,27 @@ OPEN_ENDED = (
     "Write a short reflection on what makes a day feel well spent. Speak from experience, in "
     "a few paragraphs of plain prose."
 )
-_REPEAT_EDIT_CODE = '''\
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-
-
-@dataclass
-class Task:
-    name: str
-    done: bool = False
-    tags: list[str] = field(default_factory=list)
-
-
-class TaskList:
-    def __init__(self, path: Path):
-        self.path = path
-        self.tasks: list[Task] = []
-
-    def load(self) -> None:
-        if not self.path.exists():
-            return
-        data = json.loads(self.path.read_text())
-        self.tasks = [Task(**item) for item in data]
-
-    def save(self) -> None:
-        data = [vars(task) for task in self.tasks]
-        self.path.write_text(json.dumps(data, indent=2))
-
-    def add(self, name: str, *tags: str) -> Task:
-        task = Task(name, tags=list(tags))
-        self.tasks.append(task)
-        return task
-
-    def complete(self, name: str) -> bool:
-        for task in self.tasks:
-            if task.name == name:
-                task.done = True
-                return True
-        return False
-
-    def pending(self) -> list[Task]:
-        return [task for task in self.tasks if not task.done]
-
-    def tagged(self, tag: str) -> list[Task]:
-        return [task for task in self.tasks if tag in task.tags]
-'''
+_REPEAT_EDIT_CODE = (  # a 45-line Python module
+    "import json\nfrom dataclasses import dataclass, field\nfrom pathlib import Path\n\n\n"
+    "@dataclass\nclass Task:\n    name: str\n    done: bool = False\n"
+    "    tags: list[str] = field(default_factory=list)\n\n\nclass TaskList:\n"
+    "    def __init__(self, path: Path):\n        self.path = path\n"
+    "        self.tasks: list[Task] = []\n\n    def load(self) -> None:\n"
+    "        if not self.path.exists():\n            return\n"
+    "        data = json.loads(self.path.read_text())\n"
+    "        self.tasks = [Task(**item) for item in data]\n\n    def save(self) -> None:\n"
+    "        data = [vars(task) for task in self.tasks]\n"
+    "        self.path.write_text(json.dumps(data, indent=2))\n\n"
+    "    def add(self, name: str, *tags: str) -> Task:\n"
+    "        task = Task(name, tags=list(tags))\n        self.tasks.append(task)\n"
+    "        return task\n\n    def complete(self, name: str) -> bool:\n"
+    "        for task in self.tasks:\n            if task.name == name:\n"
+    "                task.done = True\n                return True\n        return False\n\n"
+    "    def pending(self) -> list[Task]:\n"
+    "        return [task for task in self.tasks if not task.done]\n\n"
+    "    def tagged(self, tag: str) -> list[Task]:\n"
+    "        return [task for task in self.tasks if tag in task.tags]\n"
+)
 REPEAT_EDIT = ("Repeat this code exactly, with one change: rename the method `pending` to "
                f"`open_tasks`.\n\n```python\n{_REPEAT_EDIT_CODE}```")
 PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": REPEAT_EDIT}
