@@ -300,9 +300,9 @@ def test_mlx_lm_server_protocol():
     assert bodies[1]["num_draft_tokens"] == 4 and "draft_model" not in bodies[1]
     assert "acceptance" not in bodies[1] and "draft" not in bodies[1]
     for r in (base, spec):
-        assert r.tokens == 6 and r.prompt_tokens == 9 and r.finish_reason == "length"
-        assert r.from_draft is None and r.proposed is None and r.peak_gb is None
-        assert r.tps is None or (r.tps > 0 and math.isfinite(r.tps))
+        assert r["tokens"] == 6 and r["prompt_tokens"] == 9 and r["finish_reason"] == "length"
+        assert r["from_draft"] is None and r["proposed"] is None and r["peak_gb"] is None
+        assert r["tps"] is None or (r["tps"] > 0 and math.isfinite(r["tps"]))
     lookup = HttpRunner("http://mlx", speculation=SpeculationParams(source="prompt_lookup"),
                         temperature=0.0, transport=_mlx_lm_like_server(bodies))
     with pytest.raises(RuntimeError, match="extension of our server"):

@@ -19,7 +19,6 @@ import asyncio
 import inspect
 import json.decoder
 import sys
-from collections.abc import Sequence
 
 import httpx
 
@@ -135,8 +134,7 @@ async def run(args) -> list[dict]:
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         rows = asyncio.run(run(args))

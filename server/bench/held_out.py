@@ -4,22 +4,17 @@ draft trained on.
     mlx-spec-bench held-out --server URL --setting plain='{"num_draft_tokens": 0}' \\
         --setting hybrid='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
 
-The requests: the first `--count` held-out code requests of the target's answers file (the end
-of the request order, which the draft's training leaves out) and the first `--count` prose
-requests kept for measuring (`target_answers --eval-prose`, when written), sent as token ids to
-`/v1/completions`, greedy, `--max-tokens` each, without the prefix cache. Each request runs
-under every setting in turn (the order rotates per request). A setting's decode time is the sum
-of generation_tokens / generation_tps of our `stats` (prefill left out). Per family and setting:
-tokens, decode seconds, tok/s, tok/s over the first setting's, accepted/proposed; exits 1 unless
-every setting gave the first setting's text (greedy speculation must).
+The requests: the first `--count` held-out code requests of the target's answers file (which the
+draft's training leaves out) and the first `--count` prose requests kept for measuring
+(`target_answers --eval-prose`), as token ids to `/v1/completions`, greedy, no prefix cache; each
+under every setting in turn (the order rotates). Decode time: the sum of generation_tokens /
+generation_tps of our `stats`. Exits 1 unless every setting gave the first setting's text.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -113,8 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     names, fields = [name for name, _ in args.setting], dict(args.setting)
     families = held_out_by_family(args.answers, args.count, args.model)

@@ -368,8 +368,7 @@ def describe_server(name: str, url: str) -> dict:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str]) -> int:
     args, log = parse_args(argv), sys.stderr
     writer = results.ResultsWriter(args.results_dir, "load", args.tag)
     rows: list[dict] = []

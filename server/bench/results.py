@@ -104,12 +104,10 @@ class ResultsWriter:
     """Appends each row to the `.jsonl` and flushes it; `finish` writes the rest."""
 
     def __init__(self, results_dir: Path, subcommand: str, tag: str | None = None):
-        self.dir = Path(results_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.subcommand = subcommand
-        self.name = results_name(subcommand, tag)
-        self.paths = {ext: self.dir / f"{self.name}.{ext}" for ext in ("jsonl", "csv", "json",
-                                                                        "png")}
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        self.subcommand, self.name = subcommand, results_name(subcommand, tag)
+        self.paths = {ext: Path(results_dir) / f"{self.name}.{ext}"
+                      for ext in ("jsonl", "csv", "json", "png")}
         self._jsonl = open(self.paths["jsonl"], "a", encoding="utf-8")  # noqa: SIM115
 
     def write_row(self, row: dict) -> None:
@@ -190,13 +188,7 @@ def summarize(values: Sequence[float | None]) -> Summary:
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear interpolation between closest ranks (numpy's default); None for no values."""
-    vals = sorted(values)
-    if not vals:
-        return None
-    pos = (len(vals) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+    return float(np.percentile(values, q)) if len(values) else None
 
 
 def ratio(num: float | None, den: float | None) -> float | None:

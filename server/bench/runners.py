@@ -37,36 +37,24 @@ class StreamFailed(RuntimeError):
     """The server refused or broke off a request."""
 
 
-class ServerUnreachable(RuntimeError):
+class ServerUnreachable(StreamFailed):
     """The server does not answer at all."""
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """One generation, as measured. None: this runner cannot know it."""
-
-    tokens: int
-    tps: float | None
-    ttft_s: float | None
-    peak_gb: float | None
-    prompt_tokens: int | None
-    from_draft: int | None
-    proposed: int | None
-    accepted: int | None
-    rounds: int | None
-    finish_reason: str | None
-
-    @classmethod
-    def from_stats(cls, stats: dict, **overrides) -> RunResult:
-        """From the engine's (or our server's) `stats` dict."""
+def run_result(stats: dict | None = None, **measured) -> dict:
+    """One generation as measured: tokens, tps, ttft_s, peak_gb, prompt_tokens, from_draft,
+    proposed, accepted, rounds, finish_reason; from our `stats` where given (None: unknown)."""
+    out = dict.fromkeys(("tokens", "tps", "ttft_s", "peak_gb", "prompt_tokens", "from_draft",
+                         "proposed", "accepted", "rounds", "finish_reason"))
+    if stats is not None:
         histogram = stats.get("k_histogram")
-        return cls(**{**dict(
-            tokens=stats["generation_tokens"], tps=stats["generation_tps"],
-            ttft_s=stats["ttft_s"], peak_gb=stats["peak_memory_gb"],
-            prompt_tokens=stats["prompt_tokens"], from_draft=stats["draft_tokens_accepted"],
-            proposed=stats["draft_tokens_proposed"], accepted=stats["draft_tokens_accepted"],
-            rounds=sum(histogram.values()) if histogram else None, finish_reason=None,
-        ), **overrides})
+        out.update(tokens=stats["generation_tokens"], tps=stats["generation_tps"],
+                   ttft_s=stats["ttft_s"], peak_gb=stats["peak_memory_gb"],
+                   prompt_tokens=stats["prompt_tokens"], from_draft=stats["draft_tokens_accepted"],
+                   proposed=stats["draft_tokens_proposed"],
+                   accepted=stats["draft_tokens_accepted"],
+                   rounds=sum(histogram.values()) if histogram else None)
+    return {**out, **measured}
 
 
 def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature: float,
@@ -167,16 +155,14 @@ class Stream:
         if text:
             self.text.append(text)
 
-    def result(self) -> RunResult:
+    def result(self) -> dict:
         n = self.tokens
         span = self.arrivals[-1] - self.arrivals[0] if len(self.arrivals) > 1 else 0.0
-        common = dict(tps=(n - 1) / span if span > 0 else None, finish_reason=self.finish_reason,
-                      ttft_s=self.arrivals[0] - self.start if self.arrivals else None)
-        if self.stats is not None:
-            return RunResult.from_stats(self.stats, from_draft=self.from_draft, **common)
-        return RunResult(tokens=n, peak_gb=None, from_draft=self.from_draft, proposed=None,
-                         prompt_tokens=(self.usage or {}).get("prompt_tokens"), accepted=None,
-                         rounds=None, **common)
+        return run_result(self.stats, tokens=n, tps=(n - 1) / span if span > 0 else None,
+                          ttft_s=self.arrivals[0] - self.start if self.arrivals else None,
+                          from_draft=self.from_draft, finish_reason=self.finish_reason,
+                          **({} if self.stats else {"prompt_tokens": (self.usage or {}).get(
+                              "prompt_tokens")}))
 
 
 def error_message(response: httpx.Response) -> str:
@@ -231,7 +217,7 @@ class EngineRunner:
                    "memory_gb": m.nbytes() / 1e9, "model_type": m.config.get("model_type")}
             for role, m in models.items() if m is not None}}
 
-    def run(self, cell, *, max_tokens: int, seed: int) -> RunResult:
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
         from server.demo import encode_prompt
         from server.engine.events import Finished
         from server.engine.generation import generate_events
@@ -245,7 +231,7 @@ class EngineRunner:
             sampling=SamplingParams(temperature=self.temperature, seed=seed),
             speculation=replace(self.speculation, num_draft_tokens=cell.k))
         done = [e for e in generate_events(self.kit, params) if isinstance(e, Finished)][-1]
-        return RunResult.from_stats(done.stats.to_dict(), finish_reason=done.finish_reason)
+        return run_result(done.stats.to_dict(), finish_reason=done.finish_reason)
 
     def cost_ratio(self) -> float | None:
         if self.kit.draft is None:
@@ -298,7 +284,7 @@ class SyntheticRunner:
     def cost_ratio(self) -> float:
         return SYNTHETIC_COST_RATIO
 
-    def run(self, cell, *, max_tokens: int, seed: int) -> RunResult:
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
         from server.bench.sweep import theoretical_speedup
 
         k = cell.k
@@ -307,7 +293,7 @@ class SyntheticRunner:
         tps = SYNTHETIC_BASE_TPS * theoretical_speedup(a, k, SYNTHETIC_COST_RATIO)
         rounds = round(max_tokens / theoretical_speedup(a, k, 0.0)) if k else 0
         accepted = max_tokens - rounds if k else 0
-        return RunResult(
+        return run_result(
             tokens=max_tokens, tps=tps * (1 + rng.gauss(0, 0.02)),
             ttft_s=0.05 + rng.random() * 0.01, peak_gb=0.40 + 0.002 * k, prompt_tokens=64,
             from_draft=accepted, proposed=rounds * k, accepted=accepted, rounds=rounds or None,
@@ -368,7 +354,7 @@ class HttpRunner:
         return request_body(self.api, [{"role": "user", "content": cell.prompt}], model=model,
                             max_tokens=max_tokens, temperature=self.temperature, **extra)
 
-    def run(self, cell, *, max_tokens: int, seed: int) -> RunResult:
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
         body = self.request_body(cell, max_tokens=max_tokens, seed=seed)
         stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api,
                                                            body))

@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
@@ -174,8 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     rows, models = asyncio.run(run(args))
     results.save("structured", argv, args, results.environment(**models), rows, table)

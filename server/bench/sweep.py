@@ -22,7 +22,7 @@ from typing import get_args
 from server.bench import results
 from server.bench.report import aligned, num
 from server.bench.results import ratio, summarize
-from server.bench.runners import API_PATHS, TIMEOUT_S, RunResult, ServerUnreachable
+from server.bench.runners import API_PATHS, TIMEOUT_S, ServerUnreachable
 from server.engine.params import DraftSource, SpeculationParams
 
 DEFAULT_MAX_TOKENS = 320
@@ -194,15 +194,14 @@ def verdicts(rows: list[dict]) -> list[Verdict]:
     return out
 
 
-def cell_row(cell: Cell, runs: list[RunResult], *, server: str, args, error=None) -> dict:
+def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
     """One row: medians, IQRs and robust CVs of the reps, plus pooled draft counts."""
-    tps = summarize([r.tps for r in runs])
-    rate = summarize([ratio(r.accepted, r.proposed) for r in runs])
-    frac = summarize([ratio(r.from_draft, r.tokens) for r in runs])
-    peak = summarize([r.peak_gb for r in runs])
+    tps, peak = summarize([r["tps"] for r in runs]), summarize([r["peak_gb"] for r in runs])
+    rate = summarize([ratio(r["accepted"], r["proposed"]) for r in runs])
+    frac = summarize([ratio(r["from_draft"], r["tokens"]) for r in runs])
 
-    def total(attr: str) -> int | None:
-        vals = [getattr(r, attr) for r in runs]
+    def total(key: str) -> int | None:
+        vals = [r[key] for r in runs]
         return sum(vals) if vals and all(v is not None for v in vals) else None
 
     proposed, accepted, rounds = total("proposed"), total("accepted"), total("rounds")
@@ -219,12 +218,12 @@ def cell_row(cell: Cell, runs: list[RunResult], *, server: str, args, error=None
         "accept_rate_median": rate.median, "accept_rate_iqr": rate.iqr,
         "from_draft_median": frac.median, "from_draft_iqr": frac.iqr,
         "peak_gb_median": peak.median, "peak_gb_iqr": peak.iqr,
-        "tokens_median": summarize([r.tokens for r in runs]).median,
-        "prompt_tokens": runs[0].prompt_tokens if runs else None,
-        "ttft_median": summarize([r.ttft_s for r in runs]).median,
+        "tokens_median": summarize([r["tokens"] for r in runs]).median,
+        "prompt_tokens": runs[0]["prompt_tokens"] if runs else None,
+        "ttft_median": summarize([r["ttft_s"] for r in runs]).median,
         "proposed": proposed, "accepted": accepted, "rounds": rounds,
         "k_mean": ratio(proposed, rounds) if rounds else (cell.k or None),
-        "compare_with": None, "compare_ratio": None, "tps_reps": [r.tps for r in runs],
+        "compare_with": None, "compare_ratio": None, "tps_reps": [r["tps"] for r in runs],
     }
 
 
@@ -242,7 +241,7 @@ def add_speedups(row: dict, baseline: dict | None, cost_ratio: float | None) -> 
 
 def run_cell(runner, cell: Cell, args) -> dict:
     """Warm-up runs (discarded), then the reps; any exception makes an error row."""
-    runs: list[RunResult] = []
+    runs: list[dict] = []
     try:
         for i in range(args.warmup):
             runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + args.reps + i)
@@ -464,10 +463,9 @@ def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     args, log = parse_args(argv), sys.stderr
     try:
         runners, models = make_runners(args, log)
