@@ -208,7 +208,6 @@ class EngineRunner:
         if draft is not None and speculation.source != "prompt_lookup":
             self.kit.load_draft(draft)
         self.speculation, self.temperature = speculation, temperature
-        self._prompts: dict[str, tuple[int, ...]] = {}
 
     def describe(self) -> dict:
         models = {"target": self.kit.target, "draft": self.kit.draft}
@@ -223,11 +222,9 @@ class EngineRunner:
         from server.engine.generation import generate_events
         from server.engine.params import GenerationParams, SamplingParams
 
-        if cell.kind not in self._prompts:  # the same ids in every cell
-            tokenizer = self.kit.target.tokenizer
-            self._prompts[cell.kind] = tuple(encode_prompt(tokenizer, cell.prompt, chat=True))
         params = GenerationParams(
-            prompt_tokens=self._prompts[cell.kind], max_tokens=max_tokens,
+            prompt_tokens=tuple(encode_prompt(self.kit.target.tokenizer, cell.prompt, chat=True)),
+            max_tokens=max_tokens,
             sampling=SamplingParams(temperature=self.temperature, seed=seed),
             speculation=replace(self.speculation, num_draft_tokens=cell.k))
         done = [e for e in generate_events(self.kit, params) if isinstance(e, Finished)][-1]

@@ -31,16 +31,12 @@ DEFAULT_WARMUP = 1
 DEFAULT_DRAFT_TOKENS = (1, 2, 4, 8, 16)
 DEFAULT_PROMPT_KINDS = ("structured", "open_ended")
 
-STRUCTURED = (
-    "Write a Python module with a function `binary_search(items, target)` that returns the "
-    "index of `target` in the sorted list `items` or -1, and three small utility functions: "
-    "`clamp(value, low, high)`, `chunked(items, size)` and `is_palindrome(text)`. Give each "
-    "function a docstring and type hints."
-)
-OPEN_ENDED = (
-    "Write a short reflection on what makes a day feel well spent. Speak from experience, in "
-    "a few paragraphs of plain prose."
-)
+STRUCTURED = ("Write a Python module with a function `binary_search(items, target)` that "
+              "returns the index of `target` in the sorted list `items` or -1, and three small "
+              "utility functions: `clamp(value, low, high)`, `chunked(items, size)` and "
+              "`is_palindrome(text)`. Give each function a docstring and type hints.")
+OPEN_ENDED = ("Write a short reflection on what makes a day feel well spent. Speak from "
+              "experience, in a few paragraphs of plain prose.")
 _REPEAT_EDIT_CODE = (  # a 45-line Python module
     "import json\nfrom dataclasses import dataclass, field\nfrom pathlib import Path\n\n\n"
     "@dataclass\nclass Task:\n    name: str\n    done: bool = False\n"
