@@ -4,6 +4,7 @@ streaming APIs against a fake of our server (`fake_bench_server`), `load` (with 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -40,12 +41,20 @@ def fake():
 
 
 def result(directory: Path, subcommand: str) -> dict:
+    """The subcommand's one `.json` in `directory`; checks it against its `.jsonl` and that
+    `report` renders it as the subcommand's own table."""
     (path,) = directory.glob(f"{subcommand}-*.json")
     doc = json.loads(path.read_text())
     assert doc["subcommand"] == subcommand and doc["command"].startswith(
         f"mlx-spec-bench {subcommand} ")
+    for key in ("date", "machine", "cpu_count", "mlx", "git_commit"):
+        assert key in doc["metadata"]
     lines = path.with_suffix(".jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == doc["rows"]
+    module = importlib.import_module(bench.SUBCOMMANDS[subcommand])
+    rendered = report.render_json(path)
+    assert rendered.startswith(report.markdown_table(module.table(doc["rows"])))
+    assert f"`{doc['command']}`" in rendered
     return doc
 
 
@@ -64,6 +73,13 @@ def test_a_flag_first_runs_the_sweep_and_subcommands_dispatch(tmp_path, capsys):
     assert bench.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in bench.SUBCOMMANDS)
+
+
+def test_the_command_line_hides_the_api_key():
+    from server.bench.results import command_line
+
+    assert command_line("load", ["--server", "u", "--api-key", "k1", "--api-key=k2"]) == (
+        "mlx-spec-bench load --server u --api-key '***' '--api-key=***'")
 
 
 def test_the_default_results_dir_is_ignored_by_git():

@@ -58,7 +58,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 def command_line(subcommand: str, argv: Sequence[str]) -> str:
     """The command as `mlx-spec-bench` takes it, with any `--api-key` value hidden."""
-    words = list(argv)
+    words = ["--api-key=***" if w.startswith("--api-key=") else w for w in argv]
     for i, word in enumerate(words[:-1]):
         if word == "--api-key":
             words[i + 1] = "***"
