@@ -22,7 +22,7 @@ import sys
 
 import httpx
 
-from server.bench import results
+from server.bench import results, runners
 from server.bench.report import num
 from server.bench.results import named_url, ratio
 from server.bench.runners import API_PATHS, Stream, StreamFailed, request_body, stream_async
@@ -124,10 +124,6 @@ async def run(args) -> list[dict]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     system = system_prompt(args.system_chars)
     async with httpx.AsyncClient(timeout=600, headers=headers) as client:
-        args.models = {}
-        for name, url in servers:  # the model id the responses/messages APIs want
-            r = await client.get(f"{url}/health")
-            args.models[name] = r.json().get("target") if r.status_code == 200 else None
         rows = await turns(client, servers, system, args)
         if args.clients:
             rows += await shared_prompt(client, *servers[0], system, args)
@@ -136,11 +132,13 @@ async def run(args) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    servers = [runners.server_health(*s) for s in [args.server, *args.compare]]
+    args.models = {s["name"]: s["target"] for s in servers}
     try:
         rows = asyncio.run(run(args))
     except (httpx.HTTPError, StreamFailed) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    results.save("chat", argv, args, results.environment(), rows, table,
+    results.save("chat", argv, args, results.environment(servers=servers), rows, table,
                  system_chars=args.system_chars)
     return 0

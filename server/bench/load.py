@@ -14,10 +14,12 @@ over the span from the first request sent to the last stream ended), TTFT (first
 ITL (gaps between token events), the share of tokens from the draft (our `from_draft` flags),
 errors (non-200, an error event, a stream ended early, `--timeout`), and with `--pid NAME=PID`
 the process's peak RSS (VmHWM in /proc/PID/status, reset before each level where the kernel
-lets us). Ratios are ours (the `--server`) over each other server's.
+lets us). Ratios are ours (the `--server`) over each other server's: above 1 is better for
+tok/s, below 1 for TTFT, ITL and memory.
 
 `--in-process`: our scheduler with the draft (k=4 asked, the policy decides) and without, and
-`mlx_lm`'s `BatchGenerator`, each given C requests at once, runs interleaved; no HTTP.
+`mlx_lm`'s `BatchGenerator`, each given C requests at once after `--warmup` unmeasured runs of
+one request, runs interleaved; no HTTP. Ratios: ours with the draft over each other engine.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import httpx
 from server.bench import results
 from server.bench.report import aligned, num
 from server.bench.results import named_url, percentile, ratio
-from server.bench.runners import API_PATHS, Stream, request_body, stream_async
+from server.bench.runners import API_PATHS, Stream, request_body, server_health, stream_async
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 DEFAULT_MAX_TOKENS = 96
@@ -217,6 +219,10 @@ def in_process(args, on_row, log) -> list[dict]:
                for i in range(concurrency)]
         return engines[name](ids)
 
+    for i in range(args.warmup):
+        for name in engines:
+            asyncio.run(measure(name, 1, i))
+
     return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
 
 
@@ -318,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
     a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
-    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians.")
+    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
     a("--requests-per-client", type=int, default=1, help="Sent one after the other (1).")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
@@ -356,18 +362,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def describe_server(name: str, url: str) -> dict:
-    """What the server says about itself: our /health names the models, mlx_lm's does not."""
-    out: dict = {"name": name, "url": url}
-    try:
-        with httpx.Client(timeout=10) as client:
-            health = client.get(f"{url}/health")
-            out["health"] = health.json() if health.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as e:
-        out["health_error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
 def main(argv: list[str]) -> int:
     args, log = parse_args(argv), sys.stderr
     writer = results.ResultsWriter(args.results_dir, "load", args.tag)
@@ -381,8 +375,8 @@ def main(argv: list[str]) -> int:
     if args.in_process:
         in_process(args, on_row, log)
     else:
-        meta["servers"] = [describe_server(*s) for s in args.servers]
-        args.models = {s["name"]: (s.get("health") or {}).get("target") for s in meta["servers"]}
+        meta["servers"] = [server_health(*s) for s in args.servers]
+        args.models = {s["name"]: s["target"] for s in meta["servers"]}
         asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
     written = writer.finish(results.command_line("load", argv), meta, rows, plot=plot)
     results.print_results(aligned(table(rows)), written)

@@ -173,6 +173,18 @@ def error_message(response: httpx.Response) -> str:
         return response.text[:300]
 
 
+def server_health(name: str, url: str) -> dict:
+    """What a server says of itself: our /health names the target (the model id the Responses
+    and Messages APIs want), mlx_lm.server's does not."""
+    out: dict = {"name": name, "url": url}
+    try:
+        health = httpx.get(f"{url}/health", timeout=10)
+        out["health"] = health.json() if health.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as e:
+        out["health_error"] = f"{type(e).__name__}: {e}"
+    return {**out, "target": (out.get("health") or {}).get("target")}
+
+
 async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict, *,
                        clock=time.perf_counter) -> Stream:
     """One streamed request; whatever goes wrong becomes the stream's `error`."""
