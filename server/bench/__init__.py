@@ -1,18 +1,44 @@
-"""The benchmarks, developer tools on top of the server (never imported by it).
+"""`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks.
 
-- `python -m server.bench`: the draft-length sweep (see `server.bench.cli`);
-- `python -m server.bench.load`: concurrent streaming clients, our server against others;
-- `python -m server.bench.overhead`: what the HTTP layer costs against `mlx_lm` directly.
-
-Plots and progress bars need the `bench` extra (`pip install -e ".[bench]"`, part of `dev`).
+Developer tools on top of the engine; the server never imports them. Each subcommand writes
+`<subcommand>-<stamp>[-tag].json` (subcommand, command, metadata, rows) and, where they fit,
+`.jsonl`, `.csv` and `.png` into `--results-dir` (default `bench-results/`, ignored by git);
+`report` turns the files that `docs/benchmarks.yaml` cites into `docs/benchmarks.md`. Plots need
+the `bench` extra (`pip install -e ".[bench]"`). `python -m server.bench --smoke ...` (a flag
+first) runs `sweep`, as before the subcommands.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Sequence
+
+SUBCOMMANDS = {
+    "sweep": "server.bench.sweep",  # draft length k: speedup, P1-P3, plot
+    "load": "server.bench.load",  # concurrent streams, ours vs others; or in process
+    "chat": "server.bench.chat",  # multi-turn TTFT, the prefix cache
+    "held-out": "server.bench.held_out",  # drafting settings on held-out requests
+    "structured": "server.bench.structured",  # a grammar's cost, speculation under it
+    "report": "server.bench.report",  # docs/benchmarks.md from docs/benchmarks.yaml
+}
+
+
+def usage() -> str:
+    lines = ["usage: mlx-spec-bench SUBCOMMAND [--help] [options]", "", "subcommands:"]
+    for name, module in SUBCOMMANDS.items():
+        doc = importlib.import_module(module).__doc__ or ""
+        lines.append(f"  {name:<11} {doc.split(':', 1)[-1].split(chr(10))[0].strip()}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from server.bench.cli import main as cli_main
-
-    return cli_main(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["sweep", *argv]  # the sweep's flags alone: as before the subcommands
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(usage(), file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])

@@ -1,5 +1,5 @@
 import sys
 
-from server.bench.cli import main
+from server.bench import main
 
 sys.exit(main())

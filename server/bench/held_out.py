@@ -1,20 +1,14 @@
-"""`python -m server.bench.held_out --server URL --setting NAME=JSON ...`: drafting settings
-compared through our server on many requests no draft trained on, instead of the two bench
-prompts.
+"""`mlx-spec-bench held-out`: drafting settings compared through our server on requests that no
+draft trained on.
 
-    python -m server.bench.held_out --server http://127.0.0.1:8100 \\
-        --setting plain='{"num_draft_tokens": 0}' \\
-        --setting match1='{"draft": "hybrid", "hybrid_min_match": 1}' \\
-        --setting match2='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
+    mlx-spec-bench held-out --server URL --setting plain='{"num_draft_tokens": 0}' \\
+        --setting hybrid='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
 
-The requests: the first `--count` held-out code requests of `target_answers`' file and the first
-`--count` prose requests kept for measuring (`--eval-prose`), sent as token ids to
-`/v1/completions`, greedy, `--max-tokens` each, without the prefix cache. Each request runs
-under every setting in turn (the order rotates per request, so a drift of the machine does not
-favour one). A setting's decode time is the sum over its requests of generation_tokens /
-generation_tps (our `stats`: from the first token to the last, prefill left out). Printed per
-family: tokens, decode seconds, tok/s, tok/s over the first setting's, accepted/proposed; and
-whether every setting gave the first setting's text (greedy speculation must).
+The requests: the first `--count` held-out code requests of the target's answers file (which the
+draft's training leaves out) and the first `--count` prose requests kept for measuring
+(`target_answers --eval-prose`), as token ids to `/v1/completions`, greedy, no prefix cache; each
+under every setting in turn (the order rotates). Decode time: the sum of generation_tokens /
+generation_tps of our `stats`. Exits 1 unless every setting gave the first setting's text.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from server.bench.report import aligned
+from server.bench import results
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -39,6 +33,26 @@ def parse_setting(text: str) -> tuple[str, dict]:
     return name, fields
 
 
+def held_out_by_family(path: Path, count: int, model: str) -> dict[str, list[list[int]]]:
+    """The first `count` held-out prompts of the answers file, code and prose apart, and the
+    first `count` prompts of the prose kept for measuring, if written."""
+    from mlx_lm.utils import load_tokenizer
+
+    from server.model_files.training import target_answers
+    from server.model_files.training.chat_requests import prose_requests
+    from server.model_files.training.distill import answer_split
+
+    tokenizer, prose = load_tokenizer(Path(model)), prose_requests()
+    families: dict[str, list] = {"code": [], "prose": []}
+    for prompt, _ in answer_split(path)[1][:count]:
+        text = tokenizer.decode(prompt)
+        families["prose" if any(r in text for r in prose) else "code"].append(prompt)
+    if target_answers.EVAL_PROSE_OUT.exists():
+        families["prose"] += [p for p, _ in target_answers.answered(
+            target_answers.EVAL_PROSE_OUT)[:count]]
+    return {name: prompts for name, prompts in families.items() if prompts}
+
+
 def run(client: httpx.Client, prompt: list[int], fields: dict, max_tokens: int) -> dict:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "cache_prompt": False, **fields}
@@ -48,66 +62,69 @@ def run(client: httpx.Client, prompt: list[int], fields: dict, max_tokens: int) 
     return {"text": answer["choices"][0]["text"], **answer["stats"]}
 
 
-def summary(names: list[str], results: dict[str, list[dict]]) -> list[list[str]]:
-    """One line per setting: tokens, decode s, tok/s, over the first, accepted/proposed."""
-    def tps(name):
-        rs = results[name]
-        return sum(r["generation_tokens"] for r in rs) / decode_s(rs)
-
-    lines = []
+def setting_rows(family: str, names: list[str], answers: dict[str, list[dict]]) -> list[dict]:
+    """One row per setting: tokens, decode seconds, tok/s and over the first, acceptance."""
+    rows = []
     for name in names:
-        rs = results[name]
-        accepted = sum(r["draft_tokens_accepted"] for r in rs)
-        proposed = sum(r["draft_tokens_proposed"] for r in rs)
-        lines.append([name, str(sum(r["generation_tokens"] for r in rs)),
-                      f"{decode_s(rs):.1f}", f"{tps(name):.1f}",
-                      f"{tps(name) / tps(names[0]):.2f}x", f"{accepted}/{proposed}"])
-    return lines
+        rs = answers[name]
+        tokens = sum(r["generation_tokens"] for r in rs)
+        decode_s = sum(r["generation_tokens"] / r["generation_tps"]
+                       for r in rs if r["generation_tps"])
+        rows.append({"family": family, "setting": name, "requests": len(rs), "tokens": tokens,
+                     "decode_s": decode_s, "tps": tokens / decode_s if decode_s else None,
+                     "accepted": sum(r["draft_tokens_accepted"] for r in rs),
+                     "proposed": sum(r["draft_tokens_proposed"] for r in rs)})
+    for row in rows:
+        row["over_first"] = row["tps"] / rows[0]["tps"] if row["tps"] and rows[0]["tps"] \
+            else None
+    return rows
 
 
-def decode_s(rs: list[dict]) -> float:
-    return sum(r["generation_tokens"] / r["generation_tps"] for r in rs if r["generation_tps"])
+def table(rows: list[dict]) -> list[list[str]]:
+    return [["family", "setting", "tokens", "decode s", "tok/s", "over first",
+             "accepted/proposed"]] + [
+        [r["family"], r["setting"], str(r["tokens"]), f"{r['decode_s']:.1f}",
+         f"{r['tps'] or 0:.1f}", f"{r['over_first'] or 0:.2f}x",
+         f"{r['accepted']}/{r['proposed']}"] for r in rows]
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mlx_lm.utils import load_tokenizer
-
-    from server.bench.round_replay import held_out_by_family
+def build_parser() -> argparse.ArgumentParser:
     from server.model_files.default_model import DEFAULT_TARGET_DIR
-    from server.model_files.training import target_answers
+    from server.model_files.training.target_answers import DEFAULT_OUT
 
-    ap = argparse.ArgumentParser(prog="python -m server.bench.held_out", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", required=True, help="Our server's base URL.")
-    ap.add_argument("--setting", type=parse_setting, action="append", required=True,
-                    metavar="NAME=JSON", help="Request fields of one setting (repeatable; the "
-                    "first is the baseline).")
-    ap.add_argument("--answers", type=Path, default=target_answers.DEFAULT_OUT)
-    ap.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
-    ap.add_argument("--count", type=int, default=16, help="Requests per family.")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    args = ap.parse_args(argv)
-    names = [name for name, _ in args.setting]
-    fields = dict(args.setting)
-    families = held_out_by_family(args.answers, args.count, load_tokenizer(Path(args.model)))
-    same = True
-    with httpx.Client(base_url=args.server, timeout=600) as client:
-        for family, examples in families.items():
-            results: dict[str, list[dict]] = {name: [] for name in names}
-            for i, (prompt, _) in enumerate(examples):
-                order = names[i % len(names):] + names[: i % len(names)]
-                texts = {}
-                for name in order:
-                    r = run(client, prompt, fields[name], args.max_tokens)
-                    results[name].append(r)
-                    texts[name] = r["text"]
-                same &= len(set(texts.values())) == 1
-            print(f"\n{family}: {len(examples)} requests, {args.max_tokens} tokens at most")
-            print(aligned([["setting", "tokens", "decode s", "tok/s", "over first",
-                            "accepted/proposed"], *summary(names, results)]))
-    print(f"\nevery setting gave the same text as {names[0]}: {same}")
+    p = argparse.ArgumentParser(prog="mlx-spec-bench held-out", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", required=True, help="Our server's base URL.")
+    p.add_argument("--setting", type=parse_setting, action="append", required=True,
+                   metavar="NAME=JSON", help="Request fields of one setting (repeatable; the "
+                   "first is the baseline).")
+    p.add_argument("--answers", type=Path, default=DEFAULT_OUT,
+                   help=f"The target's answers file (default {DEFAULT_OUT}).")
+    p.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
+    p.add_argument("--count", type=int, default=16, help="Requests per family (16).")
+    p.add_argument("--max-tokens", type=int, default=128, help="Tokens per request (128).")
+    p.add_argument("--api-key", help="Bearer key for the server.")
+    results.add_output_args(p)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    names, fields = [name for name, _ in args.setting], dict(args.setting)
+    families = held_out_by_family(args.answers, args.count, args.model)
+    rows, same = [], True
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    with httpx.Client(base_url=args.server, timeout=600, headers=headers) as client:
+        for family, prompts in families.items():
+            answers: dict[str, list[dict]] = {name: [] for name in names}
+            for i, prompt in enumerate(prompts):
+                texts = set()
+                for name in names[i % len(names):] + names[:i % len(names)]:
+                    answers[name].append(run(client, prompt, fields[name], args.max_tokens))
+                    texts.add(answers[name][-1]["text"])
+                same &= len(texts) == 1
+            rows += setting_rows(family, names, answers)
+    results.save("held-out", argv, args, results.environment(model=args.model), rows, table,
+                 same_text=same)
+    print(f"every setting gave the same text as {names[0]}: {same}")
     return 0 if same else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,60 +1,52 @@
-"""`python -m server.bench.load`: many streaming clients at once, our server against others.
+"""`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-    python -m server.bench.load --server [NAME=]URL [--compare [NAME=]URL2 ...]
-        [--concurrency 1,2,4,8,16] [--max-tokens 96] [--requests-per-client 1]
-        [--timeout 300] [--warmup 1] [--results-dir RESULTS] [--tag T]
+    mlx-spec-bench load --server [NAME=]URL [--compare [NAME=]URL ...] [--concurrency 1,2,4,8]
+        [--max-tokens 96] [--runs 3] [--pid NAME=PID ...] [--api chat|responses|messages]
+    mlx-spec-bench load --in-process [--target-model DIR --draft-model DIR] [--concurrency 8,16]
 
-At each concurrency level C, C clients each stream `--requests-per-client` greedy chat
-completions one after the other, all C at the same time, against one server; then the same
-prompts against the next server (the servers take turns, and the first server of each level
-rotates, so a drift of the machine does not favour one of them). Prompts are distinct (no
-prefix-cache hit between requests beyond the chat template) and of varied length.
+At each concurrency level C, C clients each stream `--requests-per-client` greedy requests, all
+at once, against one server; then the same prompts against the next. Per level the servers take
+`--runs` turns each (who goes first rotates, so a drift of the machine favours none) and a row
+keeps the medians of the runs. Prompts are distinct (no prefix-cache hit beyond the template).
 
-Measured on the client, the same way for every OpenAI-compatible server:
-- tokens: our `stats.generation_tokens`, else the usage chunk, else the token chunks (ours mark
-  each token with `from_draft`; others send a chunk per token that has text): both counts kept;
-- aggregate tok/s: the tokens of the completed streams over the level's span (the first request
-  sent to the last stream ended);
-- per-stream tok/s: (n - 1) / (t_last - t_first) of each completed stream, as `server.bench`;
-- TTFT: the first token chunk's arrival - the request's start; ITL: the gaps between token
-  chunks (from a server that sends no chunk for a token without text, a gap can span two);
-- errors: non-200 answers, error objects in the stream, streams that break or end without
-  `[DONE]`, and requests past `--timeout`.
-Our chunks carry `from_draft` and a final `stats`: acceptance is recorded where present.
-Writes RESULTS/load-<stamp>[-tag].{jsonl,csv,json,png}.
+Measured on the client, alike for every server: aggregate tok/s (the completed streams' tokens
+over the span from the first request sent to the last stream ended), TTFT (first token - start),
+ITL (gaps between token events), the share of tokens from the draft (our `from_draft` flags),
+errors (non-200, an error event, a stream ended early, `--timeout`), and with `--pid NAME=PID`
+the process's peak RSS (VmHWM in /proc/PID/status, reset before each level where the kernel
+lets us). Ratios are ours (the `--server`) over each other server's: above 1 is better for
+tok/s, below 1 for TTFT, ITL and memory.
+
+`--in-process`: our scheduler with the draft (k=4 asked, the policy decides) and without, and
+`mlx_lm`'s `BatchGenerator`, each given C requests at once after `--warmup` unmeasured runs of
+one request, runs interleaved; no HTTP. Ratios: ours with the draft over each other engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
-from server.bench.http_runner import CellFailed, SseStreamReader
+from server.bench import results
 from server.bench.report import aligned, num
+from server.bench.results import named_url, percentile, ratio
+from server.bench.runners import API_PATHS, Stream, request_body, server_health, stream_async
 
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 DEFAULT_MAX_TOKENS = 96
-DEFAULT_REQUESTS_PER_CLIENT = 1
-DEFAULT_TIMEOUT_S = 300.0
-DEFAULT_WARMUP = 1
 WARMUP_MAX_TOKENS = 8
 CONNECT_TIMEOUT_S = 10.0
 
-
-# ------------------------------------------------------------------------------ prompts
-_TASKS = (
-    "Write a Python function that {}.",
-    "Explain, step by step, how to write code that {}.",
-    "Give a short example program that {}, with comments.",
-    "Describe the edge cases of a function that {}.",
-)
+_TASKS = ("Write a Python function that {}.", "Explain, step by step, how to write code that {}.",
+          "Give a short example program that {}, with comments.",
+          "Describe the edge cases of a function that {}.")
 _SUBJECTS = (
     "reverses a linked list", "parses an ISO 8601 date", "merges two sorted lists",
     "counts the words in a text file", "checks whether a string is a palindrome",
@@ -62,403 +54,330 @@ _SUBJECTS = (
     "validates an email address", "flattens a nested dictionary",
     "converts Roman numerals to integers", "deduplicates a list while keeping order",
     "implements binary search", "retries an HTTP request with backoff",
-    "serialises a dataclass to JSON", "groups records by a key",
-    "rotates a matrix by 90 degrees",
-)
-_CONTEXT = (
-    "The code will run on a small server with little memory.",
-    "Prefer the standard library and keep the function pure.",
-    "The inputs come from users, so expect malformed values.",
-    "Type hints and a docstring are required by our style guide.",
-    "Performance matters more than brevity for this one.",
-    "A junior developer will maintain it next year.",
-)
+    "serialises a dataclass to JSON", "groups records by a key", "rotates a matrix by 90 degrees")
+_CONTEXT = ("The code will run on a small server with little memory.",
+            "Prefer the standard library and keep the function pure.",
+            "The inputs come from users, so expect malformed values.",
+            "Type hints and a docstring are required by our style guide.",
+            "Performance matters more than brevity for this one.",
+            "A junior developer will maintain it next year.")
 
 
 def prompt(i: int) -> str:
     """The i-th prompt: distinct for every i, 0 to 5 context sentences long."""
-    subject = _SUBJECTS[i % len(_SUBJECTS)]
-    task = _TASKS[(i // len(_SUBJECTS)) % len(_TASKS)]
-    extra = [_CONTEXT[(i + j) % len(_CONTEXT)] for j in range(i % (len(_CONTEXT)))]
-    return " ".join([task.format(subject), *extra, f"(Request {i}.)"])
+    task = _TASKS[(i // len(_SUBJECTS)) % len(_TASKS)].format(_SUBJECTS[i % len(_SUBJECTS)])
+    extra = [_CONTEXT[(i + j) % len(_CONTEXT)] for j in range(i % len(_CONTEXT))]
+    return " ".join([task, *extra, f"(Request {i}.)"])
 
 
-# ------------------------------------------------------------------------------ one stream
-@dataclass
-class StreamRecord:
-    """One streamed request as the client saw it; times are the clock's, in seconds."""
-
-    server: str
-    concurrency: int
-    client: int
-    start: float
-    end: float = 0.0
-    arrivals: list[float] = field(default_factory=list)  # token chunks
-    tokens: int = 0
-    from_draft: int | None = None
-    proposed: int | None = None
-    accepted: int | None = None
-    finish_reason: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass(frozen=True)
-class Server:
-    label: str
-    url: str
-    transport: httpx.AsyncBaseTransport | None = None  # tests: an in-process server
-
-
-def request_body(text: str, max_tokens: int) -> dict:
-    """Greedy streamed chat; no extension fields, so every server gets the same request."""
-    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-
-
-async def stream_once(client: httpx.AsyncClient, server: Server, body: dict, record: StreamRecord,
-                      *, clock: Callable[[], float]) -> None:
-    """Fill `record` from one streamed request; anything that goes wrong becomes its `error`."""
-    reader = SseStreamReader()
-    try:
-        async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                await r.aread()
-                record.error = f"HTTP {r.status_code}: {r.text[:200]}"
-                return
-            async for line in r.aiter_lines():
-                if line.startswith("data:") and not reader.feed(line, clock()):
-                    break
-        if not reader.done:
-            record.error = "stream ended without [DONE]"
-    except (httpx.HTTPError, CellFailed, ValueError, KeyError) as e:
-        record.error = f"{type(e).__name__}: {e}"[:300]
-    finally:
-        record.end = clock()
-        record.arrivals = reader.arrivals
-        record.from_draft = reader.from_draft
-        record.finish_reason = reader.finish_reason
-        try:
-            record.tokens = reader.tokens
-        except (KeyError, TypeError):  # a malformed stats/usage object
-            record.tokens = len(reader.arrivals)
-        if reader.stats is not None:
-            record.proposed = reader.stats.get("draft_tokens_proposed")
-            record.accepted = reader.stats.get("draft_tokens_accepted")
-
-
-async def timed_stream(client, server: Server, body: dict, record: StreamRecord, *,
-                       timeout: float, clock: Callable[[], float]) -> StreamRecord:
-    try:
-        await asyncio.wait_for(stream_once(client, server, body, record, clock=clock), timeout)
-    except asyncio.TimeoutError:
-        record.error = f"timeout after {timeout:g}s"
-        record.end = clock()
-    return record
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    requests_per_client: int = DEFAULT_REQUESTS_PER_CLIENT
-    timeout: float = DEFAULT_TIMEOUT_S
-    warmup: int = DEFAULT_WARMUP
-    api_key: str | None = None
-
-
-def _client(server: Server, settings: LoadSettings, connections: int) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.timeout, connect=CONNECT_TIMEOUT_S), headers=headers,
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-        transport=server.transport)
-
-
-async def run_level(server: Server, concurrency: int, first_prompt: int, settings: LoadSettings,
-                    *, clock: Callable[[], float] = time.perf_counter) -> list[StreamRecord]:
+async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
+                    transport=None, clock=time.perf_counter) -> list[Stream]:
     """C clients at once, each sending its requests one after the other."""
-    records: list[StreamRecord] = []
+    streams: list[Stream] = []
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
     async def one_client(c: int) -> None:
-        for r in range(settings.requests_per_client):
-            body = request_body(prompt(first_prompt + c + concurrency * r), settings.max_tokens)
-            record = StreamRecord(server.label, concurrency, c, start=clock())
-            records.append(record)
-            await timed_stream(client, server, body, record, timeout=settings.timeout,
-                               clock=clock)
+        for r in range(args.requests_per_client):
+            body = request_body(args.api, [{"role": "user",
+                                            "content": prompt(first + c + concurrency * r)}],
+                                max_tokens=args.max_tokens, temperature=0.0, model=model)
+            task = stream_async(client, url, args.api, body, clock=clock)
+            try:
+                streams.append(await asyncio.wait_for(task, args.timeout))
+            except asyncio.TimeoutError:
+                streams.append(Stream(start=clock(), end=clock(),
+                                      error=f"timeout after {args.timeout:g}s"))
 
-    async with _client(server, settings, concurrency) as client:
+    async with httpx.AsyncClient(
+            timeout=httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S), headers=headers,
+            limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
         await asyncio.gather(*(one_client(c) for c in range(concurrency)))
-    return records
+    return streams
 
 
-# ------------------------------------------------------------------------------ figures
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None for no values."""
-    vals = sorted(values)
-    if not vals:
-        return None
-    pos = (len(vals) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
-
-
-def _ratio(num, den) -> float | None:
-    return num / den if num is not None and den else None
-
-
-def _total(values: list[int | None]) -> int | None:
-    present = [v for v in values if v is not None]
-    return sum(present) if present else None
-
-
-def level_figures(records: list[StreamRecord]) -> dict:
-    """The row of one (server, concurrency) level, from what its clients recorded."""
-    ok = [r for r in records if r.ok]
-    span = max(r.end for r in records) - min(r.start for r in records) if records else 0.0
-    tokens = sum(r.tokens for r in ok)
-    ttft = [r.arrivals[0] - r.start for r in ok if r.arrivals]
-    gaps = [b - a for r in ok for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)]
-    stream_tps = [(r.tokens - 1) / (r.arrivals[-1] - r.arrivals[0])
-                  for r in ok if len(r.arrivals) > 1 and r.arrivals[-1] > r.arrivals[0]]
-    proposed, accepted = _total([r.proposed for r in ok]), _total([r.accepted for r in ok])
-    from_draft = _total([r.from_draft for r in ok])
-    errors = [r.error for r in records if not r.ok]
+def level_figures(streams: list[Stream]) -> dict:
+    """One run of one (server, level), from what its clients saw."""
+    ok = [s for s in streams if s.error is None]
+    span = max(s.end for s in streams) - min(s.start for s in streams) if streams else 0.0
+    tokens = sum(s.tokens for s in ok)
+    gaps = [b - a for s in ok for a, b in zip(s.arrivals, s.arrivals[1:], strict=False)]
+    flagged = [s.from_draft for s in ok if s.from_draft is not None]
+    errors = [s.error for s in streams if s.error is not None]
     return {
-        "requests": len(records), "completed": len(ok), "errors": len(errors),
-        "error_messages": list(dict.fromkeys(errors))[:3],
-        "span_s": span, "tokens": tokens, "token_chunks": sum(len(r.arrivals) for r in ok),
-        "tokens_per_stream": _ratio(tokens, len(ok)),
+        "requests": len(streams), "completed": len(ok), "errors": len(errors),
+        "error_messages": list(dict.fromkeys(errors))[:3], "span_s": span, "tokens": tokens,
         "aggregate_tps": tokens / span if span > 0 and ok else None,
-        "stream_tps_p50": percentile(stream_tps, 50),
-        "stream_tps_min": min(stream_tps, default=None),
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "ttft_p50_s": percentile([s.arrivals[0] - s.start for s in ok if s.arrivals], 50),
         "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
-        "proposed": proposed, "accepted": accepted,
-        "acceptance_rate": _ratio(accepted, proposed),
-        "from_draft_fraction": _ratio(from_draft, tokens) if from_draft is not None else None,
+        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None,
     }
 
 
-RATIOS = {"aggregate_tps": "ratio_aggregate", "stream_tps_p50": "ratio_stream",
-          "ttft_p50_s": "ratio_ttft"}
+def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
+    """The process's peak resident memory (VmHWM); `reset` starts a new peak (clear_refs 5)."""
+    try:
+        if reset:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+            return None
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1e6  # kB -> GB
+    except OSError:
+        return None
+    return None
+
+
+MEDIANS = ("aggregate_tps", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "from_draft_fraction")
+RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
+          "itl_p99_s": "ratio_itl_p99", "peak_rss_gb": "ratio_peak_rss"}
+
+
+def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | None) -> dict:
+    """A server's row of a level: the medians of its runs; counts summed."""
+    def median(key):
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    return {"server": name, "concurrency": concurrency, "runs": len(runs),
+            **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
+            "all_answered": all(r["errors"] == 0 for r in runs),
+            **{k: median(k) for k in MEDIANS}, "peak_rss_gb": peak_gb,
+            "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
+            "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """On each compared server's row of a level: the first server's figure over this one's."""
-    first = next(r for r in rows if r["role"] == "server")
+    """On each other server's row of a level: ours (the first row) over theirs."""
     for row in rows:
         for key, name in RATIOS.items():
-            row[name] = None if row is first else _ratio(first[key], row[key])
+            row[name] = None if row is rows[0] else ratio(rows[0][key], row[key])
 
 
-# ------------------------------------------------------------------------------ the run
-def server_order(servers: list[Server], level_index: int) -> list[Server]:
-    """Rotate who goes first at each level: A B C, B C A, C A B, ..."""
-    shift = level_index % len(servers)
-    return servers[shift:] + servers[:shift]
-
-
-async def warm_up(servers: list[Server], settings: LoadSettings, first_prompt: int,
-                  clock: Callable[[], float]) -> list[str]:
-    """`settings.warmup` short requests per server, not measured; returns any errors."""
-    problems = []
-    for server in servers:
-        async with _client(server, settings, 1) as client:
-            for i in range(settings.warmup):
-                body = request_body(prompt(first_prompt + i), WARMUP_MAX_TOKENS)
-                record = await timed_stream(client, server, body,
-                                            StreamRecord(server.label, 1, 0, start=clock()),
-                                            timeout=settings.timeout, clock=clock)
-                if not record.ok:
-                    problems.append(f"{server.label}: {record.error}")
-    return problems
-
-
-async def run_load(servers: list[Server], settings: LoadSettings, *,
-                   clock: Callable[[], float] = time.perf_counter,
-                   on_row: Callable[[dict], None] = lambda row: None,
-                   log=None) -> tuple[list[dict], list[str]]:
-    """Every level on every server; rows (one per server and level) and warm-up problems."""
-    problems = await warm_up(servers, settings, 0, clock)
-    next_prompt = settings.warmup
-    rows: list[dict] = []
-    roles = {s.label: ("server" if i == 0 else "compare") for i, s in enumerate(servers)}
-    for index, concurrency in enumerate(settings.concurrency):
-        level_rows = []
-        for position, server in enumerate(server_order(servers, index)):
-            if log is not None:
-                print(f"  {concurrency} stream(s) on {server.label}", file=log, flush=True)
-            records = await run_level(server, concurrency, next_prompt, settings, clock=clock)
-            level_rows.append({
-                "server": server.label, "url": server.url, "role": roles[server.label],
-                "concurrency": concurrency, "order": position,
-                "requests_per_client": settings.requests_per_client,
-                "max_tokens": settings.max_tokens, **level_figures(records)})
-        level_rows.sort(key=lambda r: [s.label for s in servers].index(r["server"]))
+async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
+                      log=None) -> list[dict]:
+    """Each level: `args.runs` runs of every server (`await measure(name, c, first_prompt)`),
+    the one going first rotating; then a row per server with the medians and ratios."""
+    pids, first, rows = getattr(args, "pids", {}), args.warmup, []
+    for level, concurrency in enumerate(args.concurrency):
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for name in pids:
+            peak_rss_gb(pids[name], reset=True)
+        for r in range(args.runs):
+            shift = (level + r) % len(names)
+            for name in names[shift:] + names[:shift]:
+                if log:
+                    print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
+                runs[name].append(await measure(name, concurrency, first))
+            first += concurrency * args.requests_per_client
+        level_rows = [level_row(name, concurrency, runs[name], peak_rss_gb(pids[name])
+                                if name in pids else None) for name in names]
         add_ratios(level_rows)
         for row in level_rows:
             on_row(row)
         rows += level_rows
-        next_prompt += concurrency * settings.requests_per_client
-    return rows, problems
+    return rows
 
 
-# ------------------------------------------------------------------------------ report
-def _pair(a, b, fmt: str) -> str:
-    return f"{num(a, fmt)} / {num(b, fmt)}"
+async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
+                   clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
+    """Every level on every server over HTTP, after `args.warmup` short requests each."""
+    urls, transports = dict(servers), transports or {}
+    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS,
+                                  "requests_per_client": 1})
+    for name, url in servers:
+        for i in range(args.warmup):
+            await run_level(name, url, 1, i, short, transport=transports.get(name))
+
+    async def measure(name: str, concurrency: int, first: int) -> dict:
+        return level_figures(await run_level(name, urls[name], concurrency, first, args,
+                                             transport=transports.get(name), clock=clock))
+
+    return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
 
 
-def format_load_table(rows: list[dict]) -> str:
-    header = ["streams", "server", "agg tok/s", "stream tok/s p50", "TTFT p50/p99 s",
-              "ITL p50/p99 ms", "accepted/proposed", "errors", "agg ratio", "stream ratio",
-              "TTFT ratio"]
-    lines = [header]
+def in_process(args, on_row, log) -> list[dict]:
+    """Ours with and without the draft against `BatchGenerator`, C requests at once."""
+    from mlx_lm import load as mlx_load
+
+    from server.engine.model_kit import ModelKit, load_model
+    from server.model_files.bundled import generated_pair
+
+    target, draft = (args.target_model, args.draft_model) if args.target_model else \
+        generated_pair()
+    with_draft = ModelKit(load_model(target))
+    with_draft.load_draft(draft)
+    model, tokenizer = mlx_load(target)
+    batch = max(args.concurrency)
+    engines = {"ours+draft": _ours(with_draft, batch, args.max_tokens),
+               "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
+               "mlx_lm": _batch_generator(model, args.max_tokens)}
+
+    async def measure(name: str, concurrency: int, first: int) -> dict:
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
+                                             add_generation_prompt=True)
+               for i in range(concurrency)]
+        return engines[name](ids)
+
+    for i in range(args.warmup):
+        for name in engines:
+            asyncio.run(measure(name, 1, i))
+
+    return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
+
+
+def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dict:
+    return {"requests": n, "completed": n, "errors": 0, "error_messages": [], "tokens": tokens,
+            "aggregate_tps": tokens / seconds, "from_draft_fraction": ratio(from_draft, tokens)}
+
+
+def _ours(kit, batch: int, max_tokens: int):
+    from server.engine.params import GenerationParams, SpeculationParams
+    from server.engine.scheduler import Scheduler, SchedulerConfig
+    from server.engine.sequence import Phase
+
+    scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
+    spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
+
+    def run(ids: list[list[int]]) -> dict:
+        seqs = [scheduler.submit(GenerationParams(tuple(p), max_tokens, speculation=spec),
+                                 lambda event: None) for p in ids]
+        start = time.perf_counter()
+        while any(s.phase is not Phase.DONE for s in seqs):
+            scheduler.step()
+        seconds, stats = time.perf_counter() - start, [s.stats() for s in seqs]
+        return _figures(len(ids), sum(s.generation_tokens for s in stats), seconds,
+                        sum(s.draft_tokens_accepted for s in stats))
+
+    return run
+
+
+def _batch_generator(model, max_tokens: int):
+    from mlx_lm.generate import BatchGenerator
+
+    def run(ids: list[list[int]]) -> dict:
+        gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
+        start = time.perf_counter()
+        gen.insert(ids, [max_tokens] * len(ids))
+        tokens = done = 0
+        while done < len(ids):
+            for r in gen.next_generated():
+                tokens += 1
+                done += r.finish_reason is not None
+        return _figures(len(ids), tokens, time.perf_counter() - start, None)
+
+    return run
+
+
+def table(rows: list[dict]) -> list[list[str]]:
+    lines = [["streams", "server", "agg tok/s", "TTFT p50 s", "ITL p99 ms", "from draft",
+              "peak GB", "answered", "agg ratio", "TTFT ratio", "ITL p99 ratio", "mem ratio"]]
     for r in rows:
-        ms = {k: None if r[k] is None else r[k] * 1000 for k in ("itl_p50_s", "itl_p99_s")}
-        acceptance = ("-" if r["proposed"] is None else
-                      f"{r['accepted']}/{r['proposed']} {num(r['acceptance_rate'], '.3f')}")
-        lines.append([
-            str(r["concurrency"]), r["server"], num(r["aggregate_tps"], ".1f"),
-            num(r["stream_tps_p50"], ".1f"), _pair(r["ttft_p50_s"], r["ttft_p99_s"], ".3f"),
-            _pair(ms["itl_p50_s"], ms["itl_p99_s"], ".1f"), acceptance,
-            f"{r['errors']}/{r['requests']}",
-            *(num(r[k], ".2f") + ("x" if r[k] is not None else "") for k in RATIOS.values()),
-        ])
-    return aligned(lines)
+        itl = None if r["itl_p99_s"] is None else r["itl_p99_s"] * 1000
+        lines.append([str(r["concurrency"]), r["server"], num(r["aggregate_tps"], ".1f"),
+                      num(r["ttft_p50_s"], ".3f"), num(itl, ".1f"),
+                      num(r["from_draft_fraction"], ".2f"), num(r["peak_rss_gb"], ".2f"),
+                      f"{r['completed']}/{r['requests']}",
+                      *(num(r[k], ".2f", suffix="x") for k in RATIOS.values())])
+    return lines
 
 
-# ------------------------------------------------------------------------------ command line
-def _levels(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4: {text!r}") from e
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4: {text!r}")
-    return list(dict.fromkeys(values))
+def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
+    """Aggregate tok/s, TTFT p50 and ITL p99 vs concurrent streams, one line per server."""
+    from matplotlib.figure import Figure
+
+    panels = [("aggregate_tps", "aggregate output tok/s"), ("ttft_p50_s", "TTFT p50 (s)"),
+              ("itl_p99_s", "ITL p99 (s)")]
+    panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)] or panels[:1]
+    fig = Figure(figsize=(4.5 * len(panels), 4.2))
+    fig.subplots_adjust(bottom=0.13, top=0.86, wspace=0.3)
+    levels = sorted({r["concurrency"] for r in rows})
+    for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels,
+                                strict=True):
+        for i, server in enumerate(dict.fromkeys(r["server"] for r in rows)):
+            points = [(r["concurrency"], r[key]) for r in rows
+                      if r["server"] == server and r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), color=f"C{i}", marker="o", label=server)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set(xlabel="concurrent streams", ylabel=label)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="best")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
 
 
-def parse_server(text: str) -> Server:
-    """`URL` or `NAME=URL`; the label is NAME, else the URL."""
-    name, sep, url = text.partition("=")
-    if not sep or "://" in name:
-        name, url = "", text
-    url = url.rstrip("/").removesuffix("/v1")
-    return Server(label=name or url, url=url)
+def _pid(text: str) -> tuple[str, int]:
+    name, _, pid = text.rpartition("=")
+    if not name or not pid.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=PID: {text!r}")
+    return name, int(pid)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m server.bench.load",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--server", required=True, type=parse_server, metavar="[NAME=]URL",
-                   help="The server measured (ratios are its figures over the others').")
-    p.add_argument("--compare", type=parse_server, action="append", default=[],
-                   metavar="[NAME=]URL", help="A server to compare with (repeatable).")
-    p.add_argument("--concurrency", type=_levels, default=list(DEFAULT_CONCURRENCY),
-                   metavar="C,C,...", help="Concurrent streams per level (default 1,2,4,8,16).")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help=f"Tokens per request (default {DEFAULT_MAX_TOKENS}).")
-    p.add_argument("--requests-per-client", type=int, default=DEFAULT_REQUESTS_PER_CLIENT,
-                   help="Requests each client sends, one after the other (default 1).")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                   help=f"Seconds one request may take, start to [DONE] (default "
-                        f"{DEFAULT_TIMEOUT_S:g}).")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
-                   help=f"Unmeasured short requests per server first (default {DEFAULT_WARMUP}).")
-    p.add_argument("--api-key", help="Bearer key for the servers.")
-    p.add_argument("--results-dir", type=Path, default=Path("RESULTS"),
-                   help="Where the files go (default RESULTS).")
-    p.add_argument("--tag", help="Appended to the results' file name.")
+    p = argparse.ArgumentParser(prog="mlx-spec-bench load", description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--server", type=named_url, metavar="[NAME=]URL", help="Ours: ratios are its over others'.")
+    a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
+      help="A server to compare with (repeatable).")
+    a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
+      help="Concurrent streams per level (default 1,2,4,8,16,32).")
+    a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
+    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
+    a("--requests-per-client", type=int, default=1, help="Sent one after the other (1).")
+    a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
+      help="Report this server process's peak RSS (VmHWM), read after each level.")
+    a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
+    a("--api-key", help="Bearer key for the servers.")
+    a("--timeout", type=float, default=300.0, help="Seconds one request may take (300).")
+    a("--warmup", type=int, default=1, help="Unmeasured short requests per server first (1).")
+    a("--in-process", action="store_true",
+      help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
+    a("--target-model", help="--in-process: the target (default: the generated pair's).")
+    a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
+    results.add_output_args(p)
     return p
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.max_tokens < 2:
-        p.error("--max-tokens must be >= 2 (tok/s needs two tokens)")
-    if args.requests_per_client < 1:
-        p.error("--requests-per-client must be >= 1")
-    if args.warmup < 0:
-        p.error("--warmup must be >= 0")
-    if args.timeout <= 0:
-        p.error("--timeout must be > 0")
-    labels = [s.label for s in (args.server, *args.compare)]
-    if len(set(labels)) != len(labels):
-        p.error(f"servers need distinct names (use NAME=URL): {labels}")
+    servers = ([args.server] if args.server else []) + args.compare
+    names = [name for name, _ in servers]
+    for bad, message in [
+        (not args.in_process and not args.server, "--server is required (or --in-process)"),
+        (args.in_process and servers, "--in-process runs no server: drop --server/--compare"),
+        (bool(args.target_model) != bool(args.draft_model),
+         "--target-model and --draft-model go together"),
+        (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
+        (args.requests_per_client < 1, "--requests-per-client must be >= 1"),
+        (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
+        (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
+        (any(n not in names for n, _ in args.pid), "--pid NAME must name a server"),
+    ]:
+        if bad:
+            p.error(message)
+    args.servers, args.pids = servers, dict(args.pid)
     return args
 
 
-def describe_server(server: Server) -> dict:
-    """What the server says about itself: our /health names the models, mlx_lm's does not."""
-    out: dict = {"label": server.label, "url": server.url}
-    try:
-        with httpx.Client(timeout=10) as client:
-            health = client.get(f"{server.url}/health")
-            out["health"] = health.json() if health.status_code == 200 else None
-            if out["health"] and "target" in out["health"]:
-                models = client.get(f"{server.url}/v1/models").json().get("data", [])
-                out["models"] = [{k: m.get(k) for k in ("id", "role", "path")} for m in models]
-    except (httpx.HTTPError, ValueError) as e:
-        out["health_error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from server.bench.cli import environment
-    from server.bench.writer import ResultsWriter, results_name
-
-    args = parse_args(argv)
-    log = sys.stderr
-    servers = [args.server, *args.compare]
-    settings = LoadSettings(concurrency=tuple(args.concurrency), max_tokens=args.max_tokens,
-                            requests_per_client=args.requests_per_client, timeout=args.timeout,
-                            warmup=args.warmup, api_key=args.api_key)
-    writer = ResultsWriter(args.results_dir, results_name(args.tag, prefix="load"))
-    started = time.time()
-    meta = {
-        "name": writer.name, "kind": "load", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "environment": environment(),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                 if k not in ("api_key", "server", "compare")},
-        "servers": [describe_server(s) for s in servers],
-        "prompts": "server.bench.load.prompt(i), distinct per request",
-    }
-    print(f"{len(settings.concurrency)} levels x {len(servers)} server(s), "
-          f"{settings.requests_per_client} request(s) per client, {settings.max_tokens} tokens; "
-          f"writing {writer.paths['jsonl']}", file=log)
+def main(argv: list[str]) -> int:
+    args, log = parse_args(argv), sys.stderr
+    writer = results.ResultsWriter(args.results_dir, "load", args.tag)
     rows: list[dict] = []
-    interrupted = False
-    try:
-        _, problems = asyncio.run(run_load(
-            servers, settings, on_row=lambda row: (writer.write_row(row), rows.append(row)),
-            log=log))
-        meta["warmup_errors"] = problems
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: writing what was done", file=log)
-    meta.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                elapsed_s=round(time.time() - started, 2), interrupted=interrupted)
-    written = writer.finish(meta, rows, [], plot=_plot)
-    print()
-    print(format_load_table(rows))
-    print()
-    for path in written.values():
-        print(f"wrote {path}")
-    return 130 if interrupted else 0
 
+    def on_row(row):
+        writer.write_row(row)
+        rows.append(row)
 
-def _plot(rows: list[dict], path: Path, *, title: str = "") -> Path:
-    from server.bench.plot import plot_load
-
-    return plot_load(rows, path, title=title)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    meta = results.environment(target_model=args.target_model, draft_model=args.draft_model)
+    if args.in_process:
+        in_process(args, on_row, log)
+    else:
+        meta["servers"] = [server_health(*s) for s in args.servers]
+        args.models = {s["name"]: s["target"] for s in meta["servers"]}
+        asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
+    written = writer.finish(results.command_line("load", argv), meta, rows, plot=plot)
+    results.print_results(aligned(table(rows)), written)
+    return 0

@@ -1,67 +1,210 @@
-"""Who runs a cell: the engine in this process, or synthetic numbers for `--dry-run`.
+"""Who runs a generation: the engine in this process, synthetic numbers (`--dry-run`), or a
+server over HTTP; and how a server's token stream is read, in each of the three APIs.
 
-A runner turns one (cell, max_tokens, seed) into a `RunResult`; the sweep, statistics, writer
-and plot never know which runner made it. `server.bench.http_runner` adds one for servers.
-"""
+tok/s is measured on the client, the same way for every server: (n - 1) / (t_last - t_first)
+over the token arrivals. Our server flags each token with `from_draft` and ends with `stats`;
+`mlx_lm.server` sends a chunk when text is ready, so there n comes from the usage chunk and
+acceptance and peak memory are unknown. Its baseline asks for `"draft_model": null` (0 draft
+tokens still runs its speculative loop), which reloads the target before the first token, outside
+the timed span.
+
+| `--api` | endpoint | a token | the end |
+| --- | --- | --- | --- |
+| `chat` | `/v1/chat/completions` | a chunk's `choices[0].delta.content`, `from_draft` | `stats` on the `finish_reason` chunk; `[DONE]` |
+| `responses` | `/v1/responses` | `response.output_text.delta`: `delta`, `from_draft` | `response.completed` (or `.incomplete`): `response.stats`, `response.usage` |
+| `messages` | `/v1/messages` | `content_block_delta` (`text_delta`): `delta.text`, `from_draft` | `message_delta`: `stats`, `usage`; `message_stop` |
+"""  # noqa: E501
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import statistics
 import time
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, field, replace
 
-from server.bench.cells import PROMPT_KINDS, Cell
-from server.bench.stats import theoretical_speedup
+import httpx
+
 from server.engine.params import SpeculationParams
 
-COST_RATIO_STEPS = 32
-COST_RATIO_CONTEXT = 64
+API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
+             "messages": "/v1/messages"}
+TIMEOUT_S = 600.0
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """One generation, as measured. None: this runner cannot know it."""
+class StreamFailed(RuntimeError):
+    """The server refused or broke off a request."""
 
-    tokens: int
-    tps: float | None
-    ttft_s: float | None
-    peak_gb: float | None
-    prompt_tokens: int | None
-    from_draft: int | None
-    proposed: int | None
-    accepted: int | None
-    rounds: int | None
-    finish_reason: str | None
 
-    @classmethod
-    def from_stats(cls, stats: dict, **overrides) -> RunResult:
-        """From the engine's (or our server's) `stats` dict."""
+class ServerUnreachable(StreamFailed):
+    """The server does not answer at all."""
+
+
+def run_result(stats: dict | None = None, **measured) -> dict:
+    """One generation as measured: tokens, tps, ttft_s, peak_gb, prompt_tokens, from_draft,
+    proposed, accepted, rounds, finish_reason; from our `stats` where given (None: unknown)."""
+    out = dict.fromkeys(("tokens", "tps", "ttft_s", "peak_gb", "prompt_tokens", "from_draft",
+                         "proposed", "accepted", "rounds", "finish_reason"))
+    if stats is not None:
         histogram = stats.get("k_histogram")
-        fields = dict(
-            tokens=stats["generation_tokens"],
-            tps=stats["generation_tps"],
-            ttft_s=stats["ttft_s"],
-            peak_gb=stats["peak_memory_gb"],
-            prompt_tokens=stats["prompt_tokens"],
-            from_draft=stats["draft_tokens_accepted"],
-            proposed=stats["draft_tokens_proposed"],
-            accepted=stats["draft_tokens_accepted"],
-            rounds=sum(histogram.values()) if histogram else None,
-            finish_reason=None,
-        )
-        return cls(**{**fields, **overrides})
+        out.update(tokens=stats["generation_tokens"], tps=stats["generation_tps"],
+                   ttft_s=stats["ttft_s"], peak_gb=stats["peak_memory_gb"],
+                   prompt_tokens=stats["prompt_tokens"], from_draft=stats["draft_tokens_accepted"],
+                   proposed=stats["draft_tokens_proposed"],
+                   accepted=stats["draft_tokens_accepted"],
+                   rounds=sum(histogram.values()) if histogram else None)
+    return {**out, **measured}
 
 
-class Runner(Protocol):
-    label: str
+def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature: float,
+                 model: str | None = None, **extra) -> dict:
+    """A streamed request in `api`'s shape; `extra` (our extensions) at the top level."""
+    if api == "chat":
+        body = {"messages": messages, "max_tokens": max_tokens,
+                "stream_options": {"include_usage": True}}
+    elif api == "responses":
+        body = {"input": messages, "max_output_tokens": max_tokens}
+    else:
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        body = {"messages": [m for m in messages if m["role"] != "system"],
+                "max_tokens": max_tokens, **({"system": system} if system else {})}
+    if model is not None:
+        body["model"] = model
+    return {**body, "temperature": temperature, "stream": True, **extra}
 
-    def describe(self) -> dict: ...
 
-    def run(self, cell: Cell, *, max_tokens: int, seed: int) -> RunResult: ...
+def _usage(usage: dict | None) -> dict | None:
+    """Any API's usage as {prompt_tokens, completion_tokens, cached_tokens}."""
+    if not usage:
+        return None
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    return {"prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
+            "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+            "cached_tokens": details.get("cached_tokens", usage.get("cache_read_input_tokens"))}
 
-    def close(self) -> None: ...
+
+@dataclass
+class Stream:
+    """One streamed request as the client saw it; times are the caller's clock."""
+
+    start: float = 0.0
+    end: float = 0.0
+    arrivals: list[float] = field(default_factory=list)  # one per token (ours) or text chunk
+    from_draft: int | None = None
+    stats: dict | None = None
+    usage: dict | None = None
+    finish_reason: str | None = None
+    text: list[str] = field(default_factory=list)
+    done: bool = False  # the API's end event seen
+    error: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens: from our `stats`, else the usage, else the arrivals counted."""
+        if self.stats is not None:
+            return self.stats["generation_tokens"]
+        if self.usage and self.usage["completion_tokens"] is not None:
+            return self.usage["completion_tokens"]
+        return len(self.arrivals)
+
+    def feed(self, line: str, now: float) -> bool:
+        """Take one SSE line; False once the stream has ended. An error event raises."""
+        if not line.startswith("data:"):
+            return True
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            self.done = True
+            return False
+        event = json.loads(data)
+        kind = event.get("type")
+        if kind in ("error", "response.failed") or (kind is None and "error" in event):
+            raise StreamFailed(f"error in stream: {event.get('error') or event}")
+        if kind is None:  # a chat completion chunk
+            self.stats = event.get("stats") or self.stats
+            self.usage = _usage(event.get("usage")) or self.usage
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                self._token(now, delta.get("content") or choice.get("text"),
+                            choice.get("from_draft"))
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        elif kind == "response.output_text.delta":
+            self._token(now, event.get("delta"), event.get("from_draft"))
+        elif kind in ("response.completed", "response.incomplete"):
+            response = event.get("response") or {}
+            self.stats, self.usage = response.get("stats"), _usage(response.get("usage"))
+            self.finish_reason = "stop" if kind == "response.completed" else "length"
+            self.done = True
+        elif kind == "content_block_delta" and event["delta"].get("type") == "text_delta":
+            flag = event.get("from_draft", event["delta"].get("from_draft"))
+            self._token(now, event["delta"].get("text"), flag)
+        elif kind == "message_delta":
+            self.stats, self.usage = event.get("stats"), _usage(event.get("usage"))
+            stop = (event.get("delta") or {}).get("stop_reason")
+            self.finish_reason = "length" if stop == "max_tokens" else "stop"
+        elif kind == "message_stop":
+            self.done = True
+        return not self.done
+
+    def _token(self, now: float, text: str | None, flag: bool | None) -> None:
+        if flag is not None:  # ours: one event per token, text or not
+            self.from_draft = (self.from_draft or 0) + bool(flag)
+            self.arrivals.append(now)
+        elif text:  # others: an event whenever text is ready
+            self.arrivals.append(now)
+        if text:
+            self.text.append(text)
+
+    def result(self) -> dict:
+        n = self.tokens
+        span = self.arrivals[-1] - self.arrivals[0] if len(self.arrivals) > 1 else 0.0
+        return run_result(self.stats, tokens=n, tps=(n - 1) / span if span > 0 else None,
+                          ttft_s=self.arrivals[0] - self.start if self.arrivals else None,
+                          from_draft=self.from_draft, finish_reason=self.finish_reason,
+                          **({} if self.stats else {"prompt_tokens": (self.usage or {}).get(
+                              "prompt_tokens")}))
+
+
+def error_message(response: httpx.Response) -> str:
+    try:
+        err = response.json().get("error")
+        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        return response.text[:300]
+
+
+def server_health(name: str, url: str) -> dict:
+    """What a server says of itself: our /health names the target (the model id the Responses
+    and Messages APIs want), mlx_lm.server's does not."""
+    out: dict = {"name": name, "url": url}
+    try:
+        health = httpx.get(f"{url}/health", timeout=10)
+        out["health"] = health.json() if health.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as e:
+        out["health_error"] = f"{type(e).__name__}: {e}"
+    return {**out, "target": (out.get("health") or {}).get("target")}
+
+
+async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict, *,
+                       clock=time.perf_counter) -> Stream:
+    """One streamed request; whatever goes wrong becomes the stream's `error`."""
+    stream = Stream(start=clock())
+    try:
+        async with client.stream("POST", url + API_PATHS[api], json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                stream.error = f"HTTP {r.status_code}: {error_message(r)}"[:300]
+                return stream
+            async for line in r.aiter_lines():
+                if line.startswith("data:") and not stream.feed(line, clock()):
+                    break
+        if not stream.done:
+            stream.error = "stream ended before its end event"
+    except (httpx.HTTPError, StreamFailed, ValueError, KeyError, TypeError) as e:
+        stream.error = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        stream.end = clock()
+    return stream
 
 
 class EngineRunner:
@@ -74,90 +217,60 @@ class EngineRunner:
         from server.engine.model_kit import ModelKit, load_model
 
         self.kit = ModelKit(load_model(target))
-        if draft is not None and speculation.source == "model":
+        if draft is not None and speculation.source != "prompt_lookup":
             self.kit.load_draft(draft)
-        self.speculation = speculation
-        self.temperature = temperature
-        self._prompts: dict[str, tuple[int, ...]] = {}
-
-    def prompt_tokens(self, kind: str) -> tuple[int, ...]:
-        """The chat-templated prompt, tokenized once per kind so every cell sees the same ids."""
-        from server.demo import encode_prompt
-
-        if kind not in self._prompts:
-            tokenizer = self.kit.target.tokenizer
-            self._prompts[kind] = tuple(encode_prompt(tokenizer, PROMPT_KINDS[kind], chat=True))
-        return self._prompts[kind]
+        self.speculation, self.temperature = speculation, temperature
 
     def describe(self) -> dict:
-        models = {"target": _model_card(self.kit.target)}
-        if self.kit.draft is not None:
-            models["draft"] = _model_card(self.kit.draft)
-        return {"label": self.label, "kind": "engine", "models": models}
+        models = {"target": self.kit.target, "draft": self.kit.draft}
+        return {"label": self.label, "kind": "engine", "models": {
+            role: {"path": m.path, "parameters": m.parameter_count(),
+                   "memory_gb": m.nbytes() / 1e9, "model_type": m.config.get("model_type")}
+            for role, m in models.items() if m is not None}}
 
-    def run(self, cell: Cell, *, max_tokens: int, seed: int) -> RunResult:
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
+        from server.demo import encode_prompt
         from server.engine.events import Finished
         from server.engine.generation import generate_events
         from server.engine.params import GenerationParams, SamplingParams
 
         params = GenerationParams(
-            prompt_tokens=self.prompt_tokens(cell.kind),
+            prompt_tokens=tuple(encode_prompt(self.kit.target.tokenizer, cell.prompt, chat=True)),
             max_tokens=max_tokens,
             sampling=SamplingParams(temperature=self.temperature, seed=seed),
-            speculation=replace(self.speculation, num_draft_tokens=cell.k),
-        )
-        done = None
-        for event in generate_events(self.kit, params):
-            if isinstance(event, Finished):
-                done = event
-        return RunResult.from_stats(done.stats.to_dict(), finish_reason=done.finish_reason)
+            speculation=replace(self.speculation, num_draft_tokens=cell.k))
+        done = [e for e in generate_events(self.kit, params) if isinstance(e, Finished)][-1]
+        return run_result(done.stats.to_dict(), finish_reason=done.finish_reason)
 
     def cost_ratio(self) -> float | None:
-        if self.speculation.source == "prompt_lookup":
-            return 0.0
         if self.kit.draft is None:
-            return None
+            return 0.0 if self.speculation.source == "prompt_lookup" else None
         return measure_cost_ratio(self.kit.target.model, self.kit.draft.model)
 
     def close(self) -> None:
         self.kit.unload_draft()
 
 
-def _model_card(model) -> dict:
-    return {"path": model.path, "parameters": model.parameter_count(),
-            "memory_gb": model.nbytes() / 1e9,
-            "model_type": model.config.get("model_type")}
-
-
-def _timed_step(model, cache, y) -> float:
-    import mlx.core as mx
-
-    start = time.perf_counter()
-    mx.eval(model(y, cache=cache))
-    return time.perf_counter() - start
-
-
-def measure_cost_ratio(target, draft, *, steps: int = COST_RATIO_STEPS,
-                       context: int = COST_RATIO_CONTEXT) -> float:
-    """c: the time of one draft-model forward token over one target forward token.
+def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
+    """c: one draft-model forward token's time over one target forward token's.
 
     Single-token decode steps after a short prefill, the two models alternating so that both
-    see the same machine load; the ratio of the medians. The first steps warm up and are dropped.
+    see the same machine load; the ratio of the medians, the first two steps dropped.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    prompt = mx.arange(1, context + 1)[None]
-    caches = [make_prompt_cache(m) for m in (target, draft)]
-    for model, cache in zip((target, draft), caches, strict=True):
-        mx.eval(model(prompt, cache=cache))
-    y = mx.array([[1]])
+    models = (target, draft)
+    caches = [make_prompt_cache(m) for m in models]
+    for model, cache in zip(models, caches, strict=True):
+        mx.eval(model(mx.arange(1, context + 1)[None], cache=cache))
     times: tuple[list[float], list[float]] = ([], [])
     for i in range(steps + 2):
-        for model, cache, out in zip((target, draft), caches, times, strict=True):
-            t = _timed_step(model, cache, y)
+        for model, cache, out in zip(models, caches, times, strict=True):
+            start = time.perf_counter()
+            mx.eval(model(mx.array([[1]]), cache=cache))
             if i >= 2:
-                out.append(t)
+                out.append(time.perf_counter() - start)
     return statistics.median(times[1]) / statistics.median(times[0])
 
 
@@ -170,9 +283,8 @@ SYNTHETIC_ACCEPTANCE = {"structured": 0.8, "open_ended": 0.55, "repeat_edit": 0.
 class SyntheticRunner:
     """`--dry-run`: no models; numbers from the speedup model with 2% noise, seeded."""
 
-    def __init__(self, label: str = "dry-run", *, speculation: SpeculationParams):
+    def __init__(self, label: str = "dry-run"):
         self.label = label
-        self.speculation = speculation
 
     def describe(self) -> dict:
         return {"label": self.label, "kind": "synthetic",
@@ -181,20 +293,84 @@ class SyntheticRunner:
     def cost_ratio(self) -> float:
         return SYNTHETIC_COST_RATIO
 
-    def run(self, cell: Cell, *, max_tokens: int, seed: int) -> RunResult:
-        rng = random.Random(f"{self.label}/{cell.kind}/{cell.k}/{seed}")
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
+        from server.bench.sweep import theoretical_speedup
+
+        k = cell.k
+        rng = random.Random(f"{self.label}/{cell.kind}/{k}/{seed}")
         a = SYNTHETIC_ACCEPTANCE.get(cell.kind, 0.6)
-        speedup = theoretical_speedup(a, cell.k, SYNTHETIC_COST_RATIO)
-        tps = SYNTHETIC_BASE_TPS * speedup * (1 + rng.gauss(0, 0.02))
-        per_round = theoretical_speedup(a, cell.k, 0.0)  # tokens per target forward
-        rounds = round(max_tokens / per_round) if cell.k else 0
-        accepted = max_tokens - rounds if cell.k else 0
-        return RunResult(
-            tokens=max_tokens, tps=tps, ttft_s=0.05 + rng.random() * 0.01,
-            peak_gb=0.40 + 0.002 * cell.k, prompt_tokens=64, from_draft=accepted,
-            proposed=rounds * cell.k, accepted=accepted, rounds=rounds or None,
-            finish_reason="length",
-        )
+        tps = SYNTHETIC_BASE_TPS * theoretical_speedup(a, k, SYNTHETIC_COST_RATIO)
+        rounds = round(max_tokens / theoretical_speedup(a, k, 0.0)) if k else 0
+        accepted = max_tokens - rounds if k else 0
+        return run_result(
+            tokens=max_tokens, tps=tps * (1 + rng.gauss(0, 0.02)),
+            ttft_s=0.05 + rng.random() * 0.01, peak_gb=0.40 + 0.002 * k, prompt_tokens=64,
+            from_draft=accepted, proposed=rounds * k, accepted=accepted, rounds=rounds or None,
+            finish_reason="length")
 
     def close(self) -> None:
         pass
+
+
+class HttpRunner:
+    """Runs through an OpenAI-compatible server (ours or `mlx_lm.server`), one API of three."""
+
+    def __init__(self, url: str, *, speculation: SpeculationParams, temperature: float,
+                 api: str = "chat", api_key: str | None = None, timeout: float = TIMEOUT_S,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.url = self.label = url.rstrip("/").removesuffix("/v1")
+        self.speculation, self.temperature, self.api = speculation, temperature, api
+        self.loop = asyncio.new_event_loop()  # one client, its connection kept alive
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers={
+            "Authorization": f"Bearer {api_key}"} if api_key else {})
+        try:  # a server that does not answer is an error, not an mlx_lm.server
+            self.health = self._get("/health")
+        except httpx.HTTPError as e:
+            raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
+        # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.
+        self.flavor = "ours" if "target" in self.health else "mlx_lm"
+
+    def _get(self, path: str) -> dict:
+        r = self.loop.run_until_complete(self.client.get(self.url + path))
+        try:
+            return r.json() if r.status_code == 200 else {}
+        except ValueError:
+            return {}
+
+    def describe(self) -> dict:
+        # mlx_lm.server's /v1/models scans the Hugging Face cache (and can fail): ask ours only.
+        models = self._get("/v1/models").get("data", []) if self.flavor == "ours" else []
+        return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,
+                "health": self.health, "acceptance_reported": self.flavor == "ours",
+                "models": [{k: m.get(k) for k in ("id", "role", "path")} for m in models]}
+
+    def request_body(self, cell, *, max_tokens: int, seed: int) -> dict:
+        extra: dict = {"seed": seed} if self.temperature > 0 else {}
+        spec = self.speculation
+        if self.flavor == "ours":
+            extra["num_draft_tokens"] = cell.k
+            if cell.k:
+                extra.update(draft=spec.source, acceptance=spec.acceptance,
+                             adaptive=spec.adaptive, draft_p_min=spec.draft_p_min,
+                             hybrid_min_match=spec.hybrid_min_match)
+        elif cell.k == 0:
+            extra["draft_model"] = None
+        elif spec.source != "model":
+            raise StreamFailed(f"draft={spec.source} is an extension of our server only")
+        else:
+            extra["num_draft_tokens"] = cell.k
+        model = self.health.get("target") if self.api != "chat" else None
+        return request_body(self.api, [{"role": "user", "content": cell.prompt}], model=model,
+                            max_tokens=max_tokens, temperature=self.temperature, **extra)
+
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
+        body = self.request_body(cell, max_tokens=max_tokens, seed=seed)
+        stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api,
+                                                           body))
+        if stream.error:
+            raise StreamFailed(stream.error)
+        return stream.result()
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()

@@ -1,64 +1,225 @@
-"""Run every cell on every runner (interleaved cell by cell) and turn the runs into rows."""
+"""`mlx-spec-bench sweep`: sweep the draft length k and see whether speculation pays.
+
+For each prompt kind: a baseline (no draft) and one cell per k, each `--warmup` runs then
+`--reps` measured runs, greedy by default, the same models and prompt tokens in every cell.
+Runs the engine in this process, or any OpenAI-compatible server (`--server URL`, through
+`--api chat|responses|messages`), or two servers interleaved cell by cell (`--compare URL2`).
+Prints the table and the verdicts P1 (some k beats the baseline, IQRs apart), P2 (tok/s vs k
+peaks inside the k swept) and P3 (acceptance is higher on `structured` than on `open_ended`);
+writes `sweep-<stamp>[-tag].{jsonl,csv,json,png}`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import get_args
 
-from server.bench.cells import Cell
-from server.bench.runners import Runner, RunResult
-from server.bench.stats import per_token_acceptance, summarize, theoretical_speedup
+from server.bench import results
+from server.bench.report import aligned, num
+from server.bench.results import ratio, summarize
+from server.bench.runners import API_PATHS, TIMEOUT_S, ServerUnreachable
+from server.engine.params import DraftSource, SpeculationParams
+
+DEFAULT_MAX_TOKENS = 320
+DEFAULT_REPS = 5
+DEFAULT_WARMUP = 1
+DEFAULT_DRAFT_TOKENS = (1, 2, 4, 8, 16)
+DEFAULT_PROMPT_KINDS = ("structured", "open_ended")
+
+STRUCTURED = ("Write a Python module with a function `binary_search(items, target)` that "
+              "returns the index of `target` in the sorted list `items` or -1, and three small "
+              "utility functions: `clamp(value, low, high)`, `chunked(items, size)` and "
+              "`is_palindrome(text)`. Give each function a docstring and type hints.")
+OPEN_ENDED = ("Write a short reflection on what makes a day feel well spent. Speak from "
+              "experience, in a few paragraphs of plain prose.")
+_REPEAT_EDIT_CODE = (  # a 45-line Python module
+    "import json\nfrom dataclasses import dataclass, field\nfrom pathlib import Path\n\n\n"
+    "@dataclass\nclass Task:\n    name: str\n    done: bool = False\n"
+    "    tags: list[str] = field(default_factory=list)\n\n\nclass TaskList:\n"
+    "    def __init__(self, path: Path):\n        self.path = path\n"
+    "        self.tasks: list[Task] = []\n\n    def load(self) -> None:\n"
+    "        if not self.path.exists():\n            return\n"
+    "        data = json.loads(self.path.read_text())\n"
+    "        self.tasks = [Task(**item) for item in data]\n\n    def save(self) -> None:\n"
+    "        data = [vars(task) for task in self.tasks]\n"
+    "        self.path.write_text(json.dumps(data, indent=2))\n\n"
+    "    def add(self, name: str, *tags: str) -> Task:\n"
+    "        task = Task(name, tags=list(tags))\n        self.tasks.append(task)\n"
+    "        return task\n\n    def complete(self, name: str) -> bool:\n"
+    "        for task in self.tasks:\n            if task.name == name:\n"
+    "                task.done = True\n                return True\n        return False\n\n"
+    "    def pending(self) -> list[Task]:\n"
+    "        return [task for task in self.tasks if not task.done]\n\n"
+    "    def tagged(self, tag: str) -> list[Task]:\n"
+    "        return [task for task in self.tasks if tag in task.tags]\n"
+)
+REPEAT_EDIT = ("Repeat this code exactly, with one change: rename the method `pending` to "
+               f"`open_tasks`.\n\n```python\n{_REPEAT_EDIT_CODE}```")
+PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": REPEAT_EDIT}
 
 
 @dataclass(frozen=True)
-class SweepSettings:
-    reps: int
-    warmup: int
-    max_tokens: int
-    temperature: float
-    seed: int
-    drafter: str
-    acceptance: str
-    adaptive: bool
+class Cell:
+    """One point of the sweep: a prompt kind and a draft length (0 = the baseline)."""
+
+    kind: str
+    k: int
+
+    @property
+    def prompt(self) -> str:
+        return PROMPT_KINDS[self.kind]
+
+    def label(self) -> str:
+        return f"{self.kind} {'baseline' if self.k == 0 else f'k={self.k}'}"
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
+def plan_cells(kinds: list[str], draft_tokens: list[int]) -> list[Cell]:
+    """Per kind: the baseline first (speedups need it), then each k in the order given."""
+    return [Cell(kind, k) for kind in kinds for k in (0, *draft_tokens)]
 
 
-def cell_row(cell: Cell, runs: list[RunResult], *, server: str, settings: SweepSettings,
-             error: str | None = None) -> dict:
+def theoretical_speedup(a: float, k: float, c: float) -> float:
+    """Expected speedup of speculative decoding (Leviathan et al. 2023, eq. 1): `a` the
+    probability that a drafted token is accepted, `k` tokens drafted per round, `c` a draft
+    forward's cost over the target's. A round costs 1 + k*c and yields (1 - a^(k+1)) / (1 - a)."""
+    if not 0.0 <= a <= 1.0:
+        raise ValueError(f"acceptance must be in [0, 1], got {a}")
+    tokens_per_round = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens_per_round / (1 + k * c)
+
+
+def per_token_acceptance(rate: float, k: float) -> float:
+    """The `a` of `theoretical_speedup` from a measured accepted/proposed `rate`.
+
+    A round stops at its first rejection, so under the model accepted/proposed =
+    a (1 - a^k) / (k (1 - a)), increasing in a; inverted by bisection. Then
+    theoretical_speedup(a, k, c) == (1 + rate * k) / (1 + k * c).
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be in [0, 1], got {rate}")
+    if rate in (0.0, 1.0) or k <= 1:
+        return rate
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid * (1 - mid**k) / (k * (1 - mid)) < rate else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    id: str
+    claim: str
+    verdict: str  # PASS | FAIL | N-A
+    detail: str
+    server: str | None = None  # set when a sweep compared two servers
+
+    def line(self) -> str:
+        where = f" [{self.server}]" if self.server else ""
+        return f"{self.id} {self.verdict:<4}  {self.claim}{where}: {self.detail}"
+
+
+def _ok(rows: list[dict], *, baseline: bool | None = None) -> list[dict]:
+    return [r for r in rows if r.get("error") is None and r.get("tps_median") is not None
+            and (baseline is None or (r["k"] == 0) == baseline)]
+
+
+def verdict_beats_baseline(rows: list[dict]) -> Verdict:
+    """P1: some k is faster than the baseline of its kind, their IQRs not overlapping."""
+    claim = "some k beats the baseline"
+    base = {r["kind"]: r for r in _ok(rows, baseline=True)}
+    if not (spec := [r for r in _ok(rows, baseline=False) if r["kind"] in base]):
+        return Verdict("P1", claim, "N-A", "no baseline and speculative cells to compare")
+    best = max(spec, key=lambda r: r["tps_median"] / base[r["kind"]]["tps_median"])
+    b = base[best["kind"]]
+    detail = (f"best {best['kind']} k={best['k']}: {best['tps_median']:.1f} tok/s "
+              f"[Q1 {best['tps_q1']:.1f}] vs baseline {b['tps_median']:.1f} "
+              f"[Q3 {b['tps_q3']:.1f}], {best['tps_median'] / b['tps_median']:.2f}x")
+    return Verdict("P1", claim, "PASS" if best["tps_q1"] > b["tps_q3"] else "FAIL", detail)
+
+
+def verdict_interior_maximum(rows: list[dict]) -> Verdict:
+    """P2: per kind, the fastest k is neither the smallest nor the largest k swept."""
+    spec = _ok(rows, baseline=False)
+    parts, found = [], []
+    for kind in dict.fromkeys(r["kind"] for r in spec):
+        cells = [r for r in spec if r["kind"] == kind]
+        if len(cells) < 3:
+            parts.append(f"{kind}: fewer than 3 k values")
+            continue
+        ks, best = sorted(r["k"] for r in cells), max(cells, key=lambda r: r["tps_median"])
+        found.append(ks[0] < best["k"] < ks[-1])
+        parts.append(f"{kind}: best k={best['k']} of {ks[0]}..{ks[-1]} "
+                     f"({best['tps_median']:.1f} tok/s)")
+    verdict = "N-A" if not found else "PASS" if all(found) else "FAIL"
+    return Verdict("P2", "tok/s vs k has an interior maximum", verdict,
+                   "; ".join(parts) or "no speculative cells")
+
+
+def verdict_structured_accepts_more(rows: list[dict]) -> Verdict:
+    """P3: accepted/proposed, pooled over every k, is higher on `structured` than `open_ended`."""
+    claim = "acceptance on structured > open_ended"
+    pooled = {}
+    for kind in ("structured", "open_ended"):
+        cells = [r for r in _ok(rows, baseline=False) if r["kind"] == kind]
+        accepted, proposed = (sum(r.get(key) or 0 for r in cells) for key in ("accepted",
+                                                                             "proposed"))
+        if proposed:
+            pooled[kind] = (accepted / proposed, accepted, proposed)
+    if len(pooled) < 2:
+        return Verdict("P3", claim, "N-A", "needs accepted/proposed on both kinds")
+    s, o = pooled["structured"], pooled["open_ended"]
+    detail = f"structured {s[0]:.3f} ({s[1]}/{s[2]}) vs open_ended {o[0]:.3f} ({o[1]}/{o[2]})"
+    return Verdict("P3", claim, "PASS" if s[0] > o[0] else "FAIL", detail)
+
+
+def verdicts(rows: list[dict]) -> list[Verdict]:
+    """P1-P3, for each server separately when a sweep compared two."""
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    out = []
+    for server in servers or [None]:
+        mine = [r for r in rows if r["server"] == server]
+        for v in (verdict_beats_baseline(mine), verdict_interior_maximum(mine),
+                  verdict_structured_accepts_more(mine)):
+            out.append(replace(v, server=server) if len(servers) > 1 else v)
+    return out
+
+
+def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
     """One row: medians, IQRs and robust CVs of the reps, plus pooled draft counts."""
-    tps = summarize([r.tps for r in runs])
-    peak = summarize([r.peak_gb for r in runs])
-    rate = summarize([_ratio(r.accepted, r.proposed) for r in runs])
-    frac = summarize([_ratio(r.from_draft, r.tokens) for r in runs])
+    tps, peak = summarize([r["tps"] for r in runs]), summarize([r["peak_gb"] for r in runs])
+    rate = summarize([ratio(r["accepted"], r["proposed"]) for r in runs])
+    frac = summarize([ratio(r["from_draft"], r["tokens"]) for r in runs])
 
-    def total(attr: str) -> int | None:
-        vals = [getattr(r, attr) for r in runs]
+    def total(key: str) -> int | None:
+        vals = [r[key] for r in runs]
         return sum(vals) if vals and all(v is not None for v in vals) else None
 
     proposed, accepted, rounds = total("proposed"), total("accepted"), total("rounds")
+    spec = cell.k > 0
     return {
         "server": server, "kind": cell.kind, "k": cell.k,
-        "drafter": settings.drafter if cell.k else None,
-        "acceptance_rule": settings.acceptance if cell.k else None,
-        "adaptive": settings.adaptive if cell.k else None,
-        "temperature": settings.temperature, "max_tokens": settings.max_tokens,
-        "reps": len(runs), "warmup": settings.warmup, "error": error,
+        "drafter": args.draft if spec else None,
+        "acceptance_rule": args.acceptance if spec else None,
+        "adaptive": args.adaptive if spec else None, "temperature": args.temp,
+        "max_tokens": args.max_tokens, "reps": len(runs), "warmup": args.warmup, "error": error,
         "tps_median": tps.median, "tps_iqr": tps.iqr, "tps_q1": tps.q1, "tps_q3": tps.q3,
         "tps_cv": tps.cv, "flagged": tps.noisy,
         "speedup": None, "theory": None, "alpha": None, "cost_ratio": None,
         "accept_rate_median": rate.median, "accept_rate_iqr": rate.iqr,
         "from_draft_median": frac.median, "from_draft_iqr": frac.iqr,
         "peak_gb_median": peak.median, "peak_gb_iqr": peak.iqr,
-        "tokens_median": summarize([r.tokens for r in runs]).median,
-        "prompt_tokens": runs[0].prompt_tokens if runs else None,
-        "ttft_median": summarize([r.ttft_s for r in runs]).median,
+        "tokens_median": summarize([r["tokens"] for r in runs]).median,
+        "prompt_tokens": runs[0]["prompt_tokens"] if runs else None,
+        "ttft_median": summarize([r["ttft_s"] for r in runs]).median,
         "proposed": proposed, "accepted": accepted, "rounds": rounds,
-        "k_mean": _ratio(proposed, rounds) if rounds else (cell.k or None),
-        "compare_with": None, "compare_ratio": None,
-        "tps_reps": [r.tps for r in runs],
+        "k_mean": ratio(proposed, rounds) if rounds else (cell.k or None),
+        "compare_with": None, "compare_ratio": None, "tps_reps": [r["tps"] for r in runs],
     }
 
 
@@ -66,64 +227,269 @@ def add_speedups(row: dict, baseline: dict | None, cost_ratio: float | None) -> 
     """Measured speedup over the kind's baseline, and what the speedup model predicts."""
     row["cost_ratio"] = cost_ratio
     if row["error"] is None and baseline is not None and baseline["error"] is None:
-        row["speedup"] = _ratio(row["tps_median"], baseline["tps_median"])
+        row["speedup"] = ratio(row["tps_median"], baseline["tps_median"])
     if row["k"] == 0:
         row["theory"] = 1.0 if row["error"] is None else None
-        return
-    if row["proposed"] and cost_ratio is not None:
-        k = row["k_mean"]
-        alpha = per_token_acceptance(row["accepted"] / row["proposed"], k)
-        row["alpha"] = alpha
-        row["theory"] = theoretical_speedup(alpha, k, cost_ratio)
+    elif row["proposed"] and cost_ratio is not None:
+        row["alpha"] = per_token_acceptance(row["accepted"] / row["proposed"], row["k_mean"])
+        row["theory"] = theoretical_speedup(row["alpha"], row["k_mean"], cost_ratio)
 
 
-def run_cell(runner: Runner, cell: Cell, settings: SweepSettings) -> dict:
+def run_cell(runner, cell: Cell, args) -> dict:
     """Warm-up runs (discarded), then the reps; any exception makes an error row."""
-    runs: list[RunResult] = []
+    runs: list[dict] = []
     try:
-        for i in range(settings.warmup):
-            runner.run(cell, max_tokens=settings.max_tokens,
-                       seed=settings.seed + settings.reps + i)
-        for i in range(settings.reps):
-            runs.append(runner.run(cell, max_tokens=settings.max_tokens, seed=settings.seed + i))
+        for i in range(args.warmup):
+            runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + args.reps + i)
+        for i in range(args.reps):
+            runs.append(runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i))
     except Exception as e:  # a failed cell is data: record it, go on with the sweep
-        return cell_row(cell, [], server=runner.label, settings=settings,
+        return cell_row(cell, [], server=runner.label, args=args,
                         error=f"{type(e).__name__}: {e}")
-    return cell_row(cell, runs, server=runner.label, settings=settings)
+    return cell_row(cell, runs, server=runner.label, args=args)
 
 
-def sweep(
-    runners: list[Runner],
-    cells: list[Cell],
-    settings: SweepSettings,
-    *,
-    cost_ratio: float | None,
-    on_row: Callable[[dict], None],
-    on_start: Callable[[Cell, str], None] = lambda cell, label: None,
-    on_done: Callable[[Cell, str], None] = lambda cell, label: None,
-) -> list[dict]:
+def sweep(runners: list, cells: list[Cell], args, *, cost_ratio: float | None,
+          on_row, on_cell=lambda cell, label: None) -> list[dict]:
     """Each cell on each runner in turn; rows go to `on_row` as soon as a cell is done."""
     rows: list[dict] = []
-    labels = [r.label for r in runners]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"runner labels must differ: {labels}")
     baselines: dict[tuple[str, str], dict] = {}
     for cell in cells:
         cell_rows = []
         for runner in runners:
-            on_start(cell, runner.label)
-            row = run_cell(runner, cell, settings)
-            if cell.baseline:
+            on_cell(cell, runner.label)
+            row = run_cell(runner, cell, args)
+            if cell.k == 0:
                 baselines[(runner.label, cell.kind)] = row
             add_speedups(row, baselines.get((runner.label, cell.kind)), cost_ratio)
             cell_rows.append(row)
-            on_done(cell, runner.label)
         if len(cell_rows) == 2:
             first, second = cell_rows
-            ratio = _ratio(first["tps_median"], second["tps_median"])
+            r = ratio(first["tps_median"], second["tps_median"])
             for row, other in ((first, second), (second, first)):
-                row["compare_with"], row["compare_ratio"] = other["server"], ratio
+                row["compare_with"], row["compare_ratio"] = other["server"], r
         for row in cell_rows:
             on_row(row)
             rows.append(row)
     return rows
+
+
+def table(rows: list[dict]) -> list[list[str]]:
+    """The header, then a line per row (the console's table and `report`'s)."""
+    compare = any(r["compare_with"] for r in rows)
+    servers = len({r["server"] for r in rows}) > 1
+    lines = [(["server"] if servers else []) + [
+        "kind", "k", "tok/s median [IQR]", "speedup", "theory", "accepted/proposed",
+        "from_draft", "peak GB", "flag"] + (["ratio"] if compare else [])]
+    for r in rows:
+        flag = f"ERROR {r['error'][:60]}" if r["error"] else "CV>0.10" if r["flagged"] else ""
+        tps = "-" if r["tps_median"] is None else f"{r['tps_median']:.1f} [{r['tps_iqr']:.1f}]"
+        acc = "-" if not r["k"] or r["proposed"] is None else \
+            f"{r['accepted']}/{r['proposed']} {num(r['accept_rate_median'], '.3f', 'n/a')}"
+        lines.append(([r["server"]] if servers else []) + [
+            r["kind"], str(r["k"] or "base"), tps, num(r["speedup"], ".2f", suffix="x"),
+            num(r["theory"], ".2f", suffix="x"), acc,
+            num(r["from_draft_median"], ".3f") if r["k"] else "-",
+            num(r["peak_gb_median"], ".3f"), flag,
+        ] + ([num(r["compare_ratio"], ".2f")] if compare else []))
+    return lines
+
+
+def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
+    """tok/s vs k per prompt kind (the baseline a dashed line), acceptance on the right axis."""
+    from matplotlib.figure import Figure
+
+    kinds = list(dict.fromkeys(r["kind"] for r in rows)) or [""]
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    fig = Figure(figsize=(5.5 * len(kinds), 4.2))
+    fig.subplots_adjust(bottom=0.13, top=0.86, wspace=0.45)
+    for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds, strict=True):
+        acc_ax = ax.twinx()
+        for i, server in enumerate(servers):
+            mine = [r for r in _ok(rows) if r["kind"] == kind and r["server"] == server]
+            name = f"{server}: " if len(servers) > 1 else ""
+            for r in (r for r in mine if r["k"] == 0):
+                ax.axhline(r["tps_median"], color=f"C{i}", ls="--", label=f"{name}baseline")
+            if spec := sorted((r for r in mine if r["k"]), key=lambda r: r["k"]):
+                ks, med = [r["k"] for r in spec], [r["tps_median"] for r in spec]
+                err = [[m - r["tps_q1"] for m, r in zip(med, spec, strict=True)],
+                       [r["tps_q3"] - m for m, r in zip(med, spec, strict=True)]]
+                ax.errorbar(ks, med, yerr=err, color=f"C{i}", marker="o", capsize=3,
+                            label=f"{name}speculative")
+                acc_ax.plot(ks, [r["accept_rate_median"] for r in spec], color=f"C{i}",
+                            marker="s", ls=":", label=f"{name}acceptance")
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set(title=kind, xlabel="draft tokens per round (k)",
+               ylabel="generation tok/s (median, IQR)")
+        acc_ax.set(ylabel="accepted / proposed", ylim=(0, 1.05))
+        h, a = ax.get_legend_handles_labels(), acc_ax.get_legend_handles_labels()
+        if h[0] or a[0]:
+            acc_ax.legend(h[0] + a[0], h[1] + a[1], fontsize="small", loc="best")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+
+
+def _kinds(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in PROMPT_KINDS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown prompt kind(s) {unknown}; choose from {', '.join(PROMPT_KINDS)}")
+    return list(dict.fromkeys(kinds))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx-spec-bench sweep", description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--target-model", help="Target (default: models/demo/target, else the generated pair). "
+      "With --server: only to measure c on this machine.")
+    a("--draft-model", help="Draft model (default: the target's pair).")
+    a("--draft-tokens", type=results.int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
+      help="Draft lengths to sweep (default 1,2,4,8,16).")
+    a("--prompt-kinds", type=_kinds, default=list(DEFAULT_PROMPT_KINDS), metavar="KIND,...",
+      help=f"Of {', '.join(PROMPT_KINDS)} (default structured,open_ended).")
+    a("--reps", type=int, default=DEFAULT_REPS, help="Measured runs per cell (default 5).")
+    a("--warmup", type=int, default=DEFAULT_WARMUP, help="Discarded runs first (default 1).")
+    a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per run (default 320).")
+    a("--temp", type=float, default=0.0, help="Sampling temperature (default 0: greedy).")
+    a("--seed", type=int, default=0, help="Seed of the first rep.")
+    a("--smoke", action="store_true", help="1 rep, no warm-up, the first kind, the first 2 k.")
+    a("--draft", choices=get_args(DraftSource), default="model",
+      help="Draft with the draft model, by prompt lookup, or hybrid (lookup when it matches).")
+    a("--acceptance", choices=["exact", "rejection"], default=SpeculationParams().acceptance,
+      help="Acceptance rule at --temp > 0.")
+    a("--adaptive", action=argparse.BooleanOptionalAction, default=False,
+      help="Adapt k per round (default off: the sweep measures a fixed k).")
+    a("--draft-p-min", type=float, default=0.0,
+      help="End a round's drafting below this draft probability (the request's draft_p_min).")
+    a("--hybrid-min-match", type=int, choices=(1, 2, 3),
+      default=SpeculationParams().hybrid_min_match,
+      help="--draft hybrid: look up only after this many matching tokens.")
+    a("--cost-ratio", type=float, help="Draft/target cost per token, c (default: measured).")
+    a("--server", metavar="URL", help="Run the cells through this OpenAI-compatible server.")
+    a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
+    a("--api", choices=list(API_PATHS), default="chat",
+      help="With --server: the streaming API used (default chat).")
+    a("--api-key", help="Bearer key for the server(s).")
+    a("--timeout", type=float, default=TIMEOUT_S,
+      help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
+    a("--dry-run", action="store_true", help="Synthetic rows through the same writer.")
+    results.add_output_args(p)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    for bad, message in [
+        (args.reps < 1, "--reps must be >= 1"), (args.warmup < 0, "--warmup must be >= 0"),
+        (args.max_tokens < 2, "--max-tokens must be >= 2 (tok/s needs two tokens)"),
+        (args.temp < 0, "--temp must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
+        (args.compare and not args.server, "--compare URL2 needs --server URL"),
+        (args.draft == "prompt_lookup" and args.draft_model,
+         "--draft prompt_lookup drafts from the prompt: drop --draft-model"),
+        (not (args.server or args.dry_run) and args.draft != "prompt_lookup"
+         and args.target_model and not args.draft_model,
+         "--target-model needs --draft-model (or --draft prompt_lookup)"),
+    ]:
+        if bad:
+            p.error(message)
+    if args.smoke:
+        args.reps, args.warmup = 1, 0
+        args.prompt_kinds, args.draft_tokens = args.prompt_kinds[:1], args.draft_tokens[:2]
+    return args
+
+
+def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
+    if args.target_model is None:
+        from server.model_files.bundled import demo_or_generated_pair
+
+        target, draft = demo_or_generated_pair()
+        draft = args.draft_model or draft
+    else:
+        target, draft = args.target_model, args.draft_model
+    return target, (None if args.draft == "prompt_lookup" else draft)
+
+
+def speculation_of(args: argparse.Namespace) -> SpeculationParams:
+    return SpeculationParams(source=args.draft, acceptance=args.acceptance,
+                             adaptive=args.adaptive, draft_p_min=args.draft_p_min,
+                             hybrid_min_match=args.hybrid_min_match)
+
+
+def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
+    """The runners and the models they loaded (for the metadata)."""
+    from server.bench import runners as r
+
+    urls = [u for u in (args.server, args.compare) if u]
+    if args.dry_run:
+        made = [r.SyntheticRunner(label) for label in urls or ["dry-run"]]
+    elif urls:
+        made = [r.HttpRunner(u, speculation=speculation_of(args), temperature=args.temp,
+                             api=args.api, api_key=args.api_key, timeout=args.timeout)
+                for u in urls]
+    else:
+        target, draft = resolve_models(args)
+        print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
+        return [r.EngineRunner(target, draft, speculation=speculation_of(args),
+                               temperature=args.temp)], {"target_model": target,
+                                                         "draft_model": draft}
+    if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
+        made[1].label += " (again)"
+    return made, {"target_model": args.target_model, "draft_model": args.draft_model}
+
+
+def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
+    """c for the theory column: given, measured on the loaded models, or N/A."""
+    if args.cost_ratio is not None:
+        return args.cost_ratio
+    if args.draft == "prompt_lookup":
+        return 0.0
+    if hasattr(runners[0], "cost_ratio"):
+        return runners[0].cost_ratio()
+    if args.target_model and args.draft_model:  # servers: measure the same pair here
+        from server.bench.runners import measure_cost_ratio
+        from server.engine.model_kit import ModelKit, load_model
+
+        target = load_model(args.target_model)
+        c = measure_cost_ratio(target.model, load_model(args.draft_model, dequantize=True).model)
+        ModelKit._free()
+        return c
+    return None
+
+
+def main(argv: list[str]) -> int:
+    from server.engine.model_kit import IncompatibleDraft, ModelLoadError
+
+    args, log = parse_args(argv), sys.stderr
+    try:
+        runners, models = make_runners(args, log)
+    except (ModelLoadError, IncompatibleDraft, ServerUnreachable) as e:
+        print(f"error: {e}", file=log)
+        return 1
+    c = cost_ratio(args, runners)
+    cells = plan_cells(args.prompt_kinds, args.draft_tokens)
+    writer, started = results.ResultsWriter(args.results_dir, "sweep", args.tag), time.time()
+    meta = {**results.environment(**models), "dry_run": args.dry_run, "cost_ratio": c,
+            "runners": [r.describe() for r in runners]}
+    print(f"{len(cells)} cells x {len(runners)} runner(s), {args.warmup} warm-up + {args.reps} "
+          f"reps, {args.max_tokens} tokens; c = {num(c, '.3f', 'n/a')}", file=log)
+    rows: list[dict] = []
+    try:
+        sweep(runners, cells, args, cost_ratio=c,
+              on_row=lambda row: (writer.write_row(row), rows.append(row)),
+              on_cell=lambda cell, label: print(f"  {cell.label()} @ {label}", file=log))
+    except KeyboardInterrupt:
+        print("\ninterrupted: writing what was done", file=log)
+        meta["interrupted"] = True
+    finally:
+        for runner in runners:
+            runner.close()
+    found = verdicts(rows)
+    meta["elapsed_s"] = round(time.time() - started, 2)
+    written = writer.finish(results.command_line("sweep", argv), meta, rows, plot=plot,
+                            verdicts=[asdict(v) for v in found])
+    results.print_results(aligned(table(rows)) + "\n\n" + "\n".join(v.line() for v in found),
+                          written)
+    return 130 if meta.get("interrupted") else 0

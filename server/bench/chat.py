@@ -1,0 +1,144 @@
+"""`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
+
+    mlx-spec-bench chat --server [NAME=]URL [--compare [NAME=]URL ...] [--system-chars 4500]
+        [--turns 3] [--max-tokens 32] [--clients 8] [--api chat|responses|messages]
+
+1. A multi-turn chat whose system prompt is a long module's source (`json/decoder.py`, cut to
+   `--system-chars`); each turn resends the whole history, as chat clients do. The servers take
+   turns (ours turn 1, theirs turn 1, ours turn 2, ...). Per turn and server: prompt and cached
+   tokens, time to first token, its ratio to turn 1 and ours over this server's.
+2. Our server only (`--clients 0` skips it): `--clients` concurrent requests sharing that system
+   prompt, first with `cache_prompt: false`, then with the cache (emptied first by
+   `DELETE /v1/cache`, which needs the admin key if one is set: `--api-key`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json.decoder
+import sys
+
+import httpx
+
+from server.bench import results, runners
+from server.bench.report import num
+from server.bench.results import named_url, ratio
+from server.bench.runners import API_PATHS, Stream, StreamFailed, request_body, stream_async
+
+QUESTIONS = ("What does this module do?", "Which function parses numbers?",
+             "Summarise the error handling.", "How are strings scanned?")
+
+
+def system_prompt(chars: int) -> str:
+    return ("You answer questions about this Python module.\n\n"
+            + inspect.getsource(json.decoder)[:chars])
+
+
+def _figures(stream: Stream) -> dict:
+    if stream.error:
+        raise StreamFailed(stream.error)
+    usage, stats = stream.usage or {}, stream.stats or {}
+    return {"prompt_tokens": stats.get("prompt_tokens", usage.get("prompt_tokens")),
+            "cached_tokens": stats.get("cached_tokens", usage.get("cached_tokens")),
+            "ttft_s": (stream.arrivals[0] if stream.arrivals else stream.end) - stream.start}
+
+
+async def turns(client, servers: list[tuple[str, str]], system: str, args) -> list[dict]:
+    histories = {name: [{"role": "system", "content": system}] for name, _ in servers}
+    rows = []
+    for turn in range(1, args.turns + 1):
+        for name, url in servers:
+            history = histories[name]
+            history.append({"role": "user", "content": QUESTIONS[(turn - 1) % len(QUESTIONS)]})
+            body = request_body(args.api, history, max_tokens=args.max_tokens, temperature=0.0,
+                                model=args.models.get(name))
+            stream = await stream_async(client, url, args.api, body)
+            history.append({"role": "assistant", "content": "".join(stream.text)})
+            rows.append({"part": "turns", "server": name, "turn": turn, **_figures(stream)})
+    for row in rows:
+        first = next(r for r in rows if r["server"] == row["server"] and r["turn"] == 1)
+        ours = next(r for r in rows if r["server"] == servers[0][0] and r["turn"] == row["turn"])
+        row["vs_first"], row["ours_over_this"] = (ratio(row["ttft_s"], first["ttft_s"]),
+                                                  ratio(ours["ttft_s"], row["ttft_s"]))
+    return rows
+
+
+async def shared_prompt(client, name: str, url: str, system: str, args) -> list[dict]:
+    rows = []
+    for cache_prompt in (False, True):
+        await client.delete(f"{url}/v1/cache")
+        streams = await asyncio.gather(*(stream_async(client, url, args.api, request_body(
+            args.api, [{"role": "system", "content": system},
+                       {"role": "user", "content": f"Question {i}: what is line {10 * i} about?"}],
+            max_tokens=args.max_tokens, temperature=0.0, model=args.models.get(name),
+            cache_prompt=cache_prompt)) for i in range(args.clients)))
+        figures = [_figures(s) for s in streams]
+        ttfts = [f["ttft_s"] for f in figures]
+        rows.append({"part": "shared", "server": name, "clients": args.clients,
+                     "cache_prompt": cache_prompt, "ttft_s": sum(ttfts) / len(ttfts),
+                     "ttft_max_s": max(ttfts),
+                     "total_s": max(s.end for s in streams) - min(s.start for s in streams),
+                     "prompt_tokens": sum(f["prompt_tokens"] or 0 for f in figures),
+                     "cached_tokens": sum(f["cached_tokens"] or 0 for f in figures)})
+    rows[1]["vs_first"] = ratio(rows[1]["ttft_s"], rows[0]["ttft_s"])
+    return rows
+
+
+def table(rows: list[dict]) -> list[list[str]]:
+    lines = [["what", "server", "prompt tokens", "cached", "TTFT s", "vs turn 1 / uncached",
+              "ours / this", "all done s"]]
+    for r in rows:
+        what = f"turn {r['turn']}" if r["part"] == "turns" else \
+            f"{r['clients']} clients, cache_prompt={str(r['cache_prompt']).lower()}"
+        ttft = num(r["ttft_s"], ".3f") + (f" (max {r['ttft_max_s']:.3f})"
+                                           if r["part"] == "shared" else "")
+        lines.append([what, r["server"], num(r["prompt_tokens"], "d"),
+                      num(r["cached_tokens"], "d"), ttft,
+                      num(r.get("vs_first"), ".3f", suffix="x"),
+                      num(r.get("ours_over_this"), ".3f", suffix="x"),
+                      num(r.get("total_s"), ".2f")])
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx-spec-bench chat", description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--server", required=True, type=named_url, metavar="[NAME=]URL", help="Our server.")
+    a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
+      help="Another server (repeatable).")
+    a("--system-chars", type=int, default=4500, help="System prompt length in chars (4500).")
+    a("--turns", type=int, default=3, help="Chat turns (3).")
+    a("--max-tokens", type=int, default=32, help="Tokens per answer (32).")
+    a("--clients", type=int, default=8, help="Concurrent clients sharing the prompt (8; 0: "
+      "skip that part).")
+    a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
+    a("--api-key", help="Bearer key for the servers.")
+    results.add_output_args(p)
+    return p
+
+
+async def run(args) -> list[dict]:
+    servers = [args.server, *args.compare]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    system = system_prompt(args.system_chars)
+    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
+        rows = await turns(client, servers, system, args)
+        if args.clients:
+            rows += await shared_prompt(client, *servers[0], system, args)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    servers = [runners.server_health(*s) for s in [args.server, *args.compare]]
+    args.models = {s["name"]: s["target"] for s in servers}
+    try:
+        rows = asyncio.run(run(args))
+    except (httpx.HTTPError, StreamFailed) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    results.save("chat", argv, args, results.environment(servers=servers), rows, table,
+                 system_chars=args.system_chars)
+    return 0

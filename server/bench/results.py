@@ -1,0 +1,195 @@
+"""What every subcommand shares: result files and their metadata, summaries, small parsers.
+
+Files: `<subcommand>-<stamp>[-<tag>]` in `--results-dir` (default `bench-results/`, which git
+ignores): `.jsonl` row by row as measured (a crash keeps them), then `.csv`, `.png` where one is
+drawn, and the `.json` that `report` renders: `{"subcommand", "command" (the exact command
+line), "metadata" (date, machine, cores, versions, git commit, models), "rows", ...}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_RESULTS_DIR = Path("bench-results")
+IQR_TO_SIGMA = 1.349  # IQR / 1.349 estimates a normal distribution's standard deviation
+NOISY_CV = 0.10
+
+
+def int_list(text: str) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]: positive, in the order given, repeats dropped."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4: {text!r}") from e
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4: {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def named_url(text: str) -> tuple[str, str]:
+    """`URL` or `NAME=URL` -> (name, url): the name defaults to the URL, which loses a trailing
+    `/` and `/v1`."""
+    name, sep, url = text.partition("=")
+    if not sep or "://" in name:
+        name, url = "", text
+    url = url.rstrip("/").removesuffix("/v1")
+    return name or url, url
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+                   help=f"Where the files go (default {DEFAULT_RESULTS_DIR}/, ignored by git).")
+    p.add_argument("--tag", help="Appended to the results' file name.")
+
+
+def command_line(subcommand: str, argv: Sequence[str]) -> str:
+    """The command as `mlx-spec-bench` takes it, with any `--api-key` value hidden."""
+    words = ["--api-key=***" if w.startswith("--api-key=") else w for w in argv]
+    for i, word in enumerate(words[:-1]):
+        if word == "--api-key":
+            words[i + 1] = "***"
+    return shlex.join(["mlx-spec-bench", subcommand, *words])
+
+
+def environment(**models) -> dict:
+    """Date, machine, cores, versions, git commit; plus the models named by the caller."""
+    import mlx.core as mx
+
+    def version(pkg: str) -> str | None:
+        try:
+            return importlib_metadata.version(pkg)
+        except importlib_metadata.PackageNotFoundError:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=False).stdout.strip() or None
+    except OSError:
+        commit = None
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.machine(),
+            "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
+            "os": platform.platform(), "python": platform.python_version(),
+            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
+            "mlx_device": str(mx.default_device()), "git_commit": commit, **models}
+
+
+def results_name(prefix: str, tag: str | None, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", tag).strip("-") if tag else ""
+    return f"{prefix}-{stamp}" + (f"-{safe}" if safe else "")
+
+
+def csv_value(value):
+    """Lists become `;`-joined, None an empty field, dicts JSON; everything else as is."""
+    if isinstance(value, (list, tuple)):
+        return ";".join("" if v is None else repr(v) for v in value)
+    return "" if value is None else json.dumps(value) if isinstance(value, dict) else value
+
+
+class ResultsWriter:
+    """Appends each row to the `.jsonl` and flushes it; `finish` writes the rest."""
+
+    def __init__(self, results_dir: Path, subcommand: str, tag: str | None = None):
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        self.subcommand, self.name = subcommand, results_name(subcommand, tag)
+        self.paths = {ext: Path(results_dir) / f"{self.name}.{ext}"
+                      for ext in ("jsonl", "csv", "json", "png")}
+        self._jsonl = open(self.paths["jsonl"], "a", encoding="utf-8")  # noqa: SIM115
+
+    def write_row(self, row: dict) -> None:
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        os.fsync(self._jsonl.fileno())
+
+    def finish(self, command: str, metadata: dict, rows: list[dict], *,
+               plot: Callable[..., object] | None = None, **extra) -> dict:
+        """The `.csv`, the plot (`plot(rows, path, title=...)`; matplotlib is imported only
+        then, so a missing one costs the picture, not the data) and the `.json`."""
+        self._jsonl.close()
+        self._write_csv(rows)
+        written = {ext: self.paths[ext] for ext in ("jsonl", "csv")}
+        if plot is not None:
+            try:
+                plot(rows, self.paths["png"], title=self.name)
+                written["png"] = self.paths["png"]
+            except Exception as e:  # a plot is a convenience; never lose the data over it
+                metadata = {**metadata, "plot_error": f"{type(e).__name__}: {e}"}
+        doc = {"subcommand": self.subcommand, "command": command, "metadata": metadata,
+               "rows": rows, **extra}
+        self.paths["json"].write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        written["json"] = self.paths["json"]
+        return written
+
+    def _write_csv(self, rows: list[dict]) -> None:
+        columns: list[str] = []
+        for row in rows:
+            columns += [k for k in row if k not in columns]
+        with open(self.paths["csv"], "w", newline="", encoding="utf-8") as f:
+            out = csv.DictWriter(f, fieldnames=columns)
+            out.writeheader()
+            for row in rows:
+                out.writerow({k: csv_value(row.get(k)) for k in columns})
+
+
+def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[dict],
+         table: Callable[[list[dict]], list[list[str]]], **extra) -> dict:
+    """Write the files of rows measured in one go, print their table and the files."""
+    from server.bench.report import aligned
+
+    writer = ResultsWriter(args.results_dir, subcommand, args.tag)
+    for row in rows:
+        writer.write_row(row)
+    written = writer.finish(command_line(subcommand, argv), metadata, rows, **extra)
+    print_results(aligned(table(rows)), written)
+    return written
+
+
+def print_results(text: str, written: dict) -> None:
+    print(f"\n{text}\n")
+    for path in written.values():
+        print(f"wrote {path}")
+
+
+@dataclass(frozen=True)
+class Summary:
+    median: float | None
+    iqr: float | None
+    cv: float | None  # robust coefficient of variation: IQR / median / 1.349
+    q1: float | None = None
+    q3: float | None = None
+
+    @property
+    def noisy(self) -> bool:
+        return self.cv is not None and self.cv > NOISY_CV
+
+
+def summarize(values: Sequence[float | None]) -> Summary:
+    """Median, quartiles (linear interpolation, numpy's default), IQR and robust CV."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return Summary(None, None, None)
+    q1, med, q3 = (float(x) for x in np.percentile(vals, [25, 50, 75]))
+    return Summary(med, q3 - q1, (q3 - q1) / med / IQR_TO_SIGMA if med else None, q1, q3)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None

@@ -1,0 +1,179 @@
+"""`mlx-spec-bench structured`: what a grammar costs, and whether speculation pays under one.
+
+    mlx-spec-bench structured [--target-model DIR] [--draft-model DIR|lookup]
+        [--drafter model|prompt_lookup|hybrid] [--k 4] [--max-tokens 200] [--reps 3]
+
+Through the whole request path (an in-process app: request mapping, grammar, scheduler), greedy,
+one request at a time, the medians of `--reps` runs:
+1. the constraint's cost: tok/s under a JSON schema against free text forced to the same length
+   (`ignore_eos`), no draft; and the grammar's own time per token (`allowed()` + `consume()`
+   replayed over the constrained output), in microseconds;
+2. speculation: tok/s with drafts over without, acceptance, and whether the text is the same,
+   under the schema and on free text.
+Defaults: the converted SmolLM2 target with the shipped draft (`models/smollm2-draft`), else
+prompt lookup (`--draft-model lookup`); the demo pair when SmolLM2 is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from pathlib import Path
+from typing import get_args
+
+from server.bench import results
+from server.bench.report import num
+from server.engine.params import DraftSource
+
+DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
+DEFAULT_DRAFT = Path("models/smollm2-draft")
+DEMO = Path("models/demo")
+PROMPT = ("List eight famous scientists with the year each was born, as a JSON array of "
+          "objects with the keys name and born.")
+SCHEMA = {"type": "array", "minItems": 8, "maxItems": 8, "items": {
+    "type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "born": {"type": "integer", "minimum": 1000, "maximum": 2024}},
+    "required": ["name", "born"], "additionalProperties": False}}
+
+
+def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None, str]:
+    """(target, draft model or None, drafter) with the defaults described above."""
+    if target is None:
+        target = str(DEFAULT_TARGET if DEFAULT_TARGET.exists() else DEMO / "target")
+        if draft is None and Path(target) == DEFAULT_TARGET:
+            draft = str(DEFAULT_DRAFT) if DEFAULT_DRAFT.exists() else "lookup"
+        draft = draft or str(DEMO / "draft")
+    if (draft or "lookup") == "lookup":
+        return target, None, "prompt_lookup"
+    return target, draft, "model"
+
+
+def body(max_tokens: int, *, schema: bool, drafter: str | None, k: int, **extra) -> dict:
+    out = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+           "temperature": 0, **extra}
+    if schema:
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "scientists", "schema": SCHEMA}}
+    if drafter is None:
+        out["use_draft"] = False
+    else:
+        out.update(draft=drafter, num_draft_tokens=k, use_draft=True)
+    return out
+
+
+async def measure(client, request: dict, reps: int) -> dict:
+    """Median generation tok/s over `reps` runs, and the last run's text and stats."""
+    runs = []
+    for _ in range(reps):
+        r = await client.post("/v1/chat/completions", json=request)
+        r.raise_for_status()
+        runs.append(r.json())
+    return {"tps": statistics.median(run["stats"]["generation_tps"] for run in runs),
+            "text": runs[-1]["choices"][0]["message"]["content"],
+            "tokens": runs[-1]["usage"]["completion_tokens"], "stats": runs[-1]["stats"]}
+
+
+def grammar_us_per_token(tokenizer, text: str) -> float:
+    """The grammar's own time per token: allowed() + consume(), replayed over `text`; best of 5."""
+    from server.engine.grammar import grammars_for
+
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    grammar = grammars_for(tokenizer).json_schema(SCHEMA)
+    best = float("inf")
+    for _ in range(5):
+        constraint = grammar()
+        t0 = time.perf_counter()
+        for token in tokens:
+            constraint.allowed()
+            constraint.consume([token])
+        best = min(best, (time.perf_counter() - t0) / max(len(tokens), 1))
+    return best * 1e6
+
+
+async def measure_all(client, tokenizer, args, drafter: str) -> list[dict]:
+    await measure(client, body(8, schema=True, drafter=None, k=0), 1)  # warm-up
+    plain = {True: await measure(client, body(args.max_tokens, schema=True, drafter=None, k=0),
+                                 args.reps)}
+    n = plain[True]["tokens"]
+    plain[False] = await measure(client, body(n, schema=False, drafter=None, k=0,
+                                              ignore_eos=True), args.reps)
+    rows = []
+    for schema in (False, True):
+        extra = {} if schema else {"ignore_eos": True}
+        spec = await measure(client, body(n, schema=schema, drafter=drafter, k=args.k, **extra),
+                             args.reps)
+        output = "JSON schema" if schema else "free text"
+        rows.append({"output": output, "drafts": "none", "tokens": plain[schema]["tokens"],
+                     "tps": plain[schema]["tps"],
+                     "vs_free_text": plain[schema]["tps"] / plain[False]["tps"],
+                     "grammar_us_per_token": grammar_us_per_token(
+                         tokenizer, plain[True]["text"]) if schema else None})
+        rows.append({"output": output, "drafts": f"{drafter} k={args.k}",
+                     "tokens": spec["tokens"], "tps": spec["tps"],
+                     "speedup": spec["tps"] / plain[schema]["tps"],
+                     "acceptance": spec["stats"]["acceptance_rate"],
+                     "mean_accepted_length": spec["stats"].get("mean_accepted_length"),
+                     "same_text": spec["text"] == plain[schema]["text"]})
+    return rows
+
+
+async def run(args) -> tuple[list[dict], dict]:
+    import httpx
+
+    from server.config import Settings
+    from server.http.app import build_engine, create_app
+
+    target, draft, drafter = pick_models(args.target_model, args.draft_model)
+    if args.drafter is not None:
+        if draft is None and args.drafter != "prompt_lookup":
+            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
+        drafter = args.drafter
+    settings = Settings.load(None, models={"model": target, "draft_model": draft})
+    engine = build_engine(settings)
+    engine.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
+                settings, engine)), base_url="http://bench", timeout=600) as client:
+            rows = await measure_all(client, engine.tokenizer, args, drafter)
+    finally:
+        engine.stop()
+    return rows, {"target_model": target, "draft_model": draft, "drafter": drafter}
+
+
+def table(rows: list[dict]) -> list[list[str]]:
+    lines = [["output", "drafts", "tokens", "tok/s", "vs free text", "speedup", "acceptance",
+              "mean accepted", "same text", "grammar us/token"]]
+    for r in rows:
+        same = r.get("same_text")
+        lines.append([r["output"], r["drafts"], str(r["tokens"]), num(r["tps"], ".1f"),
+                      num(r.get("vs_free_text"), ".2f", suffix="x"),
+                      num(r.get("speedup"), ".2f", suffix="x"), num(r.get("acceptance"), ".2f"),
+                      num(r.get("mean_accepted_length"), ".2f"),
+                      "-" if same is None else str(same).lower(),
+                      num(r.get("grammar_us_per_token"), ".0f")])
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx-spec-bench structured",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--target-model", help="Target (default: SmolLM2, else the demo target).")
+    p.add_argument("--draft-model", help="A draft model folder, or 'lookup'.")
+    p.add_argument("--drafter", choices=get_args(DraftSource),
+                   help="The requests' draft (default: model with a draft model, else "
+                        "prompt_lookup).")
+    p.add_argument("--k", type=int, default=4, help="Draft tokens per round (4).")
+    p.add_argument("--max-tokens", type=int, default=200, help="Tokens per request (200).")
+    p.add_argument("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
+    results.add_output_args(p)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    rows, models = asyncio.run(run(args))
+    results.save("structured", argv, args, results.environment(**models), rows, table)
+    return 0
