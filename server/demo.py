@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TextIO, get_args
 
+from server.blas import blas_report, ensure_fast_blas
 from server.config import ModelSettings
 from server.engine.params import DraftSource, GenerationParams, SamplingParams, SpeculationParams
 from server.engine.prompts import chat_tokens, text_tokens
@@ -114,6 +115,8 @@ def load_kit(args: argparse.Namespace, log: TextIO):
     print(f"Loading model from {args.model}", file=log, flush=True)
     kit = ModelKit(load_model(args.model))
     print("Model loaded", file=log, flush=True)
+    if (blas := blas_report()) is not None:
+        print(blas[1], file=log, flush=True)
     if args.draft_model:
         print(f"Loading draft model from {args.draft_model}", file=log, flush=True)
         kit.load_draft(args.draft_model)
@@ -138,6 +141,8 @@ def run(kit, params: GenerationParams, *, out: TextIO, log: TextIO, progress: bo
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:  # the command line (not a test calling main): fast BLAS first
+        ensure_fast_blas()
     args = parse_args(argv)
     from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 

@@ -208,6 +208,11 @@ class InferenceEngine:
         """Requests prefilling or decoding now."""
         return self.scheduler.batch_size if self.scheduler is not None else 0
 
+    @property
+    def draining(self) -> bool:
+        """True once shutdown began: new requests get 503."""
+        return self.scheduler is not None and self.scheduler.draining
+
     def cache_info(self) -> dict:
         cache = self.scheduler.prefix_cache if self.scheduler is not None else None
         if cache is None:
