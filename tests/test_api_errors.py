@@ -34,6 +34,8 @@ BAD_REQUESTS = [
     ("unknown model", CHAT, {"messages": MSG, "model": "gpt-9"}, 404, "model"),
     ("top_logprobs without logprobs", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, None),
     ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, None),
+    ("tool message without tool_call_id", CHAT,
+     {"messages": [*MSG, {"role": "tool", "content": "sunny"}]}, 400, "messages.1"),
     ("bad logit_bias key", CHAT, {"messages": MSG, "logit_bias": {"abc": 1}}, 400,
      "logit_bias"),
     ("logit_bias id out of vocab", CHAT, {"messages": MSG, "logit_bias": {"999999": 1}}, 400,
