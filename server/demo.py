@@ -118,12 +118,12 @@ def load_kit(args: argparse.Namespace, log: TextIO):
     print(f"Loading model from {args.model}", file=log, flush=True)
     kit = ModelKit(load_model(args.model))
     print("Model loaded", file=log, flush=True)
-    if (blas := blas_report()) is not None:
-        print(blas[1], file=log, flush=True)
     if args.draft_model:
         print(f"Loading draft model from {args.draft_model}", file=log, flush=True)
         kit.load_draft(args.draft_model)
         print("Draft model loaded", file=log, flush=True)
+    if (blas := blas_report()) is not None:
+        print(blas[1], file=log, flush=True)
     return kit
 
 
