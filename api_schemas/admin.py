@@ -51,7 +51,8 @@ class UnloadResponse(OpenAIBaseModel):
 
 
 class Health(OpenAIBaseModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "draining"] = Field(
+        "ok", description='"draining" (with HTTP 503) once shutdown began: send no new requests.')
     target: str
     draft: str | None
     queue_depth: int = Field(description="Requests waiting for a batch slot.")

@@ -130,6 +130,15 @@ class ChatMessage(RequestModel):
                                           "supported; send text", {"kind": kind[:40]})
         return v
 
+    @model_validator(mode="after")
+    def _tool_answers_a_call(self):
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError(
+                "missing_tool_call_id",
+                "a 'tool' message needs tool_call_id: the id of the assistant's tool call it "
+                "answers")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)

@@ -6,13 +6,16 @@ Flags override `config.yaml`; `--draft-model none` starts without a draft.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
+import sys
 from pathlib import Path
 
+from server.blas import ensure_fast_blas, log_blas
 from server.config import Settings
-from server.http.app import create_app
-from server.http.shutdown import DrainingServer
-from server.model_files.bundled import ensure_default_models
+
+log = logging.getLogger("server")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,15 +38,46 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.load(args.config, models=models, server=server)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, claimed before any model loads: a taken port fails in
+    milliseconds, not after the load. Exits with a clear message when it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's backlog; clients wait in it while the models load
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            sys.exit(f"error: port {port} on {host} is already in use (another server?): "
+                     "stop it or choose another with --port")
+        sys.exit(f"error: cannot listen on {host}:{port}: {e.strerror or e}")
+    sock.set_inheritable(True)
+    return sock
+
+
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:  # the command line (not a test calling main): fast BLAS first
+        ensure_fast_blas()
     settings = settings_from_args(parse_args(argv))
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = listen(settings.server.host, settings.server.port)
+    log_blas()
+    serve(settings, sock)
+
+
+def serve(settings: Settings, sock: socket.socket) -> None:
+    from server.http.app import create_app
+    from server.http.shutdown import DrainingServer
+    from server.model_files.bundled import ensure_default_models
+
     settings = ensure_default_models(settings)
     app = create_app(settings)
     DrainingServer(app, host=settings.server.host, port=settings.server.port,
                    log_level=settings.server.log_level,
-                   drain_timeout_s=settings.engine.drain_timeout_s).run()
+                   drain_timeout_s=settings.engine.drain_timeout_s).run(sockets=[sock])
 
 
 if __name__ == "__main__":

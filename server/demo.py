@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TextIO, get_args
 
+from server.blas import blas_report, ensure_fast_blas
 from server.config import ModelSettings
 from server.engine.params import DraftSource, GenerationParams, SamplingParams, SpeculationParams
 from server.engine.prompts import chat_tokens, text_tokens
@@ -45,9 +46,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="Seed for sampling at --temp > 0.")
     p.add_argument("--print-prompt-progress", action="store_true",
                    help="Print prompt-processing progress lines (stderr).")
-    p.add_argument("--draft", choices=get_args(DraftSource), default=_SPEC_DEFAULTS.source,
-                   help="Where drafts come from: the draft model, n-grams of the prompt, or "
-                        "hybrid (n-grams when they match, the draft model when they do not; "
+    p.add_argument("--draft", choices=get_args(DraftSource), default=None,
+                   help=f"Where drafts come from: the draft model (default: "
+                        f"{_SPEC_DEFAULTS.source}; needs --draft-model), n-grams of the prompt, "
+                        "or hybrid (n-grams when they match, the draft model when they do not; "
                         "needs --draft-model).")
     p.add_argument("--acceptance", choices=["exact", "rejection"],
                    default=_SPEC_DEFAULTS.acceptance,
@@ -67,8 +69,9 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "or --draft prompt_lookup")
     if lookup and args.draft_model:
         p.error("--draft prompt_lookup drafts from the prompt: drop --draft-model")
-    if args.draft == "hybrid" and not args.draft_model:
-        p.error("--draft hybrid needs --draft-model PATH")
+    if args.draft in ("model", "hybrid") and not args.draft_model:
+        p.error(f"--draft {args.draft} needs --draft-model PATH "
+                "(without one, only --draft prompt_lookup can draft)")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 0:
         p.error("--num-draft-tokens must be >= 0")
     if args.max_tokens < 1:
@@ -87,7 +90,8 @@ def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:
 def speculation_from_args(args: argparse.Namespace) -> SpeculationParams:
     drafting = args.draft_model is not None or args.draft == "prompt_lookup"
     k = args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_NUM_DRAFT_TOKENS
-    return replace(_SPEC_DEFAULTS, num_draft_tokens=k if drafting else 0, source=args.draft,
+    return replace(_SPEC_DEFAULTS, num_draft_tokens=k if drafting else 0,
+                   source=args.draft or _SPEC_DEFAULTS.source,
                    acceptance=args.acceptance, adaptive=args.adaptive)
 
 
@@ -118,6 +122,8 @@ def load_kit(args: argparse.Namespace, log: TextIO):
         print(f"Loading draft model from {args.draft_model}", file=log, flush=True)
         kit.load_draft(args.draft_model)
         print("Draft model loaded", file=log, flush=True)
+    if (blas := blas_report()) is not None:
+        print(blas[1], file=log, flush=True)
     return kit
 
 
@@ -138,6 +144,8 @@ def run(kit, params: GenerationParams, *, out: TextIO, log: TextIO, progress: bo
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:  # the command line (not a test calling main): fast BLAS first
+        ensure_fast_blas()
     args = parse_args(argv)
     from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 

@@ -131,8 +131,9 @@ async def served(target, draft, *, model_roots=None, engine=None, cache=None, **
         engine.stop()
 
 
-def start_server(args: list[str], log: Path):
-    """`python -m server ARGS --port P` in a subprocess, once /health answers: (proc, url)."""
+def start_server(args: list[str], log: Path, env: dict | None = None):
+    """`python -m server ARGS --port P` in a subprocess, once /health answers: (proc, url).
+    `env`: the process's environment (default: this one's)."""
     import os
     import subprocess
     import sys
@@ -143,7 +144,8 @@ def start_server(args: list[str], log: Path):
     port = free_port()
     cmd = [sys.executable, "-m", "server", *args, "--port", str(port)]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env=os.environ.copy() if env is None else env)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

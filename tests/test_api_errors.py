@@ -34,6 +34,8 @@ BAD_REQUESTS = [
     ("unknown model", CHAT, {"messages": MSG, "model": "gpt-9"}, 404, "model"),
     ("top_logprobs without logprobs", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, None),
     ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, None),
+    ("tool message without tool_call_id", CHAT,
+     {"messages": [*MSG, {"role": "tool", "content": "sunny"}]}, 400, "messages.1"),
     ("bad logit_bias key", CHAT, {"messages": MSG, "logit_bias": {"abc": 1}}, 400,
      "logit_bias"),
     ("logit_bias id out of vocab", CHAT, {"messages": MSG, "logit_bias": {"999999": 1}}, 400,
@@ -72,10 +74,28 @@ async def test_streamed_bad_request_is_an_http_error(client):
         assert json.loads(await r.aread())["error"]["param"] == "n"
 
 
-async def test_unknown_route_and_method(client):
-    r = await client.get("/v1/nothing")
-    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+@pytest.mark.parametrize("method,path", [("POST", "/v1/embeddings"), ("GET", "/v1/nothing"),
+                                         ("POST", "/v1/audio/speech"), ("GET", "/nothing")])
+async def test_unknown_endpoint_is_an_openai_404_naming_it(client, method, path):
+    r = await client.request(method, path, json={"input": "x"})
+    assert r.status_code == 404
+    assert r.json() == {"error": {
+        "message": f"{method} {path} is not supported by this server (its endpoints are "
+                   "listed at /docs)",
+        "type": "invalid_request_error", "param": None, "code": "unknown_endpoint"}}
+
+
+async def test_wrong_method_is_an_openai_405(client):
     r = await client.get(CHAT)
-    assert r.status_code == 405 and "error" in r.json()
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json() == {"error": {
+        "message": f"GET is not allowed on {CHAT}; use POST",
+        "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
+
+
+async def test_a_route_added_after_the_app_is_built_is_not_shadowed(app, client):
+    app.router.add_api_route("/v1/late", lambda: {"late": True}, methods=["GET"])
+    r = await client.get("/v1/late")
+    assert r.status_code == 200 and r.json() == {"late": True}
 
 

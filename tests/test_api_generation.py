@@ -163,10 +163,10 @@ async def test_prompt_lookup_needs_no_draft_model(tiny_pair):
     async with served(tiny_pair[0], None) as (client, _):
         ok = await client.post("/v1/chat/completions", json=chat_body(
             max_tokens=8, draft="prompt_lookup", num_draft_tokens=4))
-        hybrid = await client.post("/v1/chat/completions", json=chat_body(  # lookup alone
+        hybrid = await client.post("/v1/chat/completions", json=chat_body(  # needs a draft
             max_tokens=8, draft="hybrid", num_draft_tokens=4))
         refused = await client.post("/v1/chat/completions", json=chat_body(
             max_tokens=8, num_draft_tokens=4))
     assert ok.status_code == 200 and ok.json()["stats"]["num_draft_tokens"] == 4
-    assert hybrid.status_code == 200 and hybrid.json()["stats"]["draft_model"] == "prompt_lookup"
+    assert hybrid.status_code == 400 and hybrid.json()["error"]["param"] == "draft"
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_draft_tokens"

@@ -93,6 +93,8 @@ def test_encode_prompt(kit):
 @pytest.mark.parametrize("argv, message", [
     (["--num-draft-tokens", "3"], "--num-draft-tokens needs a drafter"),
     (["--draft", "prompt_lookup", "--draft-model", "d"], "drop --draft-model"),
+    (["--draft", "model"], "--draft model needs --draft-model PATH"),
+    (["--draft", "hybrid"], "--draft hybrid needs --draft-model PATH"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
     ([], None),
 ])

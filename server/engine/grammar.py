@@ -60,7 +60,7 @@ class GrammarConstraint:
 
     def allowed(self) -> np.ndarray:
         if self._mask is None:
-            if self._ended or self._matcher.is_error():
+            if self._ended or self._matcher.is_error() or self._must_end():
                 mask = np.zeros(self._vocab_size, dtype=bool)
                 mask[[t for t in self._eos if t < self._vocab_size]] = True
             else:
@@ -96,19 +96,90 @@ class GrammarConstraint:
     def is_finished(self) -> bool:
         return self._ended or self._matcher.is_stopped()
 
+    def _must_end(self) -> bool:
+        """Only EOS from here, though the grammar allows more (a subclass's rule)."""
+        return False
+
+
+class ToolCallsConstraint(GrammarConstraint):
+    """Forced parallel tool calls that end at the first call repeating an earlier one.
+
+    A small model tends to loop: the same call again, up to the grammar's limit. Once the
+    output's last complete call equals an earlier one (same name, same arguments), only EOS is
+    allowed: a repeat costs one call's tokens, not seven. The HTTP side drops the repeat
+    (`server.http.tools.ToolCallParser`), so a client never sees two identical calls.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int,
+                 eos_token_ids: frozenset[int], decode):
+        super().__init__(matcher, vocab_size, eos_token_ids)
+        self._decode = decode  # token ids -> bytes
+        self._tokens: list[int] = []  # consumed, for the text
+
+    def consume(self, tokens: list[int]) -> int:
+        count = 0
+        for token in tokens:  # one at a time: after a repeat, anything but EOS is refused
+            if int(token) not in self._eos and self._must_end():
+                break
+            if super().consume([token]) != 1:
+                break
+            self._tokens.append(int(token))
+            count += 1
+        return count
+
+    def rollback(self, num_tokens: int) -> None:
+        super().rollback(num_tokens)
+        if num_tokens > 0:
+            del self._tokens[-num_tokens:]
+
+    def _must_end(self) -> bool:
+        tail = self._decode(self._tokens[-len(TOOL_CALL_END):])  # a token holds >= 1 byte
+        if not tail.endswith(TOOL_CALL_END.encode()):
+            return False
+        return repeats_a_call(self._decode(self._tokens).decode("utf-8", errors="replace"))
+
+
+_CALL_BODY = re.compile(re.escape(TOOL_CALL_START) + r"\n(.*?)\n" + re.escape(TOOL_CALL_END),
+                        re.DOTALL)
+
+
+def call_key(name: str, arguments: Any) -> str:
+    """What makes two calls the same call: the name and the arguments as JSON values."""
+    return json.dumps([name, arguments], sort_keys=True, ensure_ascii=False)
+
+
+def repeats_a_call(text: str) -> bool:
+    """Whether the last complete Hermes call in `text` equals an earlier one."""
+    keys = []
+    for body in _CALL_BODY.findall(text):
+        try:
+            call = json.loads(body)
+            keys.append(call_key(call["name"], call["arguments"]))
+        except (ValueError, KeyError, TypeError):
+            keys.append(body)
+    return len(keys) > 1 and keys[-1] in keys[:-1]
+
 
 class Grammar:
     """A compiled grammar; calling it starts a new `GrammarConstraint` (a constraint factory)."""
 
     def __init__(self, template: llguidance.LLMatcher, vocab_size: int,
-                 eos_token_ids: frozenset[int], description: str):
+                 eos_token_ids: frozenset[int], description: str, decode=None):
         self._template = template
         self._vocab_size = vocab_size
         self._eos = eos_token_ids
         self.description = description
+        self._decode = decode  # set: forced parallel tool calls (`ToolCallsConstraint`)
 
     def __call__(self) -> GrammarConstraint:
-        return GrammarConstraint(self._template.deep_copy(), self._vocab_size, self._eos)
+        matcher = self._template.deep_copy()
+        if self._decode is not None:
+            return ToolCallsConstraint(matcher, self._vocab_size, self._eos, self._decode)
+        return GrammarConstraint(matcher, self._vocab_size, self._eos)
+
+    def ending_at_repeated_calls(self, decode) -> Grammar:
+        """This grammar with `ToolCallsConstraint` states (`decode`: token ids -> bytes)."""
+        return Grammar(self._template, self._vocab_size, self._eos, self.description, decode)
 
     def __repr__(self) -> str:
         return f"Grammar({self.description})"
@@ -157,6 +228,8 @@ class Grammars:
         `functions`: OpenAI function objects ({"name", "parameters"?, "strict"?}); the
         arguments are constrained to the function's `parameters` schema, whose top-level
         properties are the only ones allowed unless it sets `additionalProperties` itself.
+        `parallel`: the calls end at the first one that repeats an earlier one
+        (`ToolCallsConstraint`).
         """
         if not functions:
             raise GrammarError("at least one function is needed for a tool call")
@@ -172,7 +245,10 @@ class Grammars:
         def lark(schema: dict) -> str:
             return "\n".join([start, call, _lark_json("body", schema)])
 
-        return self._compile_schema(body, strict, lark)
+        grammar = self._compile_schema(body, strict, lark)
+        if not parallel:
+            return grammar
+        return grammar.ending_at_repeated_calls(self._tokenizer.decode_bytes)
 
     # ------------------------------------------------------------------ compiling
     def _compile_schema(self, schema: dict, strict: bool, to_lark) -> Grammar:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from server.engine.params import SpeculationParams
+from server.engine.params import DraftSource, SpeculationParams
 
 
 class InvalidRequest(ValueError):
@@ -41,24 +41,35 @@ class SpeculationPolicy:
     batch_draft_tokens: int = DEFAULT_BATCH_DRAFT_TOKENS  # the most k while others decode too
 
     def for_request(self, *, use_draft: bool | None, num_draft_tokens: int | None,
-                    defaults: SpeculationParams, draft_loaded: bool) -> SpeculationParams:
-        """How this request drafts: off when it says so, or when nothing can draft."""
-        if defaults.source == "hybrid" and not draft_loaded:
-            defaults = replace(defaults, source="prompt_lookup")  # what it can do without one
-        lookup = defaults.source == "prompt_lookup"
+                    draft: DraftSource | None, defaults: SpeculationParams,
+                    draft_loaded: bool) -> SpeculationParams:
+        """How this request drafts. `draft` is the request's own choice (None: the server's,
+        `defaults.source`).
+
+        One rule: a drafter the request asks for explicitly (`draft` "model" or "hybrid",
+        `use_draft: true`, `num_draft_tokens > 0`) must be available now, else InvalidRequest
+        naming the drafters that are. The server's default falls back quietly when it names
+        the draft model and none is loaded: hybrid to prompt lookup, model to no drafting.
+        Turning drafting off (`use_draft: false`, `num_draft_tokens: 0`) always wins.
+        """
+        source = draft or defaults.source
         if use_draft is False or num_draft_tokens == 0:
-            return replace(defaults, num_draft_tokens=0)
-        required = bool(use_draft) or bool(num_draft_tokens)
-        if not (lookup or draft_loaded):
-            if required:
-                raise InvalidRequest(
-                    "no draft model is loaded: load one with POST /v1/models/draft, "
-                    "use draft='prompt_lookup', or omit num_draft_tokens/use_draft",
-                    "num_draft_tokens" if num_draft_tokens else "use_draft",
-                )
-            return replace(defaults, num_draft_tokens=0)
-        k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
-        return replace(defaults, num_draft_tokens=k, required=required)
+            return replace(defaults, source=source, num_draft_tokens=0)
+        available = available_drafters(draft_loaded)
+        if draft is None and source not in available:
+            source = "prompt_lookup" if source == "hybrid" else None
+        required = draft is not None or bool(use_draft) or bool(num_draft_tokens)
+        if source in available:
+            k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
+            return replace(defaults, source=source, num_draft_tokens=k, required=required)
+        if required:
+            param = "draft" if draft else "num_draft_tokens" if num_draft_tokens else "use_draft"
+            asked = f"draft={draft!r}" if draft else f"{param}={num_draft_tokens or 'true'}"
+            raise InvalidRequest(
+                f"{asked} needs a draft model and none is loaded. Drafters available now: "
+                f"{', '.join(available)} (\"draft\": \"prompt_lookup\"); load a draft model "
+                "with POST /v1/models/draft, or omit the field", param)
+        return replace(defaults, num_draft_tokens=0)
 
     def for_round(self, rows, batch_size: int) -> dict[int, int]:
         """Draft length per row this round (keyed by id): the row's own (adaptive) k alone, at
@@ -85,6 +96,11 @@ class SpeculationPolicy:
         """Whether `row` drafts in a round of `batch_size` rows."""
         large = batch_size > self.spec_max_batch
         return row.drafter is not None and (not large or _seeded_sampling(row))
+
+
+def available_drafters(draft_loaded: bool) -> tuple[DraftSource, ...]:
+    """What can draft now: prompt lookup always; the draft model and hybrid with a draft."""
+    return ("model", "prompt_lookup", "hybrid") if draft_loaded else ("prompt_lookup",)
 
 
 def _seeded_sampling(row) -> bool:

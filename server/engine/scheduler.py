@@ -117,6 +117,11 @@ class Scheduler:
         """Requests prefilling or decoding."""
         return len(self.target) + len(self.prefilling)
 
+    @property
+    def draining(self) -> bool:
+        """Shutdown began: no new requests are admitted."""
+        return self._draining
+
     def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
         kit = self.kit
         source = params.speculation.source

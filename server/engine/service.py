@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from server.engine.events import Finished
 from server.engine.model_kit import LoadedModel, ModelKit, is_hub_id, load_model
-from server.engine.params import GenerationParams, SpeculationParams
+from server.engine.params import DraftSource, GenerationParams, SpeculationParams
 from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, InvalidRequest, SpeculationPolicy
 from server.engine.scheduler import (
     ObserverList,
@@ -208,6 +208,11 @@ class InferenceEngine:
         """Requests prefilling or decoding now."""
         return self.scheduler.batch_size if self.scheduler is not None else 0
 
+    @property
+    def draining(self) -> bool:
+        """True once shutdown began: new requests get 503."""
+        return self.scheduler is not None and self.scheduler.draining
+
     def cache_info(self) -> dict:
         cache = self.scheduler.prefix_cache if self.scheduler is not None else None
         if cache is None:
@@ -223,9 +228,12 @@ class InferenceEngine:
 
     # -- requests -----------------------------------------------------------------------------
     def resolve_speculation(self, *, use_draft: bool | None, num_draft_tokens: int | None,
-                            defaults: SpeculationParams) -> SpeculationParams:
+                            defaults: SpeculationParams,
+                            draft: DraftSource | None = None) -> SpeculationParams:
+        """`defaults`: the server's; `draft`: the drafter the request names, if any."""
         return self.policy.for_request(use_draft=use_draft, num_draft_tokens=num_draft_tokens,
-                                       defaults=defaults, draft_loaded=self.draft is not None)
+                                       draft=draft, defaults=defaults,
+                                       draft_loaded=self.draft is not None)
 
     def submit(self, params: GenerationParams) -> RequestHandle:
         """Queue a generation; iterate the handle for events. Raises QueueFull/ShuttingDown."""

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api_schemas.openai import ErrorBody, ErrorResponse
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
@@ -41,15 +42,17 @@ def redact_paths(message: str) -> str:
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+                 code: str | None = None, headers: dict | None = None,
+                 error_type: str | None = None, redact: bool = True):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers
+        self.error_type = error_type or ERROR_TYPES.get(status, "error")
+        self.redact = redact  # False for messages that quote only the client's own input
 
     def body(self) -> dict:
-        err = ErrorBody(message=redact_paths(self.message),
-                        type=ERROR_TYPES.get(self.status, "error"), param=self.param,
-                        code=self.code)
+        err = ErrorBody(message=redact_paths(self.message) if self.redact else self.message,
+                        type=self.error_type, param=self.param, code=self.code)
         return ErrorResponse(error=err).model_dump()
 
     def response(self) -> JSONResponse:
@@ -93,8 +96,26 @@ async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
     return APIError(400, message, param=param, code="invalid_value").response()
 
 
-async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    method, path = request.method, request.url.path
+    if exc.status_code == 404 and not _any_route_matches(request):
+        # No catch-all route: routes registered later (or by other routers) still win.
+        return APIError(404, f"{method} {path} is not supported by this server (its endpoints "
+                        "are listed at /docs)",
+                        code="unknown_endpoint", error_type="invalid_request_error",
+                        redact=False).response()
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return APIError(405, f"{method} is not allowed on {path}; use {allowed or 'another'}",
+                        code="method_not_allowed", headers=exc.headers,
+                        redact=False).response()
     return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+
+
+def _any_route_matches(request: Request) -> bool:
+    """Whether some route serves this path (with any method): else the endpoint is unknown."""
+    scope = {**request.scope, "method": "GET"}
+    return any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes)
 
 
 async def _api(_: Request, exc: Exception) -> JSONResponse:

@@ -66,7 +66,7 @@ def generation_params(
 ) -> GenerationParams:
     max_tokens = enforce_model_limits(body, prompt, engine, defaults)
     speculation_defaults = SpeculationParams(
-        source=body.draft or defaults.draft,
+        source=defaults.draft,
         acceptance=body.acceptance or defaults.acceptance,
         adaptive=defaults.adaptive if body.adaptive is None else body.adaptive,
         draft_p_min=defaults.draft_p_min if body.draft_p_min is None else body.draft_p_min,
@@ -75,7 +75,7 @@ def generation_params(
     )
     speculation = engine.resolve_speculation(
         use_draft=body.use_draft, num_draft_tokens=body.num_draft_tokens,
-        defaults=speculation_defaults,
+        defaults=speculation_defaults, draft=body.draft,
     )
     if isinstance(body, ChatCompletionRequest):
         logprobs, top = body.logprobs, body.top_logprobs or 0

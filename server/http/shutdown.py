@@ -32,6 +32,14 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout_s = drain_timeout_s
         self._draining = False
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if sockets and self.started:  # uvicorn logs its address only for sockets it binds
+            for sock in sockets:
+                host, port = sock.getsockname()[:2]
+                log.info("serving on http://%s:%d (Ctrl+C to quit)",
+                         f"[{host}]" if ":" in host else host, port)
+
     def handle_exit(self, sig, frame) -> None:
         # sse-starlette ends every open stream abruptly once uvicorn starts to exit, so uvicorn
         # is told only after the drain: streams end first, with their final chunk or error.

@@ -24,7 +24,7 @@ from typing import Any
 
 from mlx_lm.tool_parsers import json_tools
 
-from server.engine.grammar import TOOL_CALL_END, TOOL_CALL_START
+from server.engine.grammar import TOOL_CALL_END, TOOL_CALL_START, call_key
 from server.engine.prompts import chat_tokens
 
 
@@ -162,7 +162,9 @@ class ToolCallParser:
     """Splits generated text, as it streams, into content and completed tool calls.
 
     `feed` returns the content that is safe to show now and the calls that the text completed;
-    `finish` flushes what is left. Text that may be the start of a call marker is held back;
+    `finish` flushes what is left. A call identical to an earlier one of the turn (same name,
+    same arguments as JSON values) is dropped. Text that may be the start of a call marker is
+    held back;
     so is trailing whitespace, dropped at the end when the output made calls. The split does
     not depend on how the text was chunked, so a stream and a whole response agree. An
     unterminated call at the end is parsed if it can be, else shown as text: nothing the model
@@ -172,6 +174,7 @@ class ToolCallParser:
     def __init__(self, fmt: ToolCallFormat, tools: list[dict] | None):
         self.fmt, self.tools = fmt, tools
         self.calls: list[dict] = []
+        self._seen: set[str] = set()  # call_key of each call in self.calls
         self._buffer = ""
         self._held = ""  # whitespace between pieces of content
         self._in_call = False
@@ -229,6 +232,8 @@ class ToolCallParser:
         return shown
 
     def _parse(self, body: str) -> list[dict] | None:
+        """The new calls in one call block ([] when all repeat earlier ones); None when it
+        does not parse."""
         try:
             parsed = self.fmt.parse(body, self.tools)
             parsed = parsed if isinstance(parsed, list) else [parsed]
@@ -237,8 +242,18 @@ class ToolCallParser:
             return None
         if not calls:
             return None
+        calls = [c for c in calls if self._first_time(c)]
         self.calls.extend(calls)
         return calls
+
+    def _first_time(self, call: dict) -> bool:
+        """False for a call identical (name and arguments) to an earlier one of this turn: a
+        degenerate repeat that an agent would run twice; it is dropped."""
+        key = call_key(call["function"]["name"], _arguments_dict(call["function"]["arguments"]))
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def _prefix_overlap(text: str, marker: str) -> int:

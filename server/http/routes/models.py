@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from api_schemas.admin import (
@@ -92,11 +92,16 @@ async def metrics(request: Request) -> PlainTextResponse:
                              media_type="text/plain; version=0.0.4")
 
 
-@health_router.get("/health")
-async def health(request: Request) -> Health:
+@health_router.get("/health", responses={503: {"model": Health,
+                                                 "description": "Draining: shutting down."}})
+async def health(request: Request, response: Response) -> Health:
+    """200 while serving; 503 with `"status": "draining"` once shutdown began, so a load
+    balancer stops sending requests that would get 503 `shutting_down`."""
     engine = request.app.state.engine
     draft = engine.draft.name if engine.draft is not None else None
     cache = engine.cache_info()
-    return Health(target=engine.model_name, draft=draft, queue_depth=engine.queue_depth,
-                  batch_size=engine.batch_size, cache_entries=cache["entries"],
-                  cache_bytes=cache["bytes"])
+    if engine.draining:
+        response.status_code = 503
+    return Health(status="draining" if engine.draining else "ok", target=engine.model_name,
+                  draft=draft, queue_depth=engine.queue_depth, batch_size=engine.batch_size,
+                  cache_entries=cache["entries"], cache_bytes=cache["bytes"])
