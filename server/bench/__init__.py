@@ -33,6 +33,10 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # from the command line: OpenBLAS on a Linux CPU (server/blas.py)
+        from server.blas import ensure_fast_blas
+
+        ensure_fast_blas()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["sweep", *argv]  # the sweep's flags alone: as before the subcommands
