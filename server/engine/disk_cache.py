@@ -1,0 +1,371 @@
+"""The prefix cache on disk: KV states that survive a restart.
+
+Each entry is one file in `mlx_lm`'s prompt-cache format (what `save_prompt_cache` writes and
+`load_prompt_cache` reads: safetensors, the caches' states flattened, their classes and our
+metadata in the header). An entry holds the target's cache, then the draft's when it was made
+by a drafting request, over exactly its tokens. Its key is the fingerprint of each model it
+holds (`model_kit.model_fingerprint`: path, config, weight files, dtype, device, MLX versions);
+its file name is a hash of that key and the token ids, then a CRC-32 of the whole file; the
+header holds the key and the token ids again, and both are checked when the entry is read.
+A corrupt, truncated or mismatched file is logged, deleted and counted as a miss: the request
+is prefilled cold.
+
+Writes happen off the hot path: the MLX thread copies an entry's (already evaluated) arrays to
+numpy - a memcpy, ~25 ms for 94 MB on this project's CPU - and a writer thread, which never
+touches MLX, builds the file and writes it. Saving with `save_prompt_cache` on the MLX thread
+instead would stall every decoding stream for the whole write, and writing only while the
+scheduler is idle would never write under steady load. Reads happen on the MLX thread at a
+request's first prefill step, only when the disk holds a longer prefix than memory does.
+
+Bounded by `max_bytes` with LRU eviction; a file's modification time is its last use (set
+again on every hit), so the order survives restarts. Files of other models may share the
+folder: they count towards the budget and age out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, load_prompt_cache, trim_prompt_cache
+
+log = logging.getLogger(__name__)
+
+FORMAT = "mlx-spec-server/prefix-cache/1"
+DEFAULT_DISK_MAX_GB = 10.0
+# Shorter prefixes are not written nor read: prefilling them costs less than a file.
+MIN_TOKENS = 32
+# Copies waiting for the writer; beyond it new entries are skipped (one is always accepted).
+MAX_PENDING_BYTES = 2 * 2**30
+_NAME = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{8})\.safetensors$")
+_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.int32: "I32"}
+
+
+@dataclass
+class DiskEntry:
+    path: Path
+    key: str
+    tokens: np.ndarray
+    nbytes: int
+    used: float  # last written or read (the file's modification time)
+    paths: dict[str, str] = field(default_factory=dict)  # fingerprint -> model path
+
+
+@dataclass
+class _Job:
+    name: str
+    key: str
+    tokens: np.ndarray
+    arrays: list[tuple[str, str, tuple[int, ...], np.ndarray]]
+    metadata: dict[str, str]
+    paths: dict[str, str]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for *_, a in self.arrays)
+
+
+def key_string(key: tuple[str, ...]) -> str:
+    return "+".join(key)
+
+
+def entry_name(key: str, tokens: np.ndarray) -> str:
+    h = hashlib.sha256(key.encode())
+    h.update(tokens.astype("<i8").tobytes())
+    return h.hexdigest()[:32]
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    same = a[:n] == b[:n]
+    return n if same.all() else int(np.argmin(same))
+
+
+class DiskPromptCache:
+    def __init__(self, directory: str | Path, max_bytes: int):
+        self.directory = Path(directory).expanduser()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.hit_tokens = 0
+        self._paths: dict[str, str] = {}  # fingerprint -> model path, for the headers
+        self._entries: dict[str, DiskEntry] = {}
+        self._lock = threading.Lock()
+        self._pending: deque[_Job] = deque()
+        self._wake = threading.Condition(self._lock)
+        self._busy = False
+        self._closed = False
+        self._scan()
+        self._writer = threading.Thread(target=self._write_loop, name="prefix-cache-writer",
+                                        daemon=True)
+        self._writer.start()
+
+    # -- start-up --------------------------------------------------------------------------
+    def _scan(self) -> None:
+        for f in self.directory.glob(".tmp-*"):  # a write cut short by a crash
+            f.unlink(missing_ok=True)
+        for f in self.directory.iterdir():
+            if not _NAME.match(f.name):
+                continue
+            try:
+                entry = _read_entry(f)
+            except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+                log.warning("prefix cache on disk: %s is unreadable (%s): deleted", f.name, e)
+                f.unlink(missing_ok=True)
+                continue
+            if entry is not None:
+                self._entries[_NAME.match(f.name).group(1)] = entry
+        log.info("prefix cache on disk: %d entries, %.2f GB in %s", len(self._entries),
+                 self._total() / 1e9, self.directory)
+
+    def register_model(self, path: str, fingerprint: str) -> None:
+        """Name a model's fingerprint in the entries it makes; warn when entries of the same
+        path were made by another version of it (weights, config, dtype or MLX changed)."""
+        self._paths[fingerprint] = path
+        with self._lock:
+            stale = [e for e in self._entries.values()
+                     if any(p == path and fp != fingerprint for fp, p in e.paths.items())]
+        if stale:
+            log.warning("prefix cache on disk: %d entries were made by another version of %s"
+                        " (its weights, config, dtype or MLX changed); they will not be used",
+                        len(stale), path)
+
+    # -- the MLX thread ------------------------------------------------------------------------
+    def best(self, key: tuple[str, ...], tokens: list[int]) -> tuple[DiskEntry | None, int]:
+        """The entry sharing the longest prefix with `tokens` (the shortest such file), and
+        the length of that prefix."""
+        key, wanted = key_string(key), np.asarray(tokens, dtype=np.int64)
+        best, length = None, 0
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.key != key:
+                    continue
+                n = common_prefix(entry.tokens, wanted)
+                if n > length or (n == length and best and len(entry.tokens) < len(best.tokens)):
+                    best, length = entry, n
+        return (best, length) if length >= MIN_TOKENS else (None, 0)
+
+    def load(self, entry: DiskEntry, length: int) -> list[KVCache] | None:
+        """The entry's caches cut to its first `length` tokens; None (logged, file deleted)
+        when the file is corrupt, truncated or not what the index says."""
+        try:
+            cache = _load_checked(entry)
+        except Exception as e:  # noqa: BLE001 - any damage means a cold prefill
+            log.warning("prefix cache on disk: %s is damaged (%s: %s): deleted, prefilling"
+                        " cold", entry.path.name, type(e).__name__, e)
+            self._discard(entry)
+            return None
+        now = time.time()
+        try:
+            os.utime(entry.path, (now, now))
+        except OSError:
+            pass
+        entry.used = now
+        excess = len(entry.tokens) - length
+        if excess > 0:
+            trim_prompt_cache(cache, excess)
+        self.hit_tokens += length
+        return cache
+
+    def store(self, key: tuple[str, ...], tokens: list[int], caches: list[KVCache]) -> None:
+        """Queue `caches` (covering exactly `tokens`) for the writer: numpy copies of their
+        states, made here, on the MLX thread."""
+        if len(tokens) < MIN_TOKENS or sum(c.nbytes for c in caches) > self.max_bytes:
+            return
+        key_s, ids = key_string(key), np.asarray(tokens, dtype=np.int64)
+        name = entry_name(key_s, ids)
+        with self._lock:
+            if name in self._entries or any(j.name == name for j in self._pending):
+                return
+            pending = sum(j.nbytes for j in self._pending)
+        if pending and pending + sum(c.nbytes for c in caches) > MAX_PENDING_BYTES:
+            log.debug("prefix cache on disk: writer behind, entry skipped")
+            return
+        paths = {fp: self._paths.get(fp, "") for fp in key}
+        meta = {"format": FORMAT, "key": key_s, "paths": json.dumps(paths),
+                "tokens": ",".join(map(str, tokens))}
+        arrays, metadata = _prompt_cache_layout(caches, meta)
+        job = _Job(name, key_s, ids, arrays, metadata, paths)
+        with self._wake:
+            # An entry extending a queued one of the same key makes that one useless.
+            for old in [j for j in self._pending if j.key == key_s and
+                        common_prefix(j.tokens, ids) == len(j.tokens)]:
+                self._pending.remove(old)
+            self._pending.append(job)
+            self._wake.notify()
+
+    # -- any thread ------------------------------------------------------------------------
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every queued entry is written; False if `timeout` ran out."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.1))
+        return True
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.flush(timeout)
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+
+    def clear(self) -> int:
+        """Delete every entry (queued ones too); the number of files deleted."""
+        with self._lock:
+            self._pending.clear()
+            entries, self._entries = list(self._entries.values()), {}
+        for e in entries:
+            e.path.unlink(missing_ok=True)
+        return len(entries)
+
+    def info(self) -> dict:
+        with self._lock:
+            return {"disk_entries": len(self._entries), "disk_bytes": self._total(),
+                    "disk_max_bytes": self.max_bytes}
+
+    # -- the writer thread (no MLX here) ------------------------------------------------------
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._closed:
+                    self._wake.wait()
+                if self._closed and not self._pending:
+                    return
+                job = self._pending.popleft()
+                self._busy = True
+            try:
+                self._write(job)
+            except Exception:  # noqa: BLE001 - a full disk must not stop the server
+                log.exception("prefix cache on disk: writing an entry failed")
+            finally:
+                with self._wake:
+                    self._busy = False
+                    self._wake.notify_all()
+
+    def _write(self, job: _Job) -> None:
+        header, offset = {}, 0
+        for path, dtype, shape, data in job.arrays:
+            header[path] = {"dtype": dtype, "shape": list(shape),
+                            "data_offsets": [offset, offset + data.nbytes]}
+            offset += data.nbytes
+        header["__metadata__"] = job.metadata
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        prefix = struct.pack("<Q", len(head)) + head
+        crc = zlib.crc32(prefix)
+        for *_, data in job.arrays:
+            crc = zlib.crc32(memoryview(data).cast("B"), crc)
+        final = self.directory / f"{job.name}-{crc:08x}.safetensors"
+        tmp = self.directory / f".tmp-{job.name}-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(prefix)
+            for *_, data in job.arrays:
+                f.write(memoryview(data).cast("B"))
+        os.replace(tmp, final)
+        entry = DiskEntry(final, job.key, job.tokens, final.stat().st_size, time.time(),
+                          job.paths)
+        with self._lock:
+            self._entries[job.name] = entry
+            superseded = [n for n, e in self._entries.items() if e.key == job.key
+                          and len(e.tokens) < len(job.tokens)
+                          and common_prefix(e.tokens, job.tokens) == len(e.tokens)]
+            doomed = [self._entries.pop(n) for n in superseded]
+            while self._total() > self.max_bytes and self._entries:
+                oldest = min(self._entries, key=lambda n: self._entries[n].used)
+                doomed.append(self._entries.pop(oldest))
+        for e in doomed:
+            e.path.unlink(missing_ok=True)
+
+    def _discard(self, entry: DiskEntry) -> None:
+        with self._lock:
+            for name, e in list(self._entries.items()):
+                if e is entry:
+                    del self._entries[name]
+        entry.path.unlink(missing_ok=True)
+
+    def _total(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+
+def _prompt_cache_layout(caches: list[KVCache], meta: dict[str, str]):
+    """What `save_prompt_cache(caches, meta)` would write - its tensors (as host copies) and
+    its header metadata - for caches cut to their offsets (their buffers run longer)."""
+    states = [(c.keys[..., : c.offset, :], c.values[..., : c.offset, :], c.offset)
+              for c in caches]
+    scalars: list = [""]
+    arrays = []
+    for path, value in tree_flatten(states):
+        if isinstance(value, int):  # as save_prompt_cache's map_data stores scalars
+            scalars.append((path, "scalar"))
+            value = mx.array(value)
+        arrays.append((path, *_host_copy(value)))
+    classes = [type(c).__name__ for c in caches]
+    return arrays, dict(tree_flatten([meta, classes, scalars]))
+
+
+def _host_copy(array: mx.array) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """(safetensors dtype, shape, a numpy copy of the bytes): numpy has no bfloat16, so 16-bit
+    floats travel as their bits."""
+    dtype = _DTYPES.get(array.dtype)
+    if dtype is None:
+        raise ValueError(f"cannot store a {array.dtype} cache")
+    bits = array.view(mx.uint16) if array.dtype == mx.bfloat16 else array
+    return dtype, tuple(array.shape), np.array(bits, copy=True)
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """The safetensors header of `path` and the file size it implies."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > 64 * 2**20:
+            raise ValueError("header length out of range")
+        header = json.loads(f.read(length))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+              default=0)
+    return header, 8 + length + end
+
+
+def _read_entry(path: Path) -> DiskEntry | None:
+    """The index entry of one file; None for a file of another format (left alone)."""
+    header, size = _read_header(path)
+    meta = header.get("__metadata__", {})
+    if meta.get("0.format") != FORMAT:
+        return None
+    st = path.stat()
+    if st.st_size != size:
+        raise ValueError(f"{st.st_size} bytes, its header says {size}")
+    tokens = np.array([int(t) for t in meta["0.tokens"].split(",")], dtype=np.int64)
+    paths = json.loads(meta.get("0.paths", "{}"))
+    return DiskEntry(path, meta["0.key"], tokens, st.st_size, st.st_mtime, paths)
+
+
+def _load_checked(entry: DiskEntry) -> list[KVCache]:
+    crc = 0
+    with open(entry.path, "rb") as f:
+        while chunk := f.read(16 * 2**20):
+            crc = zlib.crc32(chunk, crc)
+    if f"{crc:08x}" != _NAME.match(entry.path.name).group(2):
+        raise ValueError("checksum mismatch")
+    cache, meta = load_prompt_cache(str(entry.path), return_metadata=True)
+    tokens = np.array([int(t) for t in meta["tokens"].split(",")], dtype=np.int64)
+    if meta.get("key") != entry.key or not np.array_equal(tokens, entry.tokens):
+        raise ValueError("key or tokens differ from the index")
+    if any(type(c) is not KVCache or c.offset != len(tokens) for c in cache):
+        raise ValueError("caches do not cover the entry's tokens")
+    mx.eval([c.state for c in cache])
+    return cache
