@@ -187,8 +187,10 @@ class DiskPromptCache:
         key_s, ids = key_string(key), np.asarray(tokens, dtype=np.int64)
         name = entry_name(key_s, ids)
         with self._lock:
-            if name in self._entries or any(j.name == name for j in self._pending):
-                return
+            if any(j.name == name for j in self._pending) or any(
+                    e.key == key_s and common_prefix(e.tokens, ids) == len(ids)
+                    for e in self._entries.values()):
+                return  # already on disk, or a prefix of an entry that is
             pending = sum(j.nbytes for j in self._pending)
         if pending and pending + sum(c.nbytes for c in caches) > MAX_PENDING_BYTES:
             log.debug("prefix cache on disk: writer behind, entry skipped")

@@ -54,6 +54,7 @@ class PrefixCache:
         hit = len(tokens) - len(rest) if cache is not None else 0
         if self.disk is not None:
             entry, length = self.disk.best(key, tokens)
+            length = min(length, len(tokens) - 1)  # as memory: one token left to prefill
             if entry is not None and length > hit:
                 loaded = self.disk.load(entry, length)
                 if loaded is not None:
