@@ -232,3 +232,11 @@ def test_settings_and_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MLX_SPEC_CACHE__DISK_DIR", "/tmp/b")
     settings = Settings.load(config)
     assert (settings.cache.disk_dir, settings.cache.disk_max_gb) == ("/tmp/b", 2)
+
+
+def test_restart_benchmark_runs_on_the_tiny_pair(capsys):
+    from server.bench.restart import main
+
+    [row] = main(["--tiny", "--prompt-tokens", "96"])
+    assert row["prompt_tokens"] == 96 and row["restart_cached_tokens"] == 95
+    assert "TTFT after restart / cold" in capsys.readouterr().out
