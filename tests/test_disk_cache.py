@@ -95,6 +95,21 @@ def test_a_memory_hit_wins_and_drafting_entries_are_kept_apart(kit, tmp_path):
     assert stats.cached_tokens == 0
 
 
+def test_a_long_entry_is_not_read_for_a_short_shared_prefix(kit, tmp_path):
+    from server.engine.disk_cache import MIN_USED_FRACTION
+
+    long = request(kit, SYSTEM * 4 + "Long?")
+    run(restarted(kit, tmp_path), long)
+    entry_tokens = len(long.prompt_tokens) + 11
+    shared = request(kit, SYSTEM + "Short?")  # shares len(SYSTEM) tokens, under the fraction
+    assert len(kit.target.tokenizer.encode(SYSTEM)) < MIN_USED_FRACTION * entry_tokens
+    _, stats = run(restarted(kit, tmp_path), shared)
+    assert stats.cached_tokens == 0
+    half = request(kit, SYSTEM * 3 + "Half?")
+    _, stats = run(restarted(kit, tmp_path), half)
+    assert stats.cached_tokens >= len(kit.target.tokenizer.encode(SYSTEM * 3)) - 2
+
+
 def test_files_are_mlx_lm_prompt_caches(kit, tmp_path):
     p = request(kit, SYSTEM + "Format?")
     run(restarted(kit, tmp_path / "ours"), p)

@@ -48,6 +48,9 @@ FORMAT = "mlx-spec-server/prefix-cache/1"
 DEFAULT_DISK_MAX_GB = 10.0
 # Shorter prefixes are not written nor read: prefilling them costs less than a file.
 MIN_TOKENS = 32
+# An entry is read only for a prefix of at least this fraction of its tokens: reading a whole
+# long file to reuse its first few tokens can cost more than prefilling them (on a GPU).
+MIN_USED_FRACTION = 0.25
 # Copies waiting for the writer; beyond it new entries are skipped (one is always accepted).
 MAX_PENDING_BYTES = 2 * 2**30
 _NAME = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{8})\.safetensors$")
@@ -107,6 +110,7 @@ class DiskPromptCache:
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._closed = False
+        self._generation = 0  # bumped by clear(): a write that began before is dropped
         self._scan()
         self._writer = threading.Thread(target=self._write_loop, name="prefix-cache-writer",
                                         daemon=True)
@@ -147,15 +151,17 @@ class DiskPromptCache:
         """The entry sharing the longest prefix with `tokens` (the shortest such file), and
         the length of that prefix."""
         key, wanted = key_string(key), np.asarray(tokens, dtype=np.int64)
-        best, length = None, 0
+        best, length = None, MIN_TOKENS - 1
         with self._lock:
             for entry in self._entries.values():
                 if entry.key != key:
                     continue
                 n = common_prefix(entry.tokens, wanted)
+                if n < MIN_USED_FRACTION * len(entry.tokens):
+                    continue
                 if n > length or (n == length and best and len(entry.tokens) < len(best.tokens)):
                     best, length = entry, n
-        return (best, length) if length >= MIN_TOKENS else (None, 0)
+        return (best, length) if best is not None else (None, 0)
 
     def load(self, entry: DiskEntry, length: int) -> list[KVCache] | None:
         """The entry's caches cut to its first `length` tokens; None (logged, file deleted)
@@ -230,6 +236,7 @@ class DiskPromptCache:
         """Delete every entry (queued ones too); the number of files deleted."""
         with self._lock:
             self._pending.clear()
+            self._generation += 1
             entries, self._entries = list(self._entries.values()), {}
         for e in entries:
             e.path.unlink(missing_ok=True)
@@ -250,8 +257,9 @@ class DiskPromptCache:
                     return
                 job = self._pending.popleft()
                 self._busy = True
+                generation = self._generation
             try:
-                self._write(job)
+                self._write(job, generation)
             except Exception:  # noqa: BLE001 - a full disk must not stop the server
                 log.exception("prefix cache on disk: writing an entry failed")
             finally:
@@ -259,7 +267,7 @@ class DiskPromptCache:
                     self._busy = False
                     self._wake.notify_all()
 
-    def _write(self, job: _Job) -> None:
+    def _write(self, job: _Job, generation: int) -> None:
         header, offset = {}, 0
         for path, dtype, shape, data in job.arrays:
             header[path] = {"dtype": dtype, "shape": list(shape),
@@ -274,14 +282,21 @@ class DiskPromptCache:
             crc = zlib.crc32(memoryview(data).cast("B"), crc)
         final = self.directory / f"{job.name}-{crc:08x}.safetensors"
         tmp = self.directory / f".tmp-{job.name}-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(prefix)
-            for *_, data in job.arrays:
-                f.write(memoryview(data).cast("B"))
-        os.replace(tmp, final)
-        entry = DiskEntry(final, job.key, job.tokens, final.stat().st_size, time.time(),
+        try:
+            with open(tmp, "wb") as f:
+                f.write(prefix)
+                for *_, data in job.arrays:
+                    f.write(memoryview(data).cast("B"))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        entry = DiskEntry(final, job.key, job.tokens, tmp.stat().st_size, time.time(),
                           job.paths)
         with self._lock:
+            if generation != self._generation:  # cleared while it was being written
+                tmp.unlink(missing_ok=True)
+                return
+            os.replace(tmp, final)
             self._entries[job.name] = entry
             superseded = [n for n, e in self._entries.items() if e.key == job.key
                           and len(e.tokens) < len(job.tokens)
