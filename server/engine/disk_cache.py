@@ -1,14 +1,13 @@
 """The prefix cache on disk: KV states that survive a restart.
 
-Each entry is one file in `mlx_lm`'s prompt-cache format (what `save_prompt_cache` writes and
-`load_prompt_cache` reads: safetensors, the caches' states flattened, their classes and our
-metadata in the header). An entry holds the target's cache, then the draft's when it was made
-by a drafting request, over exactly its tokens. Its key is the fingerprint of each model it
-holds (`model_kit.model_fingerprint`: path, config, weight files, dtype, device, MLX versions);
-its file name is a hash of that key and the token ids, then a CRC-32 of the whole file; the
-header holds the key and the token ids again, and both are checked when the entry is read.
-A corrupt, truncated or mismatched file is logged, deleted and counted as a miss: the request
-is prefilled cold.
+Each entry is one file in `mlx_lm`'s prompt-cache format (`prompt_cache_file`: what
+`save_prompt_cache` writes and `load_prompt_cache` reads). An entry holds the target's
+cache, then the draft's when a drafting request made it, over exactly its tokens. Its key is
+the fingerprint of each model it holds (`model_kit.model_fingerprint`: path, config, weight
+files, dtype, device, MLX versions); its file name is a hash of that key and the token ids,
+then a CRC-32 of the whole file; the header holds the key and the token ids again, and both
+are checked when the entry is read. A corrupt, truncated or mismatched file is logged,
+deleted and counted as a miss: the request is prefilled cold.
 
 Writes happen off the hot path: the MLX thread copies an entry's (already evaluated) arrays to
 numpy - a memcpy, ~25 ms for 94 MB on this project's CPU - and a writer thread, which never
@@ -24,27 +23,31 @@ folder: they count towards the budget and age out.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
-import struct
 import threading
 import time
-import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache, load_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, trim_prompt_cache
+
+from server.engine.prompt_cache_file import (
+    FORMAT,
+    NAME,
+    DiskEntry,
+    entry_name,
+    load_checked,
+    prompt_cache_layout,
+    read_entry,
+    write_temp_file,
+)
 
 log = logging.getLogger(__name__)
 
-FORMAT = "mlx-spec-server/prefix-cache/1"
 DEFAULT_DISK_MAX_GB = 10.0
 # Shorter prefixes are not written nor read: prefilling them costs less than a file.
 MIN_TOKENS = 32
@@ -53,18 +56,6 @@ MIN_TOKENS = 32
 MIN_USED_FRACTION = 0.25
 # Copies waiting for the writer; beyond it new entries are skipped (one is always accepted).
 MAX_PENDING_BYTES = 2 * 2**30
-_NAME = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{8})\.safetensors$")
-_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.int32: "I32"}
-
-
-@dataclass
-class DiskEntry:
-    path: Path
-    key: str
-    tokens: np.ndarray
-    nbytes: int
-    used: float  # last written or read (the file's modification time)
-    paths: dict[str, str] = field(default_factory=dict)  # fingerprint -> model path
 
 
 @dataclass
@@ -83,12 +74,6 @@ class _Job:
 
 def key_string(key: tuple[str, ...]) -> str:
     return "+".join(key)
-
-
-def entry_name(key: str, tokens: np.ndarray) -> str:
-    h = hashlib.sha256(key.encode())
-    h.update(tokens.astype("<i8").tobytes())
-    return h.hexdigest()[:32]
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -121,16 +106,16 @@ class DiskPromptCache:
         for f in self.directory.glob(".tmp-*"):  # a write cut short by a crash
             f.unlink(missing_ok=True)
         for f in self.directory.iterdir():
-            if not _NAME.match(f.name):
+            if not NAME.match(f.name):
                 continue
             try:
-                entry = _read_entry(f)
+                entry = read_entry(f)
             except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
                 log.warning("prefix cache on disk: %s is unreadable (%s): deleted", f.name, e)
                 f.unlink(missing_ok=True)
                 continue
             if entry is not None:
-                self._entries[_NAME.match(f.name).group(1)] = entry
+                self._entries[NAME.match(f.name).group(1)] = entry
         log.info("prefix cache on disk: %d entries, %.2f GB in %s", len(self._entries),
                  self._total() / 1e9, self.directory)
 
@@ -167,7 +152,7 @@ class DiskPromptCache:
         """The entry's caches cut to its first `length` tokens; None (logged, file deleted)
         when the file is corrupt, truncated or not what the index says."""
         try:
-            cache = _load_checked(entry)
+            cache = load_checked(entry)
         except Exception as e:  # noqa: BLE001 - any damage means a cold prefill
             log.warning("prefix cache on disk: %s is damaged (%s: %s): deleted, prefilling"
                         " cold", entry.path.name, type(e).__name__, e)
@@ -204,7 +189,7 @@ class DiskPromptCache:
         paths = {fp: self._paths.get(fp, "") for fp in key}
         meta = {"format": FORMAT, "key": key_s, "paths": json.dumps(paths),
                 "tokens": ",".join(map(str, tokens))}
-        arrays, metadata = _prompt_cache_layout(caches, meta)
+        arrays, metadata = prompt_cache_layout(caches, meta)
         job = _Job(name, key_s, ids, arrays, metadata, paths)
         with self._wake:
             # An entry extending a queued one of the same key makes that one useless.
@@ -268,28 +253,7 @@ class DiskPromptCache:
                     self._wake.notify_all()
 
     def _write(self, job: _Job, generation: int) -> None:
-        header, offset = {}, 0
-        for path, dtype, shape, data in job.arrays:
-            header[path] = {"dtype": dtype, "shape": list(shape),
-                            "data_offsets": [offset, offset + data.nbytes]}
-            offset += data.nbytes
-        header["__metadata__"] = job.metadata
-        head = json.dumps(header, separators=(",", ":")).encode()
-        head += b" " * (-len(head) % 8)
-        prefix = struct.pack("<Q", len(head)) + head
-        crc = zlib.crc32(prefix)
-        for *_, data in job.arrays:
-            crc = zlib.crc32(memoryview(data).cast("B"), crc)
-        final = self.directory / f"{job.name}-{crc:08x}.safetensors"
-        tmp = self.directory / f".tmp-{job.name}-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(prefix)
-                for *_, data in job.arrays:
-                    f.write(memoryview(data).cast("B"))
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        tmp, final = write_temp_file(self.directory, job.name, job.arrays, job.metadata)
         entry = DiskEntry(final, job.key, job.tokens, tmp.stat().st_size, time.time(),
                           job.paths)
         with self._lock:
@@ -317,72 +281,3 @@ class DiskPromptCache:
 
     def _total(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
-
-
-def _prompt_cache_layout(caches: list[KVCache], meta: dict[str, str]):
-    """What `save_prompt_cache(caches, meta)` would write - its tensors (as host copies) and
-    its header metadata - for caches cut to their offsets (their buffers run longer)."""
-    states = [(c.keys[..., : c.offset, :], c.values[..., : c.offset, :], c.offset)
-              for c in caches]
-    scalars: list = [""]
-    arrays = []
-    for path, value in tree_flatten(states):
-        if isinstance(value, int):  # as save_prompt_cache's map_data stores scalars
-            scalars.append((path, "scalar"))
-            value = mx.array(value)
-        arrays.append((path, *_host_copy(value)))
-    classes = [type(c).__name__ for c in caches]
-    return arrays, dict(tree_flatten([meta, classes, scalars]))
-
-
-def _host_copy(array: mx.array) -> tuple[str, tuple[int, ...], np.ndarray]:
-    """(safetensors dtype, shape, a numpy copy of the bytes): numpy has no bfloat16, so 16-bit
-    floats travel as their bits."""
-    dtype = _DTYPES.get(array.dtype)
-    if dtype is None:
-        raise ValueError(f"cannot store a {array.dtype} cache")
-    bits = array.view(mx.uint16) if array.dtype == mx.bfloat16 else array
-    return dtype, tuple(array.shape), np.array(bits, copy=True)
-
-
-def _read_header(path: Path) -> tuple[dict, int]:
-    """The safetensors header of `path` and the file size it implies."""
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        if length > 64 * 2**20:
-            raise ValueError("header length out of range")
-        header = json.loads(f.read(length))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-              default=0)
-    return header, 8 + length + end
-
-
-def _read_entry(path: Path) -> DiskEntry | None:
-    """The index entry of one file; None for a file of another format (left alone)."""
-    header, size = _read_header(path)
-    meta = header.get("__metadata__", {})
-    if meta.get("0.format") != FORMAT:
-        return None
-    st = path.stat()
-    if st.st_size != size:
-        raise ValueError(f"{st.st_size} bytes, its header says {size}")
-    tokens = np.array([int(t) for t in meta["0.tokens"].split(",")], dtype=np.int64)
-    paths = json.loads(meta.get("0.paths", "{}"))
-    return DiskEntry(path, meta["0.key"], tokens, st.st_size, st.st_mtime, paths)
-
-
-def _load_checked(entry: DiskEntry) -> list[KVCache]:
-    crc = 0
-    with open(entry.path, "rb") as f:
-        while chunk := f.read(16 * 2**20):
-            crc = zlib.crc32(chunk, crc)
-    if f"{crc:08x}" != _NAME.match(entry.path.name).group(2):
-        raise ValueError("checksum mismatch")
-    cache, meta = load_prompt_cache(str(entry.path), return_metadata=True)
-    tokens = np.array([int(t) for t in meta["tokens"].split(",")], dtype=np.int64)
-    if meta.get("key") != entry.key or not np.array_equal(tokens, entry.tokens):
-        raise ValueError("key or tokens differ from the index")
-    if any(type(c) is not KVCache or c.offset != len(tokens) for c in cache):
-        raise ValueError("caches do not cover the entry's tokens")
-    mx.eval([c.state for c in cache])
-    return cache
