@@ -59,7 +59,11 @@ class Health(OpenAIBaseModel):
     batch_size: int = Field(0, description="Requests prefilling or decoding now.")
     cache_entries: int = Field(0, description="Prefix-cache entries.")
     cache_bytes: int = Field(0, description="Bytes the prefix cache holds.")
+    disk_cache_entries: int = Field(0, description="Prefix-cache files on disk (cache.disk_dir).")
+    disk_cache_bytes: int = Field(0, description="Bytes of the prefix-cache files on disk.")
 
 
 class CacheCleared(OpenAIBaseModel):
-    entries: int = Field(description="Prefix-cache entries removed.")
+    entries: int = Field(description="Prefix-cache entries removed from memory.")
+    disk_entries: int = Field(0, description="Prefix-cache files deleted from disk"
+                              " (cache.disk_dir; 0 without one).")

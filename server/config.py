@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.engine.disk_cache import DEFAULT_DISK_MAX_GB
 from server.engine.params import HYBRID_MIN_MATCH, Acceptance, DraftSource
 from server.engine.policy import (
     DEFAULT_BATCH_DRAFT_TOKENS,
@@ -124,6 +125,17 @@ class CacheSettings(BaseModel):
         None, ge=0.0,
         description="Byte budget in GB (0 disables); default: 1/8 of the machine's memory,"
         " at most 8 GB.",
+    )
+    disk_dir: str | None = Field(
+        None,
+        description="Folder where prefix-cache entries are also written (mlx_lm's prompt-cache"
+        " files), so they survive restarts; null: no disk cache. Entries of other models or"
+        " other weights may share it: they are never used for this one.",
+    )
+    disk_max_gb: float = Field(
+        DEFAULT_DISK_MAX_GB, gt=0.0,
+        description="Size bound of disk_dir's cache files in GB; the least recently used"
+        " are deleted beyond it.",
     )
 
 

@@ -6,6 +6,8 @@ Every method here touches MLX and so runs on the worker thread only.
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from functools import cached_property
@@ -46,6 +48,8 @@ class LoadedModel:
     model: nn.Module
     tokenizer: TokenizerWrapper
     config: dict
+    # What its KV states depend on (`model_fingerprint`): the disk prefix cache's key.
+    fingerprint: str = ""
 
     @cached_property
     def vocab_size(self) -> int:
@@ -111,7 +115,38 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
         mx.eval(model.parameters())
     if fuse:
         fuse_projections(model)
-    return LoadedModel(name or path, path, model, tokenizer, config)
+    identity = {"dtype": dtype, "fuse": fuse,
+                "dequantized": bool(dequantize and target_dtype == mx.float32)}
+    return LoadedModel(name or path, path, model, tokenizer, config,
+                       model_fingerprint(local if local.exists() else path, config, identity))
+
+
+def model_fingerprint(path: Path | str, config: dict, identity: dict) -> str:
+    """A hash of what a model's KV states depend on: its resolved path, config, weight files
+    (names, sizes, modification times), how it was loaded (`identity`: dtype, fusing), the
+    device and the MLX versions. Another value means cached KV states of it are stale."""
+    import mlx_lm
+
+    folder = Path(path).resolve() if isinstance(path, Path) else _hub_folder(path)
+    files = []
+    if folder is not None:
+        for f in sorted(folder.glob("*.safetensors")):
+            st = f.stat()
+            files.append([f.name, st.st_size, st.st_mtime_ns])
+    facts = {"path": str(folder or path), "config": config, "files": files, **identity,
+             "device": str(mx.default_device()), "mlx": mx.__version__,
+             "mlx_lm": mlx_lm.__version__}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _hub_folder(repo: str) -> Path | None:
+    """The local snapshot of a hub model that was just loaded, without any download."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, local_files_only=True)).resolve()
+    except Exception:  # noqa: BLE001 - then the id and config alone identify it
+        return None
 
 
 def load_tokenizer_only(path: str) -> TokenizerWrapper:

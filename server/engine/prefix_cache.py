@@ -7,6 +7,11 @@ Entries are made when a prompt's prefill completes (so concurrent requests that 
 prompt hit as soon as the first is prefilled) and when a request finishes (so the next turn of
 a chat hits its whole history). What is stored never holds rejected draft tokens: the batch
 trims them before a row can leave. Entries are dropped when the draft changes.
+
+With a `DiskPromptCache` (`cache.disk_dir`), every entry is also written to disk, and a lookup
+that finds a longer prefix on disk than in memory loads it (into memory too): after a restart
+the first request that shares a long prefix is served from disk. Keys are the fingerprints of
+the models an entry holds (`model_kit.model_fingerprint`), on disk as in memory.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import copy
 import os
 
 from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+
+from server.engine.disk_cache import DiskPromptCache
 
 MAX_DEFAULT_BYTES = 8 * 2**30
 
@@ -31,25 +38,35 @@ def cache_budget_bytes(max_gb: float | None) -> int:
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, disk: DiskPromptCache | None = None):
         self.max_bytes = max_bytes
+        self.disk = disk
         self._lru = LRUPromptCache(max_size=1 << 30, max_bytes=max_bytes)
         self.queried_tokens = 0
         self.hit_tokens = 0
 
-    def lookup(self, key, tokens: list[int]) -> tuple[list | None, int]:
+    def lookup(self, key: tuple[str, ...], tokens: list[int]) -> tuple[list | None, int]:
         """A private copy of the cache of the longest stored prefix of `tokens`, and its length."""
         self.queried_tokens += len(tokens)
         if not tokens:
             return None, 0
         cache, rest = self._lru.fetch_nearest_cache(key, tokens)
+        hit = len(tokens) - len(rest) if cache is not None else 0
+        if self.disk is not None:
+            entry, length = self.disk.best(key, tokens)
+            length = min(length, len(tokens) - 1)  # as memory: one token left to prefill
+            if entry is not None and length > hit:
+                loaded = self.disk.load(entry, length)
+                if loaded is not None:
+                    if sum(c.nbytes for c in loaded) <= self.max_bytes:
+                        self._lru.insert_cache(key, list(tokens[:length]), copy.deepcopy(loaded))
+                    cache, hit = loaded, length
         if cache is None:
             return None, 0
-        hit = len(tokens) - len(rest)
         self.hit_tokens += hit
         return cache, hit
 
-    def store(self, key, tokens: list[int], caches: list[list]) -> None:
+    def store(self, key: tuple[str, ...], tokens: list[int], caches: list[list]) -> None:
         """Store `caches` (target's, then draft's) cut to a common length over `tokens`."""
         caches = [c for c in caches if c]
         length = min([len(tokens)] + [c[0].offset for c in caches])
@@ -63,15 +80,23 @@ class PrefixCache:
                 part = copy.deepcopy(part)
                 trim_prompt_cache(part, excess)
             entry.extend(part)
+        if self.disk is not None:
+            self.disk.store(key, tokens[:length], entry)
         if sum(c.nbytes for c in entry) > self.max_bytes:
             return
         self._lru.insert_cache(key, list(tokens[:length]), entry)
 
     def clear(self) -> int:
+        """Drop every entry in memory (the disk's: `clear_disk`); the number dropped."""
         entries = len(self._lru)
         self._lru = LRUPromptCache(max_size=1 << 30, max_bytes=self.max_bytes)
         return entries
 
+    def clear_disk(self) -> int:
+        return self.disk.clear() if self.disk is not None else 0
+
     def info(self) -> dict:
+        disk = self.disk.info() if self.disk is not None else \
+            {"disk_entries": 0, "disk_bytes": 0, "disk_max_bytes": 0}
         return {"entries": len(self._lru), "bytes": self._lru.nbytes,
-                "max_bytes": self.max_bytes}
+                "max_bytes": self.max_bytes, **disk}

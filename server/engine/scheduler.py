@@ -100,7 +100,6 @@ class Scheduler:
         self._lock = threading.Lock()
         self._waiting_count = 0  # submitted, not yet admitted (any thread reads it)
         self._draining = False
-        self._draft_epoch = 0
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
         self.target = ModelBatch(kit.target.model)
@@ -439,10 +438,12 @@ class Scheduler:
     def _caching(self, seq: Sequence) -> bool:
         return self.prefix_cache is not None and seq.params.cache_prompt
 
-    def _cache_key(self, seq: Sequence) -> tuple:
-        """Entries of drafting requests hold both models' caches; plain ones the target's."""
+    def _cache_key(self, seq: Sequence) -> tuple[str, ...]:
+        """Entries of drafting requests hold both models' caches; plain ones the target's. Keys
+        are the models' fingerprints, so no entry outlives the weights it was computed with."""
         drafting = seq.draft_cache is not None or (self.draft is not None and seq in self.draft)
-        return ("draft", self._draft_epoch) if drafting else ("target",)
+        target = self.kit.target.fingerprint
+        return (target, self.kit.draft.fingerprint) if drafting else (target,)
 
     def _restore(self, seq: Sequence, context: list[int]) -> None:
         cache, hit = self.prefix_cache.lookup(self._cache_key(seq), context)
@@ -477,6 +478,5 @@ class Scheduler:
                 seq.draft_cache = None
                 seq.draft_pending = []
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
-        self._draft_epoch += 1
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

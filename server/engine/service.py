@@ -101,7 +101,8 @@ class InferenceEngine:
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
                  spec_batch_draft_tokens: int | None = None,
-                 prefix_cache_bytes: int = 0, fuse_projections: bool = False):
+                 prefix_cache_bytes: int = 0, fuse_projections: bool = False,
+                 disk_cache_dir: str | None = None, disk_cache_bytes: int = 0):
         self._target_path = model
         self._draft_path = draft_model
         self.model_name = model_name or model
@@ -113,6 +114,8 @@ class InferenceEngine:
         self.scheduler_config = scheduler or SchedulerConfig()
         self.observers = ObserverList()
         self.prefix_cache_bytes = prefix_cache_bytes
+        self.disk_cache_dir = disk_cache_dir if disk_cache_bytes > 0 else None
+        self.disk_cache_bytes = disk_cache_bytes
         self.kit: ModelKit | None = None
         self.scheduler: Scheduler | None = None
         self._stop = threading.Event()
@@ -156,10 +159,20 @@ class InferenceEngine:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
-        if self.prefix_cache_bytes > 0:
-            from server.engine.prefix_cache import PrefixCache
+        if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
+            self.scheduler.prefix_cache = self._prefix_cache()
 
-            self.scheduler.prefix_cache = PrefixCache(self.prefix_cache_bytes)
+    def _prefix_cache(self):
+        from server.engine.disk_cache import DiskPromptCache
+        from server.engine.prefix_cache import PrefixCache
+
+        disk = None
+        if self.disk_cache_dir:
+            disk = DiskPromptCache(self.disk_cache_dir, self.disk_cache_bytes)
+            for model in (self.kit.target, self.kit.draft):
+                if model is not None:
+                    disk.register_model(model.path, model.fingerprint)
+        return PrefixCache(self.prefix_cache_bytes, disk)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the current step, fail what still runs, and park the MLX thread."""
@@ -168,6 +181,9 @@ class InferenceEngine:
         if scheduler is not None:
             scheduler.wake()
             self._parked.wait(timeout)
+            disk = scheduler.prefix_cache.disk if scheduler.prefix_cache is not None else None
+            if disk is not None:  # entries still queued are written before we return
+                disk.close(timeout)
 
     def add_observer(self, observer: SchedulerObserver) -> None:
         """Metrics hooks, called on the MLX thread at admission and after every round."""
@@ -216,7 +232,8 @@ class InferenceEngine:
     def cache_info(self) -> dict:
         cache = self.scheduler.prefix_cache if self.scheduler is not None else None
         if cache is None:
-            return {"entries": 0, "bytes": 0, "max_bytes": 0}
+            return {"entries": 0, "bytes": 0, "max_bytes": 0,
+                    "disk_entries": 0, "disk_bytes": 0, "disk_max_bytes": 0}
         return cache.info()
 
     def card(self, model: LoadedModel, role: str) -> ModelCard:
@@ -267,6 +284,9 @@ class InferenceEngine:
 
         def load():
             draft = self.kit.load_draft(path)
+            cache = self.scheduler.prefix_cache
+            if cache is not None and cache.disk is not None:
+                cache.disk.register_model(draft.path, draft.fingerprint)
             if num_draft_tokens is not None:
                 self.policy = replace(self.policy, num_draft_tokens=num_draft_tokens)
                 self.scheduler.policy = self.policy
@@ -287,10 +307,11 @@ class InferenceEngine:
     async def check_draft(self, path: str) -> str | None:
         return await self._call(lambda: self.kit.check_draft(path))
 
-    async def clear_cache(self) -> int:
+    async def clear_cache(self) -> tuple[int, int]:
+        """Empty the prefix cache: (entries dropped from memory, files deleted from disk)."""
         def clear():
             cache = self.scheduler.prefix_cache
-            return cache.clear() if cache is not None else 0
+            return (cache.clear(), cache.clear_disk()) if cache is not None else (0, 0)
 
         return await self._call(clear)
 

@@ -36,6 +36,8 @@ def build_engine(settings: Settings) -> InferenceEngine:
         spec_batch_draft_tokens=settings.engine.spec_batch_draft_tokens,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
         fuse_projections=settings.engine.fuse_projections,
+        disk_cache_dir=settings.cache.disk_dir,
+        disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9),
     )
 
 

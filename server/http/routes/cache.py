@@ -1,4 +1,4 @@
-"""DELETE /v1/cache: empty the prefix cache (admin)."""
+"""DELETE /v1/cache: empty the prefix cache, in memory and on disk (admin)."""
 
 from __future__ import annotations
 
@@ -12,4 +12,5 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 
 @router.delete("/cache", dependencies=[Depends(require_admin_key)])
 async def clear_cache(request: Request) -> CacheCleared:
-    return CacheCleared(entries=await request.app.state.engine.clear_cache())
+    entries, disk_entries = await request.app.state.engine.clear_cache()
+    return CacheCleared(entries=entries, disk_entries=disk_entries)

@@ -104,4 +104,5 @@ async def health(request: Request, response: Response) -> Health:
         response.status_code = 503
     return Health(status="draining" if engine.draining else "ok", target=engine.model_name,
                   draft=draft, queue_depth=engine.queue_depth, batch_size=engine.batch_size,
-                  cache_entries=cache["entries"], cache_bytes=cache["bytes"])
+                  cache_entries=cache["entries"], cache_bytes=cache["bytes"],
+                  disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"])
