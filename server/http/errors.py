@@ -1,4 +1,6 @@
-"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}."""
+"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}};
+under /v1/messages in Anthropic's: {"type": "error", "error": {type, message}}, where a full
+queue is a 529 `overloaded_error` as at Anthropic."""
 
 from __future__ import annotations
 
@@ -27,6 +29,19 @@ ERROR_TYPES = {
     500: "server_error",
     503: "overloaded_error",
 }
+# Anthropic's error types by status; its "overloaded" status is 529, not 503.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_STATUS = {503: 529}
+ANTHROPIC_PREFIX = "/v1/messages"
 
 
 # An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
@@ -54,6 +69,22 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    @property
+    def anthropic_status(self) -> int:
+        return ANTHROPIC_STATUS.get(self.status, self.status)
+
+    def anthropic_body(self) -> dict:
+        kind = ANTHROPIC_ERROR_TYPES.get(self.anthropic_status, "invalid_request_error"
+                                         if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": redact_paths(self.message)}}
+
+    def response_for(self, request: Request) -> JSONResponse:
+        """This error in the shape of the API the request spoke."""
+        if request.url.path.startswith(ANTHROPIC_PREFIX):
+            return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status,
+                                headers=self.headers)
+        return self.response()
 
 
 def as_api_error(exc: BaseException) -> APIError:
@@ -83,22 +114,23 @@ def _loc_param(loc) -> str | None:
     return ".".join(parts) or None
 
 
-async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
-        return APIError(400, "request body is not valid JSON", code="invalid_json").response()
+        return APIError(400, "request body is not valid JSON",
+                        code="invalid_json").response_for(request)
     param = _loc_param(first.get("loc", ()))
     msg = first.get("msg", "invalid request").removeprefix("Value error, ")
     message = f"{param}: {msg}" if param else msg
-    return APIError(400, message, param=param, code="invalid_value").response()
+    return APIError(400, message, param=param, code="invalid_value").response_for(request)
 
 
-async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response_for(request)
 
 
-async def _api(_: Request, exc: Exception) -> JSONResponse:
-    return as_api_error(exc).response()
+async def _api(request: Request, exc: Exception) -> JSONResponse:
+    return as_api_error(exc).response_for(request)
 
 
 def install_error_handlers(app: FastAPI) -> None:
