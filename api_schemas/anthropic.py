@@ -86,6 +86,17 @@ class ToolChoice(RequestModel):
         return self
 
 
+class OutputFormat(RequestModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(..., alias="schema")
+
+
+class OutputConfig(RequestModel):
+    """Structured output (`format`); `effort` is accepted and ignored."""
+
+    format: OutputFormat | None = None
+
+
 # ------------------------------------------------------------------------------ the requests
 class CountTokensRequest(RequestModel):
     """The prompt of a request: what `/v1/messages/count_tokens` counts."""
@@ -117,6 +128,7 @@ class _MessagesFields(CountTokensRequest):
     max_tokens: int = Field(..., ge=1, description="At most the model's context length minus"
                             " the prompt's tokens.")
     metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)

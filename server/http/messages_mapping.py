@@ -20,7 +20,8 @@ from api_schemas.anthropic import (
 from api_schemas.openai import ChatCompletionRequest
 from server.http.chat_translation import chat_request, tool_call, with_tool_call
 
-RENAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}
+RENAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences",
+           "response_format": "output_config.format"}
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -66,5 +67,14 @@ def chat_from_messages(body: CountTokensRequest) -> ChatCompletionRequest:
     if isinstance(body, MessagesRequest):
         fields |= {"max_completion_tokens": body.max_tokens, "stop": body.stop_sequences,
                    "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
-                   **body.extensions(), "top_k": body.top_k}
+                   "response_format": _response_format(body), **body.extensions(),
+                   "top_k": body.top_k}
     return chat_request(fields, RENAMES)
+
+
+def _response_format(body: MessagesRequest) -> dict | None:
+    fmt = body.output_config.format if body.output_config else None
+    if fmt is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_,
+                                                   "strict": True}}
