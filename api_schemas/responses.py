@@ -50,9 +50,6 @@ class InputMessage(RequestModel):
             if kind in IMAGE_PART_TYPES or kind == "input_file":
                 raise PydanticCustomError("unsupported_input",
                                           "image and file input are not supported by this model")
-            if kind == "refusal":  # an assistant's refusal sent back as history: its text
-                part.setdefault("text", part.get("refusal", ""))
-                part["type"] = "output_text"
         return v
 
     def text(self) -> str:
