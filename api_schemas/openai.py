@@ -210,33 +210,9 @@ def _documented(json_type: str, **keywords):
     return patch
 
 
-class SamplingRequest(RequestModel):
-    """Fields shared by chat and text completions."""
+class EngineExtensions(RequestModel):
+    """Our extensions (not in OpenAI's or Anthropic's API), the same in every generation API."""
 
-    model: str | None = Field(None, max_length=1024)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, json_schema_extra=_documented(
-        "object", propertyNames={"pattern": _TOKEN_ID.pattern},
-        additionalProperties={"type": "number", "minimum": -100, "maximum": 100}))
-    max_tokens: int | None = Field(
-        None, ge=1, description="At most the model's context length minus the prompt's tokens."
-    )
-    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    seed: int | None = Field(None, ge=0, lt=2**64)
-    stop: str | list[str] | None = Field(
-        None, json_schema_extra=_documented("array", maxItems=4))
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.",
-        json_schema_extra=_documented("number", anyOf=[{"const": 0},
-                                                       {"minimum": MIN_TEMPERATURE}]),
-    )
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    user: str | None = None
-
-    # --- extensions (not in OpenAI's API) ---------------------------------------------
     num_draft_tokens: NonNegInt | None = Field(
         None, le=64, description="Draft tokens per round (the maximum when adaptive); 0 = off."
     )
@@ -269,6 +245,41 @@ class SamplingRequest(RequestModel):
     min_tokens: NonNegInt | None = Field(
         None, le=1_000_000, description="vLLM's: EOS and stop strings wait this many tokens."
     )
+
+    def extensions(self) -> dict:
+        """The extension fields this request set, to pass on to a chat completion request."""
+        return self.model_dump(include=set(EngineExtensions.model_fields), exclude_none=True)
+
+
+class _OpenAISampling(RequestModel):
+    """OpenAI's fields shared by chat and text completions, in the order of its docs."""
+
+    model: str | None = Field(None, max_length=1024)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra=_documented(
+        "object", propertyNames={"pattern": _TOKEN_ID.pattern},
+        additionalProperties={"type": "number", "minimum": -100, "maximum": 100}))
+    max_tokens: int | None = Field(
+        None, ge=1, description="At most the model's context length minus the prompt's tokens."
+    )
+    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: str | list[str] | None = Field(
+        None, json_schema_extra=_documented("array", maxItems=4))
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.",
+        json_schema_extra=_documented("number", anyOf=[{"const": 0},
+                                                       {"minimum": MIN_TEMPERATURE}]),
+    )
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    user: str | None = None
+
+
+class SamplingRequest(EngineExtensions, _OpenAISampling):
+    """Chat and text completions: OpenAI's fields, then our extensions."""
 
     @field_validator("temperature")
     @classmethod

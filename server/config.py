@@ -38,6 +38,11 @@ class ServerSettings(BaseModel):
         64, ge=1, le=4096,
         description="Requests that may wait for a batch slot; beyond it: 503 with Retry-After.",
     )
+    responses_store_size: int = Field(
+        256, ge=0, le=100_000,
+        description="Responses API: finished responses kept in memory (least recently used"
+        " out first) for GET /v1/responses/{id} and previous_response_id; 0 keeps none.",
+    )
     log_level: str = Field("info", description="uvicorn log level.")
     ui: bool = Field(
         True,

@@ -2,7 +2,8 @@
 data that fits the schema and data that does not; no 5xx, every response as the document says.
 
 Bounded for CI: FUZZ_EXAMPLES cases per operation and mode (default 100) within FUZZ_BUDGET_S
-seconds in all (default 120). `max_tokens` is kept small, so the cost is HTTP, not generation.
+seconds in all (default 180), each operation and mode a fair share of the time left. Token
+budgets are kept small, so the cost is HTTP, not generation.
 A longer run (about 8,000 cases):
 `FUZZ_EXAMPLES=1000 FUZZ_BUDGET_S=600 pytest tests/test_fuzz.py -s`.
 """
@@ -32,7 +33,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))
-BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "120"))
+BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "180"))
 MAX_TOKENS = 3
 # Schemathesis waits 10 s by default; a CI machine busy with other tests can take longer.
 REQUEST_TIMEOUT_S = 60
@@ -50,20 +51,33 @@ class Tally:
 
     def report(self) -> str:
         codes = ", ".join(f"{code}: {n}" for code, n in sorted(self.statuses.items()))
+        per = ", ".join(f"{op}: {n}" for op, n in sorted(self.per_operation.items()))
         return (f"schemathesis: {self.cases} cases, {len(self.server_errors)} 5xx, "
-                f"{len(self.violations)} schema violations; statuses {codes}")
+                f"{len(self.violations)} schema violations; statuses {codes}; cases {per}")
+
+
+# The token budget fields of each generation route, and the one a body without it gets (none
+# for /v1/messages, where max_tokens is required: adding it would make a bad body good).
+BUDGETS = {
+    "/v1/chat/completions": (("max_tokens", "max_completion_tokens"), "max_tokens"),
+    "/v1/completions": (("max_tokens",), "max_tokens"),
+    "/v1/responses": (("max_output_tokens",), "max_output_tokens"),
+    "/v1/messages": (("max_tokens",), None),
+}
 
 
 def keep_small(case) -> None:
-    """Generation is not what is under test: cap the token budget of completions."""
+    """Generation is not what is under test: cap the token budget of generation routes."""
     body = case.body
-    if not isinstance(body, dict) or "completions" not in case.path:
+    if not isinstance(body, dict) or case.path not in BUDGETS:
         return
-    for name in ("max_tokens", "max_completion_tokens"):
+    names, default = BUDGETS[case.path]
+    for name in names:
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
             body[name] = MAX_TOKENS
-    body.setdefault("max_tokens", MAX_TOKENS)  # not required: adding it keeps a bad body bad
+    if default is not None:
+        body.setdefault(default, MAX_TOKENS)  # not required: adding it keeps a bad body bad
 
 
 @pytest.fixture()
@@ -81,14 +95,18 @@ def fuzz_app(tiny_pair, model_dir):
         engine.stop()
 
 
+class OutOfTime(Exception):
+    """Ends one operation's run at its deadline (generating cases costs time too)."""
+
+
 def _fuzz(operation, mode, tally: Tally, deadline: float) -> None:
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
               phases=[Phase.explicit, Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy(generation_mode=mode))
     def run(case):
-        if time.monotonic() > deadline:
-            return
+        if time.monotonic() > deadline and tally.per_operation[operation.label]:
+            raise OutOfTime
         keep_small(case)
         response = case.call(timeout=REQUEST_TIMEOUT_S)
         tally.cases += 1
@@ -105,6 +123,8 @@ def _fuzz(operation, mode, tally: Tally, deadline: float) -> None:
 
     try:
         run()
+    except OutOfTime:
+        pass
     except Unsatisfiable:  # nothing to get wrong: no parameters, no body (GET /health)
         assert mode == GenerationMode.NEGATIVE, operation.label
 
@@ -113,11 +133,13 @@ def _fuzz(operation, mode, tally: Tally, deadline: float) -> None:
 def test_fuzz_every_operation(fuzz_app, capsys):
     schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 8, [op.label for op in operations]
-    tally, deadline = Tally(), time.monotonic() + BUDGET_S
-    for operation in operations:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            _fuzz(operation, mode, tally, deadline)
+    assert len(operations) >= 13, [op.label for op in operations]
+    tally, end = Tally(), time.monotonic() + BUDGET_S
+    runs = [(op, mode) for op in operations
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
+    for i, (operation, mode) in enumerate(runs):  # each run a fair share of the time left
+        now = time.monotonic()
+        _fuzz(operation, mode, tally, now + max(end - now, 0) / (len(runs) - i))
     with capsys.disabled():
         print("\n" + tally.report())
     assert set(tally.per_operation) == {op.label for op in operations}, tally.per_operation

@@ -63,3 +63,4 @@ class RequestCancelled(Exception):
 class Finished:
     finish_reason: str  # "stop" | "length" (| "cancelled": generate_events' caller stopped)
     stats: GenerationStats
+    stop_sequence: str | None = None  # the stop string that ended it (Anthropic reports it)

@@ -179,7 +179,7 @@ class Sequence:
             self._detokenizer.finalize()
         text, hit_stop = self._stops.feed(self._detokenizer.last_segment, final=last)
         if hit_stop and n < self.params.min_tokens:
-            hit_stop = False
+            hit_stop, self._stops.matched = False, None
         self.sink(TokenEvent(token, text, from_draft, *self._logprobs(logprobs, token)))
         if eos or hit_stop or finished_by_grammar:
             self.finish_reason = "stop"
@@ -211,7 +211,8 @@ class Sequence:
         if self.cancelled and self.finish_reason is None:
             self.sink(RequestCancelled())
             return
-        self.sink(Finished(self.finish_reason or reason or "length", self.stats()))
+        stop_sequence = self._stops.matched if self.finish_reason == "stop" else None
+        self.sink(Finished(self.finish_reason or reason or "length", self.stats(), stop_sequence))
 
     def stats(self) -> GenerationStats:
         end = time.perf_counter()

@@ -7,6 +7,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...] | list[str]):
         self.stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text, once one did
 
     def feed(self, segment: str, *, final: bool = False) -> tuple[str, bool]:
         """Returns (text safe to emit now, whether a stop string was hit)."""
@@ -14,8 +15,9 @@ class StopMatcher:
         self._held = ""
         if not self.stops:
             return text, False
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if hits:
+            cut, self.matched = min(hits, key=lambda hit: hit[0])
             return text[:cut], True
         if final:
             return text, False

@@ -15,7 +15,8 @@ from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
 from server.http.openapi import install_openapi
-from server.http.routes import cache, completions, models, ui
+from server.http.response_store import ResponseStore
+from server.http.routes import cache, completions, messages, models, responses, ui
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.settings = settings
     app.state.engine = engine
     app.state.access = ModelAccessPolicy.from_settings(settings)
+    app.state.responses = ResponseStore(settings.server.responses_store_size)
     log_exposure(settings.server)
     app.state.metrics = ServerMetrics(queue_depth=lambda: engine.queue_depth,
                                       batch_size=lambda: engine.batch_size)
@@ -67,6 +69,8 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(completions.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(models.router)
     app.include_router(models.health_router)
     app.include_router(cache.router)

@@ -11,7 +11,7 @@ import secrets
 from typing import Annotated
 
 from fastapi import Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from server.http.errors import APIError
 from server.http.model_access import is_loopback
@@ -25,13 +25,19 @@ MUTATIONS_DISABLED = (
     "server.admin_api_key (config.yaml, or the MLX_SPEC_SERVER__ADMIN_API_KEY environment "
     "variable) and send it as `Authorization: Bearer KEY` to enable them"
 )
+# Anthropic's clients send the key as `x-api-key`: accepted as well as the bearer header.
+api_key_scheme = APIKeyHeader(name="x-api-key", auto_error=False,
+                              description="`x-api-key: KEY` (Anthropic's header)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
+HeaderKey = Annotated[str | None, Security(api_key_scheme)]
 
 
-def _bearer(request: Request) -> str | None:
+def _client_key(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def _matches(given: str | None, expected: str) -> bool:
@@ -51,10 +57,10 @@ def log_exposure(server) -> None:
 
 
 def require_api_key(
-    request: Request, _: Credentials = None
+    request: Request, _: Credentials = None, __: HeaderKey = None
 ) -> None:
     server = request.app.state.settings.server
-    given = _bearer(request)
+    given = _client_key(request)  # or x-api-key
     keys = [k for k in (server.api_key, server.admin_api_key) if k]
     if server.api_key and not any(_matches(given, k) for k in keys):
         raise APIError(401, "missing or invalid API key", code="invalid_api_key")
@@ -68,5 +74,5 @@ def require_admin_key(
         raise APIError(403, MUTATIONS_DISABLED.format(host=server.host),
                        code="model_changes_disabled")
     expected = server.admin_api_key or server.api_key
-    if expected and not _matches(_bearer(request), expected):
+    if expected and not _matches(_client_key(request), expected):
         raise APIError(401, "missing or invalid admin API key", code="invalid_api_key")

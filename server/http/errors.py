@@ -1,4 +1,6 @@
-"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}."""
+"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}};
+under /v1/messages in Anthropic's: {"type": "error", "error": {type, message}}, where a full
+queue is a 529 `overloaded_error` as at Anthropic."""
 
 from __future__ import annotations
 
@@ -28,6 +30,19 @@ ERROR_TYPES = {
     500: "server_error",
     503: "overloaded_error",
 }
+# Anthropic's error types by status; its "overloaded" status is 529, not 503.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_STATUS = {503: 529}
+ANTHROPIC_PREFIX = "/v1/messages"
 
 
 # An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
@@ -50,13 +65,33 @@ class APIError(Exception):
         self.error_type = error_type or ERROR_TYPES.get(status, "error")
         self.redact = redact  # False for messages that quote only the client's own input
 
+    @property
+    def shown_message(self) -> str:
+        return redact_paths(self.message) if self.redact else self.message
+
     def body(self) -> dict:
-        err = ErrorBody(message=redact_paths(self.message) if self.redact else self.message,
-                        type=self.error_type, param=self.param, code=self.code)
+        err = ErrorBody(message=self.shown_message, type=self.error_type, param=self.param,
+                        code=self.code)
         return ErrorResponse(error=err).model_dump()
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    @property
+    def anthropic_status(self) -> int:
+        return ANTHROPIC_STATUS.get(self.status, self.status)
+
+    def anthropic_body(self) -> dict:
+        kind = ANTHROPIC_ERROR_TYPES.get(self.anthropic_status, "invalid_request_error"
+                                         if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.shown_message}}
+
+    def response_for(self, request: Request) -> JSONResponse:
+        """This error in the shape of the API the request spoke."""
+        if request.url.path.startswith(ANTHROPIC_PREFIX):
+            return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status,
+                                headers=self.headers)
+        return self.response()
 
 
 def as_api_error(exc: BaseException) -> APIError:
@@ -86,14 +121,15 @@ def _loc_param(loc) -> str | None:
     return ".".join(parts) or None
 
 
-async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
-        return APIError(400, "request body is not valid JSON", code="invalid_json").response()
+        return APIError(400, "request body is not valid JSON",
+                        code="invalid_json").response_for(request)
     param = _loc_param(first.get("loc", ()))
     msg = first.get("msg", "invalid request").removeprefix("Value error, ")
     message = f"{param}: {msg}" if param else msg
-    return APIError(400, message, param=param, code="invalid_value").response()
+    return APIError(400, message, param=param, code="invalid_value").response_for(request)
 
 
 async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -103,13 +139,13 @@ async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return APIError(404, f"{method} {path} is not supported by this server (its endpoints "
                         "are listed at /docs)",
                         code="unknown_endpoint", error_type="invalid_request_error",
-                        redact=False).response()
+                        redact=False).response_for(request)
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
         return APIError(405, f"{method} is not allowed on {path}; use {allowed or 'another'}",
                         code="method_not_allowed", headers=exc.headers,
-                        redact=False).response()
-    return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+                        redact=False).response_for(request)
+    return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response_for(request)
 
 
 def _any_route_matches(request: Request) -> bool:
@@ -118,8 +154,8 @@ def _any_route_matches(request: Request) -> bool:
     return any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes)
 
 
-async def _api(_: Request, exc: Exception) -> JSONResponse:
-    return as_api_error(exc).response()
+async def _api(request: Request, exc: Exception) -> JSONResponse:
+    return as_api_error(exc).response_for(request)
 
 
 def install_error_handlers(app: FastAPI) -> None:

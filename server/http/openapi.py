@@ -1,5 +1,6 @@
 """The OpenAPI document, made true: the statuses each route really answers, in OpenAI's error
-shape, and `text/event-stream` beside JSON for the completions. FastAPI's 422 never happens here
+shape (Anthropic's under /v1/messages), and `text/event-stream` beside JSON for the generation
+routes. FastAPI's 422 never happens here
 (a body that fails validation is a 400), so it is not listed.
 """
 
@@ -9,12 +10,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from api_schemas.anthropic import AnthropicError, Message, MessageStreamEvent
 from api_schemas.openai import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionResponse,
     ErrorResponse,
 )
+from api_schemas.responses import ResponseObject, ResponseStreamEvent
+from server.http.errors import ANTHROPIC_PREFIX
 
 REF = "#/components/schemas/{model}"
 ERROR_DESCRIPTIONS = {
@@ -22,9 +26,11 @@ ERROR_DESCRIPTIONS = {
     401: "Missing or wrong bearer key.",
     403: "Not allowed: a path outside the model roots, hub ids disabled, or model changes"
          " disabled on a server bound beyond loopback without an admin key.",
-    404: "No such model, path or loaded draft.",
+    404: "No such model, path, loaded draft or stored response.",
     409: "The draft's tokenizer does not match the target's.",
     503: "The request queue is full; retry after `Retry-After` seconds.",
+    529: "Overloaded (Anthropic's status): the request queue is full; retry after"
+         " `Retry-After` seconds.",
 }
 # What each operation can answer besides 200. An operation missing here (a newer route) gets
 # 400 when it takes a body and 401 under /v1.
@@ -35,6 +41,11 @@ ROUTE_ERRORS = {
     ("/v1/models/draft", "post"): (400, 401, 403, 404, 409),
     ("/v1/models/draft", "delete"): (401, 403, 404),
     ("/v1/models/draft/compatibility", "post"): (400, 401, 403, 404),
+    ("/v1/responses", "post"): (400, 401, 404, 503),
+    ("/v1/responses/{response_id}", "get"): (401, 404),
+    ("/v1/responses/{response_id}", "delete"): (401, 404),
+    ("/v1/messages", "post"): (400, 401, 404, 529),
+    ("/v1/messages/count_tokens", "post"): (400, 401, 404),
     ("/v1/cache", "delete"): (401, 403),
     ("/health", "get"): (),
     ("/metrics", "get"): (),
@@ -43,6 +54,13 @@ ROUTE_ERRORS = {
 STREAMED = {
     "/v1/chat/completions": (ChatCompletionResponse, ChatCompletionChunk),
     "/v1/completions": (CompletionResponse, CompletionResponse),
+    "/v1/responses": (ResponseObject, ResponseStreamEvent),
+    "/v1/messages": (Message, MessageStreamEvent),
+}
+STREAM_ENDS = {
+    "/v1/responses": "named events (`event:` = the data's `type`), the last response.completed"
+                     " or response.incomplete",
+    "/v1/messages": "named events (`event:` = the data's `type`), the last message_stop",
 }
 
 
@@ -62,23 +80,27 @@ def describe(schema: dict) -> None:
     """Rewrite FastAPI's responses in place: real statuses, error schema, event streams."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     extra = [(m, "serialization") for m in
-             (ErrorResponse, ChatCompletionResponse, ChatCompletionChunk, CompletionResponse)]
+             (ErrorResponse, AnthropicError, ChatCompletionResponse, ChatCompletionChunk,
+              CompletionResponse, ResponseObject, ResponseStreamEvent, Message,
+              MessageStreamEvent)]
     refs, defs = models_json_schema(extra, ref_template=REF)
     for name, definition in defs.get("$defs", {}).items():
         components.setdefault(name, definition)
-    error_ref = refs[(ErrorResponse, "serialization")]
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             if operation.get("security"):  # keys are optional in the configuration
                 operation["security"] = [{}, *operation["security"]]
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
+            error_model = AnthropicError if path.startswith(ANTHROPIC_PREFIX) else ErrorResponse
+            error_ref = refs[(error_model, "serialization")]
             for code in _errors_of(path, method, operation):
                 responses[str(code)] = _error_response(code, error_ref)
             if path in STREAMED and method == "post":
                 body, chunk = STREAMED[path]
                 responses["200"] = _streamed_ok(refs[(body, "serialization")],
-                                                refs[(chunk, "serialization")], error_ref)
+                                                refs[(chunk, "serialization")], error_ref,
+                                                STREAM_ENDS.get(path, "then `data: [DONE]`"))
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
 
@@ -93,18 +115,19 @@ def _errors_of(path: str, method: str, operation: dict) -> tuple[int, ...]:
 def _error_response(code: int, error_ref: dict) -> dict:
     response = {"description": ERROR_DESCRIPTIONS[code],
                 "content": {"application/json": {"schema": error_ref}}}
-    if code == 503:
+    if code in (503, 529):
         response["headers"] = {"Retry-After": {"description": "Seconds to wait.",
                                                "schema": {"type": "integer"}}}
     return response
 
 
-def _streamed_ok(body_ref: dict, chunk_ref: dict, error_ref: dict) -> dict:
+def _streamed_ok(body_ref: dict, chunk_ref: dict, error_ref: dict, end: str) -> dict:
     name = chunk_ref["$ref"].rsplit("/", 1)[-1]
+    error = error_ref["$ref"].rsplit("/", 1)[-1]
     return {
         "description": "The completion: one JSON body, or with `\"stream\": true` Server-Sent"
                        f" Events, each `data:` a JSON chunk ({name}; an error that happens after"
-                       " the stream started comes as an ErrorResponse), then `data: [DONE]`.",
+                       f" the stream started comes as an {error}), {end}.",
         "content": {
             "application/json": {"schema": body_ref},
             "text/event-stream": {"schema": _sse_event(chunk_ref, error_ref)},

@@ -1,6 +1,8 @@
-"""Engine events -> OpenAI responses, streamed (SSE, one chunk per token) or collected.
+"""Engine events -> API responses, streamed (SSE) or collected.
 
-One code path serves both endpoints; a `ResponseFormat` knows the shape of each.
+One code path serves every endpoint; a `ResponseFormat` knows the shape of each: the chat and
+text completions here (one `data:` chunk per token, then `[DONE]`), the Responses and Messages
+APIs in their own modules (named events, no `[DONE]`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from api_schemas.openai import (
 )
 from server.engine.events import Finished, RequestCancelled, TokenEvent
 from server.engine.service import RequestHandle
-from server.http.errors import as_api_error
+from server.http.errors import APIError, as_api_error
 from server.http.tools import ToolCallParser
 
 
@@ -54,6 +56,26 @@ class ResponseFormat:
 
     def token_str(self, token: int) -> str:
         return self.tokenizer.decode([token])
+
+    # The stream as SSE messages ({"data": ..., "event": ...}); by default OpenAI's chunks.
+    def stream_open(self) -> list[dict]:
+        return []
+
+    def stream_token(self, event: TokenEvent, first: bool) -> list[dict]:
+        return [{"data": _dump(self.token_chunk(event, first))}]
+
+    def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
+        out = [{"data": _dump(self.final_chunk(done))}]
+        if include_usage:
+            out.append({"data": _dump(self.usage_chunk(done))})
+        return out
+
+    def stream_error(self, error: APIError) -> list[dict]:
+        """An error after the stream started: reported in-band, then the stream ends."""
+        return [{"data": json.dumps(error.body())}]
+
+    def stream_end(self) -> list[dict]:
+        return [{"data": "[DONE]"}]
 
 
 class ChatFormat(ResponseFormat):
@@ -228,23 +250,27 @@ async def stream_response(job: RequestHandle, fmt: ResponseFormat, include_usage
 async def _sse(job: RequestHandle, events: AsyncIterator, first, fmt: ResponseFormat,
                include_usage: bool, observe: Observer):
     try:
+        for message in fmt.stream_open():
+            yield message
         event, is_first = first, True
         while True:
             if isinstance(event, Finished):
                 observe(event)
-                yield {"data": _dump(fmt.final_chunk(event))}
-                if include_usage:
-                    yield {"data": _dump(fmt.usage_chunk(event))}
+                for message in fmt.stream_close(event, include_usage):
+                    yield message
                 break
-            yield {"data": _dump(fmt.token_chunk(event, is_first))}
+            for message in fmt.stream_token(event, is_first):
+                yield message
             is_first = False
             try:
                 event = await events.__anext__()
             except StopAsyncIteration:
                 break
             except Exception as e:  # the response has started: report in-band, then end
-                yield {"data": json.dumps(as_api_error(e).body())}
+                for message in fmt.stream_error(as_api_error(e)):
+                    yield message
                 break
-        yield {"data": "[DONE]"}
+        for message in fmt.stream_end():
+            yield message
     finally:
         job.cancel()  # client gone or stream over: the worker stops within a token

@@ -1,0 +1,206 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): the subset
+this server serves, with our extensions (`from_draft` on text deltas, `stats` on the message)
+as documented extra fields. Fields we do not use (`thinking`, `service_tier`, `cache_control`
+on blocks, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from api_schemas.openai import EngineExtensions, OpenAIBaseModel, RequestModel, Stats
+
+# The most stop sequences a request may send (the engine's matcher is the chat path's).
+MAX_STOP_SEQUENCES = 4
+
+
+def message_id(prefix: str = "msg") -> str:
+    """`msg_...` and `toolu_...`, as Anthropic's ids look."""
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+# ------------------------------------------------------------------------------ content blocks
+class TextBlock(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(RequestModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(RequestModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(block.text for block in self.content)
+        return self.content or ""
+
+
+def _block_kind(block: Any) -> str | None:
+    return block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")],
+    Discriminator(_block_kind, custom_error_type="content_block",
+                  custom_error_message="content blocks must be text, tool_use or tool_result"
+                  " (image, document and thinking input are not supported)"),
+]
+
+
+class InputMessage(RequestModel):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+# ------------------------------------------------------------------------------ tools
+class Tool(RequestModel):
+    type: Literal["custom"] | None = None
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(..., description="A JSON schema object.")
+
+
+class ToolChoice(RequestModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self):
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("tool_choice needs 'name' exactly when its type is 'tool'")
+        return self
+
+
+class OutputFormat(RequestModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(..., alias="schema")
+
+
+class OutputConfig(RequestModel):
+    """Structured output (`format`); `effort` is accepted and ignored."""
+
+    format: OutputFormat | None = None
+
+
+# ------------------------------------------------------------------------------ the requests
+class CountTokensRequest(RequestModel):
+    """The prompt of a request: what `/v1/messages/count_tokens` counts."""
+
+    model: str = Field(..., max_length=1024)
+    messages: list[InputMessage] = Field(..., min_length=1)
+    system: str | list[TextBlock] | None = None
+    tool_choice: ToolChoice | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+
+    @model_validator(mode="after")
+    def _tools_checks(self):
+        if self.tool_choice is not None and self.tool_choice.type != "none" and not self.tools:
+            raise ValueError("tool_choice needs 'tools'")
+        named = self.tool_choice.name if self.tool_choice else None
+        if named is not None and named not in {t.name for t in self.tools}:
+            raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
+        return self
+
+    def system_text(self) -> str | None:
+        if isinstance(self.system, list):
+            return "\n\n".join(block.text for block in self.system)
+        return self.system
+
+
+class _MessagesFields(CountTokensRequest):
+    """Anthropic's generation fields, in the order of its reference."""
+
+    max_tokens: int = Field(..., ge=1, description="At most the model's context length minus"
+                            " the prompt's tokens.")
+    metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, description="Keep the k most likely tokens; 0 = off;"
+                              " at most the vocabulary size.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+
+
+class MessagesRequest(EngineExtensions, _MessagesFields):
+    """`POST /v1/messages`: Anthropic's fields, then our extensions."""
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _no_empty_stop(cls, v):
+        if v and any(not s for s in v):
+            raise ValueError("stop sequences must not be empty")
+        return v
+
+
+# ------------------------------------------------------------------------------ the response
+class TextContent(OpenAIBaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseContent(OpenAIBaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class MessageUsage(OpenAIBaseModel):
+    """Anthropic's split: `input_tokens` were prefilled, `cache_read_input_tokens` came from the
+    prefix cache; their sum is the prompt."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class Message(OpenAIBaseModel):
+    id: str = Field(default_factory=message_id)
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[TextContent | ToolUseContent] = Field(default_factory=list)
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None = None
+    stop_sequence: str | None = None
+    usage: MessageUsage
+    # --- extension (not in Anthropic's API) ------------------------------------------------
+    stats: Stats | None = Field(None, description="How the generation went, draft included.")
+
+
+class TokenCount(OpenAIBaseModel):
+    input_tokens: int
+
+
+class MessageStreamEvent(OpenAIBaseModel):
+    """One event of a streamed message: `type` names it (message_start, content_block_start,
+    content_block_delta with our `from_draft` on text deltas, ..., message_delta with our
+    `stats`, message_stop, ping); see Anthropic's docs."""
+
+    type: str
+
+
+class AnthropicErrorBody(OpenAIBaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(OpenAIBaseModel):
+    type: Literal["error"] = "error"
+    error: AnthropicErrorBody

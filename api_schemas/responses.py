@@ -1,0 +1,255 @@
+"""OpenAI's Responses API (`POST /v1/responses`): the subset this server serves, with our
+extensions (`from_draft` on text deltas, `stats` on the response) as documented extra fields.
+
+Request fields follow the order of OpenAI's reference; fields we do not use (`user`,
+`reasoning`, `truncation`, `include`, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from api_schemas.openai import (
+    IMAGE_PART_TYPES,
+    MIN_TEMPERATURE,
+    EngineExtensions,
+    OpenAIBaseModel,
+    RequestModel,
+    Stats,
+)
+
+
+def item_id(prefix: str) -> str:
+    """`resp_...`, `msg_...`, `fc_...`: OpenAI's ids in the Responses API (an underscore)."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+# ------------------------------------------------------------------------------ input items
+class InputText(RequestModel):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class InputMessage(RequestModel):
+    """A message item; `type` may be left out (OpenAI's "easy" input message)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, v):
+        for part in v if isinstance(v, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in IMAGE_PART_TYPES or kind == "input_file":
+                raise PydanticCustomError("unsupported_input",
+                                          "image and file input are not supported by this model")
+        return v
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionCallInput(RequestModel):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutput(RequestModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+def _item_kind(item: Any) -> str | None:
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallInput, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_kind, custom_error_type="input_item",
+                  custom_error_message="input items must be messages, function_call or"
+                  " function_call_output items"),
+]
+
+
+# ------------------------------------------------------------------------------ tools, format
+class FunctionTool(RequestModel):
+    type: Literal["function"]
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema object.")
+    strict: bool | None = None
+
+
+class FunctionToolChoice(RequestModel):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = Field("response", max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("text.format json_schema needs a 'schema' object")
+        return self
+
+
+class TextConfig(RequestModel):
+    format: TextFormat | None = None
+
+
+# ------------------------------------------------------------------------------ the request
+class _ResponsesFields(RequestModel):
+    """OpenAI's request fields, in the order of its reference."""
+
+    model: str | None = Field(None, max_length=1024)
+    input: str | list[InputItem] = Field(..., description="Text, or a list of input items.")
+    instructions: str | None = Field(
+        None, description="A system message before the input (not carried over by"
+        " previous_response_id).")
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="At most the model's context length minus the prompt's tokens.")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = Field(None, max_length=256)
+    store: bool = Field(True, description="Keep the response for GET and previous_response_id"
+                        " (a bounded in-memory store: server.responses_store_size).")
+    stream: bool = False
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.")
+    text: TextConfig | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+
+
+class ResponsesRequest(EngineExtensions, _ResponsesFields):
+    """`POST /v1/responses`: OpenAI's fields, then our extensions."""
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.input == "" or self.input == [] and self.previous_response_id is None:
+            raise ValueError("input must not be empty")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs 'tools'")
+        named = self.named_tool()
+        if named is not None and named not in {t.name for t in self.tools}:
+            raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
+        return self
+
+    def named_tool(self) -> str | None:
+        return self.tool_choice.name if isinstance(self.tool_choice, FunctionToolChoice) else None
+
+
+# ------------------------------------------------------------------------------ the response
+class OutputText(OpenAIBaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class OutputMessage(OpenAIBaseModel):
+    type: Literal["message"] = "message"
+    id: str = Field(default_factory=lambda: item_id("msg"))
+    status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = Field(default_factory=list)
+
+
+class FunctionCallItem(OpenAIBaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str = Field(default_factory=lambda: item_id("fc"))
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class InputTokensDetails(OpenAIBaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(OpenAIBaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(OpenAIBaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(OpenAIBaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: item_id("resp"))
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: dict[str, Any] | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    model: str
+    output: list[OutputMessage | FunctionCallItem] = Field(default_factory=list)
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    store: bool = True
+    temperature: float | None = None
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    top_p: float | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    usage: ResponseUsage | None = None
+    # --- extension (not in OpenAI's API) ---------------------------------------------------
+    stats: Stats | None = Field(None, description="How the generation went, draft included.")
+
+
+class DeletedResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
+
+
+class ResponseStreamEvent(OpenAIBaseModel):
+    """One event of a streamed response: `type` names it (response.created, ...,
+    response.output_text.delta with our `from_draft`, response.completed); see OpenAI's docs."""
+
+    type: str
+    sequence_number: int

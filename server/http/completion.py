@@ -1,0 +1,46 @@
+"""One request through the engine, for every generation API: the chat request's prompt, its
+GenerationParams, the scheduler, then a `ResponseFormat` that shapes the answer, streamed or
+collected. The Responses and Messages routes translate their bodies into a chat completion
+request and come through here too, so there is one generation path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import Request
+
+from api_schemas.openai import ChatCompletionRequest, CompletionRequest
+from server.http.request_mapping import chat_prompt, check_model_name, generation_params
+from server.http.streaming import ResponseFormat, collect, stream_response
+from server.http.tools import ToolCallParser, parser_factory
+
+# Builds the format of a chat request's answer from its tool-call parser factory (or None)
+# and its prompt tokens.
+FormatFactory = Callable[[Callable[[], ToolCallParser] | None, list[int]], ResponseFormat]
+
+
+async def complete(request: Request, body: ChatCompletionRequest | CompletionRequest,
+                   prompt: list[int], fmt: ResponseFormat):
+    state = request.app.state
+    params = generation_params(body, prompt, state.engine, state.settings.defaults)
+    job = state.engine.submit(params)
+    endpoint = request.url.path
+
+    def observe(done):
+        state.metrics.observe(endpoint, done.finish_reason, done.stats)
+
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await stream_response(job, fmt, usage, observe)
+    return await collect(job, fmt, observe, request.is_disconnected)
+
+
+async def complete_chat(request: Request, body: ChatCompletionRequest,
+                        make_format: FormatFactory):
+    engine = request.app.state.engine
+    check_model_name(engine, body.model)
+    tools = parser_factory(engine.tokenizer, body.active_tools(),
+                           forced=body.forced_functions() is not None)
+    prompt = chat_prompt(engine, body)
+    return await complete(request, body, prompt, make_format(tools, prompt))

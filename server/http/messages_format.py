@@ -1,0 +1,153 @@
+"""Engine events -> an Anthropic message and its event stream.
+
+`MessageBuilder` turns tokens into Anthropic's events and keeps the message they describe; a
+collected message is the same builder run over the whole output, so both agree. Content goes
+into text blocks, each tool call into a tool_use block, in the order the model wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from api_schemas.anthropic import (
+    Message,
+    MessageUsage,
+    TextContent,
+    ToolUseContent,
+    message_id,
+)
+from api_schemas.openai import Stats
+from server.engine.events import Finished, TokenEvent
+from server.http.errors import APIError
+from server.http.output_split import OutputSplit
+from server.http.streaming import ResponseFormat
+
+
+def _dump(model) -> dict:
+    return model.model_dump(mode="json")
+
+
+def stop_reason(done: Finished, made_calls: bool) -> str:
+    if done.finish_reason != "stop":
+        return "max_tokens"
+    if made_calls:
+        return "tool_use"
+    return "stop_sequence" if done.stop_sequence is not None else "end_turn"
+
+
+def tool_input(arguments: str) -> dict:
+    """A call's JSON arguments as the object Anthropic's `input` is."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+class MessageBuilder:
+    def __init__(self, message: Message, split: OutputSplit):
+        self.message, self.split = message, split
+        self._text: TextContent | None = None  # the text block being written
+        self._from_draft = False
+
+    def open(self) -> list[dict]:
+        return [{"type": "message_start", "message": _dump(self.message)}, {"type": "ping"}]
+
+    def token(self, event: TokenEvent) -> list[dict]:
+        self._from_draft = event.from_draft
+        content, calls = self.split.feed(event.text)
+        return self._content(content) + self._calls(calls)
+
+    def close(self, done: Finished) -> list[dict]:
+        content, calls = self.split.finish()
+        events = self._content(content) + self._calls(calls) + self._close_text()
+        m, stats = self.message, done.stats
+        m.stop_reason = stop_reason(done, self.split.made_calls)
+        m.stop_sequence = done.stop_sequence if m.stop_reason == "stop_sequence" else None
+        m.usage = MessageUsage(input_tokens=stats.prompt_tokens - stats.cached_tokens,
+                               cache_read_input_tokens=stats.cached_tokens,
+                               output_tokens=stats.generation_tokens)
+        m.stats = Stats(**stats.to_dict())
+        delta = {"type": "message_delta",
+                 "delta": {"stop_reason": m.stop_reason, "stop_sequence": m.stop_sequence},
+                 "usage": _dump(m.usage), "stats": _dump(m.stats)}
+        return events + [delta, {"type": "message_stop"}]
+
+    @property
+    def _index(self) -> int:
+        return len(self.message.content) - 1
+
+    def _content(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        events = []
+        if self._text is None:
+            self._text = TextContent(text="")
+            self.message.content.append(self._text)
+            events.append({"type": "content_block_start", "index": self._index,
+                           "content_block": _dump(self._text)})
+        self._text.text += text
+        return events + [{"type": "content_block_delta", "index": self._index,
+                          "delta": {"type": "text_delta", "text": text},
+                          "from_draft": self._from_draft}]
+
+    def _close_text(self) -> list[dict]:
+        block, self._text = self._text, None
+        if block is None:
+            return []
+        return [{"type": "content_block_stop", "index": self.message.content.index(block)}]
+
+    def _calls(self, calls: list[dict]) -> list[dict]:
+        events = self._close_text() if calls else []
+        for call in calls:
+            function = call["function"]
+            block = ToolUseContent(id=message_id("toolu"), name=function["name"],
+                                   input=tool_input(function["arguments"]))
+            self.message.content.append(block)
+            events += [
+                {"type": "content_block_start", "index": self._index,
+                 "content_block": {**_dump(block), "input": {}}},
+                {"type": "content_block_delta", "index": self._index,
+                 "delta": {"type": "input_json_delta", "partial_json": json.dumps(block.input)}},
+                {"type": "content_block_stop", "index": self._index},
+            ]
+        return events
+
+
+def _sse(events: list[dict]) -> list[dict]:
+    return [{"event": e["type"], "data": json.dumps(e, ensure_ascii=False)} for e in events]
+
+
+class MessagesFormat(ResponseFormat):
+    def __init__(self, model: str, tokenizer, tool_calls, prompt_tokens: int):
+        super().__init__(model, tokenizer, "msg")
+        self._tool_calls = tool_calls
+        self._start = Message(model=model, usage=MessageUsage(input_tokens=prompt_tokens,
+                                                              output_tokens=0))
+        self._builder: MessageBuilder | None = None
+
+    def _new_builder(self) -> MessageBuilder:
+        return MessageBuilder(self._start.model_copy(deep=True), OutputSplit(self._tool_calls))
+
+    def stream_open(self) -> list[dict]:
+        self._builder = self._new_builder()
+        return _sse(self._builder.open())
+
+    def stream_token(self, event: TokenEvent, first: bool) -> list[dict]:
+        return _sse(self._builder.token(event))
+
+    def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
+        return _sse(self._builder.close(done))
+
+    def stream_error(self, error: APIError) -> list[dict]:
+        return _sse([error.anthropic_body()])
+
+    def stream_end(self) -> list[dict]:
+        return []
+
+    def response(self, events: list[TokenEvent], done: Finished) -> Message:
+        builder = self._new_builder()
+        for event in events:
+            builder.token(event)
+        builder.close(done)
+        return builder.message

@@ -1,0 +1,49 @@
+"""The Responses API's store: finished responses by id, for `GET /v1/responses/{id}` and for
+`previous_response_id`, bounded (least recently used first out) and in memory only."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from api_schemas.responses import ResponseObject
+from server.http.errors import APIError
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    response: ResponseObject
+    conversation: tuple[dict, ...]  # chat messages: the input history, then this output
+
+
+class ResponseStore:
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def put(self, response: ResponseObject, conversation: list[dict]) -> None:
+        if self.max_entries <= 0:
+            return
+        self._entries[response.id] = StoredResponse(response, tuple(conversation))
+        self._entries.move_to_end(response.id)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def get(self, response_id: str, *, param: str | None = None) -> StoredResponse:
+        """404 in OpenAI's shape for an id never stored, deleted, or evicted."""
+        entry = self._entries.get(response_id)
+        if entry is None:
+            what = "Previous response" if param else "Response"
+            raise APIError(404, f"{what} with id {response_id!r} not found (responses are kept"
+                           f" in memory, the last {self.max_entries}, until a restart)",
+                           param=param, code="previous_response_not_found" if param
+                           else "response_not_found")
+        self._entries.move_to_end(response_id)
+        return entry
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id)
+        del self._entries[response_id]
+
+    def __len__(self) -> int:
+        return len(self._entries)

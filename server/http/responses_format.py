@@ -1,0 +1,174 @@
+"""Engine events -> an OpenAI Responses API response object and its event stream.
+
+`ResponseBuilder` turns tokens into the documented events (each with its `sequence_number`)
+and keeps the response object they describe; a collected response is the same builder run
+over the whole output, so streamed and collected answers agree. Content goes into a message
+item, each tool call into a function_call item, in the order the model wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from api_schemas.openai import Stats
+from api_schemas.responses import (
+    FunctionCallItem,
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponseUsage,
+)
+from server.engine.events import Finished, TokenEvent
+from server.http.errors import APIError
+from server.http.output_split import OutputSplit
+from server.http.streaming import ResponseFormat
+
+
+def _dump(model) -> dict:
+    return model.model_dump(mode="json")
+
+
+class ResponseBuilder:
+    def __init__(self, response: ResponseObject, split: OutputSplit):
+        self.response, self.split = response, split
+        self._sequence = 0
+        self._message: OutputMessage | None = None  # the message item being written
+        self._from_draft = False
+
+    def event(self, kind: str, **fields) -> dict:
+        event = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return event
+
+    def open(self) -> list[dict]:
+        snapshot = _dump(self.response)
+        return [self.event("response.created", response=snapshot),
+                self.event("response.in_progress", response=snapshot)]
+
+    def token(self, event: TokenEvent) -> list[dict]:
+        self._from_draft = event.from_draft
+        content, calls = self.split.feed(event.text)
+        return self._content(content) + self._calls(calls)
+
+    def close(self, done: Finished) -> list[dict]:
+        content, calls = self.split.finish()
+        events = self._content(content) + self._calls(calls)
+        complete = done.finish_reason == "stop"
+        events += self._close_message("completed" if complete else "incomplete")
+        r, stats = self.response, done.stats
+        r.status = "completed" if complete else "incomplete"
+        r.incomplete_details = None if complete else IncompleteDetails(reason="max_output_tokens")
+        r.usage = ResponseUsage(
+            input_tokens=stats.prompt_tokens, output_tokens=stats.generation_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=stats.cached_tokens),
+            total_tokens=stats.prompt_tokens + stats.generation_tokens)
+        r.stats = Stats(**stats.to_dict())
+        kind = "response.completed" if complete else "response.incomplete"
+        return events + [self.event(kind, response=_dump(r))]
+
+    def _content(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        events = [] if self._message is not None else self._open_message()
+        part = self._message.content[0]
+        part.text += text
+        return events + [self.event(
+            "response.output_text.delta", item_id=self._message.id, output_index=self._index,
+            content_index=0, delta=text, logprobs=[], from_draft=self._from_draft)]
+
+    @property
+    def _index(self) -> int:
+        return len(self.response.output) - 1
+
+    def _open_message(self) -> list[dict]:
+        self._message = OutputMessage()
+        self.response.output.append(self._message)
+        added = self.event("response.output_item.added", output_index=self._index,
+                            item=_dump(self._message))
+        self._message.content.append(OutputText(text=""))
+        return [added, self.event("response.content_part.added", item_id=self._message.id,
+                                   output_index=self._index, content_index=0,
+                                   part=_dump(self._message.content[0]))]
+
+    def _close_message(self, status: str = "completed") -> list[dict]:
+        message, self._message = self._message, None
+        if message is None:
+            return []
+        message.status = status
+        index, part = self.response.output.index(message), message.content[0]
+        where = {"item_id": message.id, "output_index": index, "content_index": 0}
+        return [self.event("response.output_text.done", **where, text=part.text, logprobs=[]),
+                self.event("response.content_part.done", **where, part=_dump(part)),
+                self.event("response.output_item.done", output_index=index,
+                            item=_dump(message))]
+
+    def _calls(self, calls: list[dict]) -> list[dict]:
+        events = self._close_message() if calls else []
+        for call in calls:
+            function = call["function"]
+            item = FunctionCallItem(call_id=call["id"], name=function["name"], arguments="",
+                                    status="in_progress")
+            self.response.output.append(item)
+            where = {"item_id": item.id, "output_index": self._index}
+            events.append(self.event("response.output_item.added",
+                                      output_index=self._index, item=_dump(item)))
+            item.arguments, item.status = function["arguments"], "completed"
+            events += [
+                self.event("response.function_call_arguments.delta", **where,
+                            delta=item.arguments),
+                self.event("response.function_call_arguments.done", **where,
+                            name=item.name, arguments=item.arguments),
+                self.event("response.output_item.done", output_index=self._index,
+                            item=_dump(item)),
+            ]
+        return events
+
+
+def _sse(events: list[dict]) -> list[dict]:
+    return [{"event": e["type"], "data": json.dumps(e, ensure_ascii=False)} for e in events]
+
+
+class ResponsesFormat(ResponseFormat):
+    """`skeleton`: the response object as the request describes it (echoed fields);
+    `on_finish` receives it once it is complete (the response store)."""
+
+    def __init__(self, model: str, tokenizer, skeleton: ResponseObject, tool_calls,
+                 on_finish: Callable[[ResponseObject], None]):
+        super().__init__(model, tokenizer, "resp")
+        self._skeleton, self._tool_calls, self._on_finish = skeleton, tool_calls, on_finish
+        self._builder: ResponseBuilder | None = None
+
+    def _new_builder(self) -> ResponseBuilder:
+        return ResponseBuilder(self._skeleton.model_copy(deep=True), OutputSplit(self._tool_calls))
+
+    def stream_open(self) -> list[dict]:
+        self._builder = self._new_builder()
+        return _sse(self._builder.open())
+
+    def stream_token(self, event: TokenEvent, first: bool) -> list[dict]:
+        return _sse(self._builder.token(event))
+
+    def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
+        events = self._builder.close(done)
+        self._on_finish(self._builder.response)
+        return _sse(events)
+
+    def stream_error(self, error: APIError) -> list[dict]:
+        body = error.body()["error"]
+        return _sse([self._builder.event("error", code=body["code"], message=body["message"],
+                                          param=body["param"])])
+
+    def stream_end(self) -> list[dict]:
+        return []
+
+    def response(self, events: list[TokenEvent], done: Finished) -> ResponseObject:
+        builder = self._new_builder()
+        builder.open()
+        for event in events:
+            builder.token(event)
+        builder.close(done)
+        self._on_finish(builder.response)
+        return builder.response

@@ -1,0 +1,99 @@
+"""A Responses API request -> the chat completion request that the engine path takes, and the
+response object it echoes. Input items become chat messages: a message item a turn, a
+function_call an assistant tool call, a function_call_output a `tool` turn."""
+
+from __future__ import annotations
+
+from pydantic import TypeAdapter
+
+from api_schemas.openai import ChatCompletionRequest
+from api_schemas.responses import (
+    FunctionCallInput,
+    FunctionCallOutput,
+    InputItem,
+    ResponseObject,
+    ResponsesRequest,
+)
+from server.http.chat_translation import chat_request, tool_call, with_tool_call
+
+# Chat fields a chat-side 400 names -> the Responses fields they came from.
+RENAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+           "response_format": "text.format", "max_tokens": "max_output_tokens"}
+_ITEMS = TypeAdapter(list[InputItem])
+
+
+def input_messages(items: str | list) -> list[dict]:
+    """Input (text, or input items) -> chat messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    for item in items:
+        if isinstance(item, FunctionCallInput):
+            with_tool_call(messages, tool_call(item.call_id, item.name, item.arguments))
+        elif isinstance(item, FunctionCallOutput):
+            messages.append({"role": "tool", "tool_call_id": item.call_id,
+                             "content": item.text()})
+        else:
+            messages.append({"role": item.role, "content": item.text()})
+    return messages
+
+
+def output_messages(response: ResponseObject) -> list[dict]:
+    """A response's output as chat history (what previous_response_id brings back)."""
+    return input_messages(_ITEMS.validate_python(
+        [item.model_dump() for item in response.output]))
+
+
+def chat_from_responses(body: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
+    """`conversation`: the chat messages before the instructions are put in front."""
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    fmt = body.text.format if body.text else None
+    return chat_request({
+        "model": body.model,
+        "messages": system + conversation,
+        "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "stream": body.stream,
+        "tools": [{"type": "function", "function": t.model_dump(exclude={"type"},
+                                                                exclude_none=True)}
+                  for t in body.tools or ()] or None,
+        "tool_choice": _tool_choice(body),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "response_format": _response_format(fmt),
+        **body.extensions(),
+    }, RENAMES)
+
+
+def _tool_choice(body: ResponsesRequest):
+    named = body.named_tool()
+    if named is not None:
+        return {"type": "function", "function": {"name": named}}
+    return body.tool_choice
+
+
+def _response_format(fmt) -> dict | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    spec = {"name": fmt.name, "schema": fmt.schema_, "description": fmt.description,
+            "strict": fmt.strict}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items()
+                                                   if v is not None}}
+
+
+def response_skeleton(body: ResponsesRequest, model: str) -> ResponseObject:
+    """The response object before generation: what the request set, echoed."""
+    return ResponseObject(
+        status="in_progress", model=model, instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        previous_response_id=body.previous_response_id, store=body.store,
+        temperature=body.temperature, top_p=body.top_p,
+        text={"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
+        if body.text and body.text.format else {"format": {"type": "text"}},
+        tool_choice=body.tool_choice.model_dump() if body.named_tool() else
+        (body.tool_choice or "auto"),
+        tools=[t.model_dump(exclude_none=True) for t in body.tools or ()],
+    )

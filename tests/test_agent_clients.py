@@ -1,0 +1,227 @@
+"""The official SDKs and agent frameworks against our Responses and Messages APIs (uvicorn in a
+thread, the tiny pair with its draft; greedy, so every run is the same): openai's
+`responses.create/stream/parse` and a function-tool round trip, an openai-agents Agent with one
+function tool, anthropic's `messages.create/stream/count_tokens`, a tool round trip and its
+exception classes, langchain-anthropic's `invoke` and `bind_tools`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Literal
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, Field
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")  # dev extras; `make test` installs them
+anthropic = pytest.importorskip("anthropic")
+agents = pytest.importorskip("agents")
+langchain_anthropic = pytest.importorskip("langchain_anthropic")
+
+
+class Pet(BaseModel):
+    """A pet."""
+
+    name: str = Field(max_length=8)
+    kind: Literal["cat", "dog", "fish"]
+    age: int = Field(ge=0, le=30)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                           "unit": {"type": "string", "enum": ["C", "F"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def oai(live_server):
+    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(live_server):
+    return anthropic.Anthropic(base_url=live_server, api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_pair):
+    return str(tiny_pair[0])
+
+
+# --- openai: the Responses API --------------------------------------------------------------
+
+
+def test_openai_responses_create_and_stream(oai, model):
+    kwargs = dict(model=model, input="Write a function", temperature=0, max_output_tokens=16)
+    whole = oai.responses.create(**kwargs)
+    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.usage.output_tokens == 16 and whole.output_text
+    assert whole.model_extra["stats"]["generation_tokens"] == 16
+    # The SDK's stream helper gives a final response only after response.completed (not
+    # response.incomplete, as at OpenAI): read this one's events.
+    with oai.responses.stream(**kwargs) as stream:
+        events = list(stream)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == whole.output_text
+    assert events[-1].type == "response.incomplete"
+    # Our extensions, as the raw event stream carries them (the helper rebuilds its events).
+    raw = list(oai.responses.create(stream=True, **kwargs))
+    flags = [e.model_extra["from_draft"] for e in raw if e.type == "response.output_text.delta"]
+    assert len(flags) == len(deltas) and all(isinstance(f, bool) for f in flags) and any(flags)
+    assert raw[-1].response.model_extra["stats"]["draft_tokens_proposed"] > 0
+    assert oai.responses.retrieve(whole.id).output_text == whole.output_text
+    oai.responses.delete(whole.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(whole.id)
+
+
+def test_openai_responses_stream_to_a_final_response(oai, model):
+    kwargs = dict(model=model, input="Make up a pet.", temperature=0, max_output_tokens=200)
+    with oai.responses.stream(text_format=Pet, **kwargs) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed" and isinstance(final.output_parsed, Pet)
+    assert final.output_text == oai.responses.create(**kwargs, text={"format": {
+        "type": "json_schema", "name": "Pet", "strict": True,
+        "schema": openai.lib._pydantic.to_strict_json_schema(Pet)}}).output_text
+
+
+def test_openai_responses_parse_with_a_pydantic_model(oai, model):
+    r = oai.responses.parse(model=model, input="Make up a pet.", text_format=Pet,
+                            temperature=0, max_output_tokens=200)
+    assert r.status == "completed" and isinstance(r.output_parsed, Pet)
+
+
+def test_openai_function_tool_round_trip(oai, model):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}
+    first = oai.responses.create(model=model, input="Weather in Paris?", tools=[tool],
+                                 tool_choice="required", parallel_tool_calls=False,
+                                 temperature=0, max_output_tokens=80)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    by_id = oai.responses.create(model=model, previous_response_id=first.id, input=[output],
+                                 tools=[tool], temperature=0, max_output_tokens=8)
+    by_items = oai.responses.create(
+        model=model, tools=[tool], temperature=0, max_output_tokens=8,
+        input=[{"role": "user", "content": "Weather in Paris?"}, call, output])
+    assert by_id.output_text == by_items.output_text
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model=model, previous_response_id="resp_unknown", input="x")
+
+
+def test_openai_agents_agent_with_a_function_tool(live_server, model):
+    from agents import Agent, ModelSettings, RunConfig, Runner, function_tool
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    calls = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "Rome"]) -> str:
+        """Current weather in a city."""
+        calls.append(city)
+        return f"sunny in {city}"
+
+    class Sky(BaseModel):
+        sky: Literal["sunny", "rainy"]
+
+    client = openai.AsyncOpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0)
+    # A structured final answer: the random test model then ends its last turn (a free-text one
+    # would run to max_tokens, and the Agents SDK treats an incomplete response as a failure).
+    agent = Agent(name="weather", instructions="Answer briefly.", tools=[get_weather],
+                  output_type=Sky,
+                  model=OpenAIResponsesModel(model=model, openai_client=client),
+                  model_settings=ModelSettings(tool_choice="required", temperature=0,
+                                               max_tokens=120, parallel_tool_calls=False))
+    result = asyncio.run(Runner.run(agent, "Weather in Paris?", max_turns=3,
+                                    run_config=RunConfig(tracing_disabled=True)))
+    assert calls and calls[0] in ("Paris", "Rome")
+    assert isinstance(result.final_output, Sky)
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
+    assert kinds[-1] == "message_output_item"
+
+
+# --- anthropic: the Messages API ------------------------------------------------------------
+
+
+def test_anthropic_messages_create_stream_and_count(claude, model):
+    kwargs = dict(model=model, max_tokens=16, extra_body={"temperature": 0},
+                  messages=[{"role": "user", "content": "Write a function"}])
+    whole = claude.messages.create(**kwargs)
+    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 16
+    assert whole.model_extra["stats"]["generation_tokens"] == 16
+    with claude.messages.stream(**kwargs) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == final.content[0].text == whole.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 16
+    count = claude.messages.count_tokens(model=model, messages=kwargs["messages"])
+    assert count.input_tokens == whole.model_extra["stats"]["prompt_tokens"]
+
+
+class Animal(BaseModel):
+    """Anthropic's structured outputs take no numeric or length bounds (its SDK moves them into
+    descriptions, then validates the answer against the model): none here."""
+
+    kind: Literal["cat", "dog", "fish"]
+    legs: Literal[0, 2, 4]
+
+
+def test_anthropic_parse_with_a_pydantic_model(claude, model):
+    r = claude.messages.parse(model=model, max_tokens=200, output_format=Animal,
+                              messages=[{"role": "user", "content": "Make up a pet."}])
+    assert r.stop_reason == "end_turn" and isinstance(r.parsed_output, Animal)
+
+
+def test_anthropic_tool_round_trip(claude, model):
+    tools = [{"name": "get_weather", "description": "Weather.", "input_schema": WEATHER}]
+    question = {"role": "user", "content": "Weather in Paris?"}
+    first = claude.messages.create(model=model, max_tokens=80, tools=tools,
+                                   tool_choice={"type": "tool", "name": "get_weather"},
+                                   messages=[question])
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    jsonschema.validate(use.input, WEATHER)
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
+    answer = claude.messages.create(model=model, max_tokens=8, tools=tools,
+                                    messages=[question, {"role": "assistant",
+                                                         "content": first.content},
+                                              {"role": "user", "content": [result]}])
+    assert answer.content and answer.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_anthropic_error_classes(claude, live_server, model):
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.create(model=model, max_tokens=20_000,  # > the test model's context
+                               messages=[{"role": "user", "content": "x"}])
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="claude-nope", max_tokens=1,
+                               messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model=model, max_tokens=1, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {
+                "type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+
+
+# --- langchain-anthropic ------------------------------------------------------------------------
+
+
+def test_langchain_anthropic_invoke_and_bind_tools(live_server, model):
+    llm = langchain_anthropic.ChatAnthropic(base_url=live_server, api_key="unused", model=model,
+                                            temperature=0, max_tokens=16, max_retries=0)
+    message = llm.invoke("Write a function")
+    assert isinstance(message.content, str) and message.content
+    assert message.response_metadata["stop_reason"] == "max_tokens"
+
+    class GetWeather(BaseModel):
+        """Current weather in a city."""
+
+        city: str = Field(max_length=10)
+        unit: Literal["C", "F"]
+
+    bound = llm.bind_tools([GetWeather], tool_choice="GetWeather").bind(max_tokens=80)
+    (call,) = bound.invoke("Weather in Paris?").tool_calls
+    assert call["name"] == "GetWeather"
+    GetWeather.model_validate(call["args"])
