@@ -77,7 +77,7 @@ async def test_ui_false_turns_the_page_off(engine, tiny_pair):
                                  base_url="http://t") as c:
         for path in ["/", "/ui/app.js"]:
             r = await c.get(path)
-            assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+            assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_endpoint"
         assert (await c.get("/health")).status_code == 200
 
 
