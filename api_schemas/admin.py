@@ -50,6 +50,15 @@ class UnloadResponse(OpenAIBaseModel):
     deleted: bool = True
 
 
+class DistributedLayout(OpenAIBaseModel):
+    world_size: int = Field(description="Processes (ranks) serving the target.")
+    backend: str = Field(description="mlx.core.distributed backend: ring, jaccl or mpi.")
+    mode: Literal["tensor", "pipeline"] = Field(description="How the target is sharded.")
+    rank_memory_gb: list[float] = Field(
+        description="Each rank's MLX active memory (weights, caches; rank 0 also the draft),"
+        " refreshed every `distributed.heartbeat_s`.")
+
+
 class Health(OpenAIBaseModel):
     status: Literal["ok"] = "ok"
     target: str
@@ -58,6 +67,8 @@ class Health(OpenAIBaseModel):
     batch_size: int = Field(0, description="Requests prefilling or decoding now.")
     cache_entries: int = Field(0, description="Prefix-cache entries.")
     cache_bytes: int = Field(0, description="Bytes the prefix cache holds.")
+    distributed: DistributedLayout | None = Field(
+        None, description="The layout of a target sharded with `mlx.launch`; null in one process.")
 
 
 class CacheCleared(OpenAIBaseModel):

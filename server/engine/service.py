@@ -208,6 +208,12 @@ class InferenceEngine:
         """Requests prefilling or decoding now."""
         return self.scheduler.batch_size if self.scheduler is not None else 0
 
+    @property
+    def distributed(self) -> dict | None:
+        """The layout of a target sharded over several processes
+        (`server.engine.distributed`); None in one process."""
+        return None
+
     def cache_info(self) -> dict:
         cache = self.scheduler.prefix_cache if self.scheduler is not None else None
         if cache is None:

@@ -99,4 +99,4 @@ async def health(request: Request) -> Health:
     cache = engine.cache_info()
     return Health(target=engine.model_name, draft=draft, queue_depth=engine.queue_depth,
                   batch_size=engine.batch_size, cache_entries=cache["entries"],
-                  cache_bytes=cache["bytes"])
+                  cache_bytes=cache["bytes"], distributed=engine.distributed)
