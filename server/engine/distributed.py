@@ -18,10 +18,8 @@ lets idle followers notice a vanished rank 0 the same way. Stopping rank 0 stops
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -32,7 +30,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from server.engine.head import _Split, set_split, split_of
@@ -318,18 +315,3 @@ class DistributedEngine(InferenceEngine):
     def _orphaned() -> None:
         log.warning("mlx.launch went away: draining and stopping every rank")
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def describe_hosts() -> list[str]:
-    """The hosts of a ring launch (`MLX_HOSTFILE`), for the log."""
-    path = os.environ.get("MLX_HOSTFILE")
-    if not path or not Path(path).exists():
-        return []
-    try:
-        return [re.sub(r":\d+$", "", h[0]) for h in json.loads(Path(path).read_text())]
-    except (ValueError, TypeError, IndexError):
-        return []
-
-
-def parameter_bytes(model: nn.Module) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
