@@ -263,6 +263,47 @@ def test_a_rank_that_dies_ends_requests_with_503_and_every_rank_exits(tiny_pair,
         run.kill()
 
 
+def llama_as_qwen2(llama_folder: Path, out: Path) -> Path:
+    """The tiny llama target as a qwen2 model (zero q/k/v biases): the same function, in an
+    architecture with `PipelineMixin`, saved with the index pipeline loading reads."""
+    import mlx.core as mx
+    from mlx_lm.models import qwen2
+    from mlx_lm.utils import save_model
+
+    config = json.loads((llama_folder / "config.json").read_text())
+    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    weights = mx.load(str(llama_folder / "model.safetensors"))
+    for name in [n for n in weights if n.endswith(("q_proj.weight", "k_proj.weight",
+                                                   "v_proj.weight"))]:
+        weights[name[: -len("weight")] + "bias"] = mx.zeros((weights[name].shape[0],))
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    model.load_weights(list(weights.items()))
+    save_model(out, model)
+    (out / "config.json").write_text(json.dumps(config))
+    for f in llama_folder.glob("tokenizer*"):
+        shutil.copy(f, out / f.name)
+    return out
+
+
+def test_pipeline_mode_matches_the_single_process_server(tiny_pair, live_server, tmp_path):
+    target = llama_as_qwen2(tiny_pair[0], tmp_path / "qwen2")
+    run = Launch(["--model", str(target), "--draft-model", str(tiny_pair[1]),
+                  "--distributed-mode", "pipeline"], tmp_path / "log.txt")
+    try:
+        assert httpx.get(f"{run.url}/health").json()["distributed"]["mode"] == "pipeline"
+        for use_draft in (True, False):
+            ours = complete(run.url, PROMPTS[0], use_draft=use_draft)
+            assert text(ours) == text(complete(live_server, PROMPTS[0], use_draft=use_draft))
+        assert ours["stats"]["draft_tokens_accepted"] == 0
+        assert complete(run.url, PROMPTS[0])["stats"]["draft_tokens_accepted"] > 0
+        with ThreadPoolExecutor(4) as pool:
+            batch = list(pool.map(lambda p: text(chat(run.url, p)), PROMPTS * 2))
+        assert batch == [text(chat(live_server, p)) for p in PROMPTS * 2]
+    finally:
+        os.kill(run.proc.pid, signal.SIGTERM)
+        run.wait_all_gone(timeout=30)
+
+
 def test_a_model_without_shard_is_refused_naming_the_supported_architectures(tiny_pair,
                                                                             tmp_path):
     import mlx.core as mx

@@ -117,6 +117,11 @@ def load_sharded(path: str, layout: DistributedLayout, *, dtype: str = "auto"):
             f" architecture does not support it ({e}); architectures that do: {names}") from e
     except Exception as e:  # noqa: BLE001 - missing files, bad weights, hub errors
         raise ModelLoadError(f"cannot load {path} sharded: {type(e).__name__}: {e}") from e
+    layers = config.get("num_hidden_layers", 0)
+    if layout.mode == "pipeline" and layers % layout.world_size:
+        # Every rank keeps one cache per layer it runs; rank 0 names them for all ranks.
+        raise ModelLoadError(f"cannot serve {path} pipeline parallel: its {layers} layers do"
+                             f" not split evenly over {layout.world_size} ranks")
     if any(not isinstance(c, KVCache) for c in make_prompt_cache(model)):
         raise ModelLoadError(f"cannot serve {path}: only plain KV caches are supported")
     target_dtype = resolve_dtype(dtype)
