@@ -253,9 +253,11 @@ class DistributedEngine(InferenceEngine):
         log.info("loading target model %s: rank 0 of %d, %s parallel over %s",
                  self._target_path, self.layout.world_size, self.layout.mode,
                  self.layout.backend)
-        with self.watchdog.guard("loading the sharded target"):
-            model, tokenizer, config = load_sharded(self._target_path, self.layout,
-                                                    dtype=self.dtype)
+        # Not bounded by the watchdog: loading a large shard may take minutes; a rank that
+        # fails to load exits, and mlx.launch then stops the others.
+        model, tokenizer, config = load_sharded(self._target_path, self.layout,
+                                                dtype=self.dtype)
+        with self.watchdog.guard("gathering rank memory"):
             self.rank_memory_gb = rank_memory(self.channel)
         wrapped = MirroredTarget(model, self.mirror, self.watchdog.guard)
         target = LoadedModel(self.model_name, self._target_path, wrapped, tokenizer, config)
