@@ -52,7 +52,8 @@ class UnloadResponse(OpenAIBaseModel):
 
 class DistributedLayout(OpenAIBaseModel):
     world_size: int = Field(description="Processes (ranks) serving the target.")
-    backend: str = Field(description="mlx.core.distributed backend: ring, jaccl or mpi.")
+    backend: str = Field(
+        description="mlx.core.distributed backend: ring, jaccl, jaccl-ring, mpi or nccl.")
     mode: Literal["tensor", "pipeline"] = Field(description="How the target is sharded.")
     rank_memory_gb: list[float] = Field(
         description="Each rank's MLX active memory (weights, caches; rank 0 also the draft),"

@@ -62,11 +62,14 @@ class DistributedLayout:
 
 def launched_backend() -> str | None:
     """The backend `mlx.launch` (or mpirun) started this process with; None when it did not."""
-    if "MLX_JACCL_COORDINATOR" in os.environ or "MLX_IBV_DEVICES" in os.environ:
-        return "jaccl"
-    if "MLX_HOSTFILE" in os.environ and "MLX_RANK" in os.environ:
+    env = os.environ
+    if "MLX_JACCL_COORDINATOR" in env or "MLX_IBV_DEVICES" in env:
+        return "jaccl-ring" if env.get("MLX_JACCL_RING") == "1" else "jaccl"
+    if "MLX_HOSTFILE" in env and "MLX_RANK" in env:
         return "ring"
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+    if "MLX_WORLD_SIZE" in env and "MLX_RANK" in env:
+        return "nccl"
+    if "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
         return "mpi"
     return None
 
@@ -78,7 +81,7 @@ def launched_layout(mode: str = "tensor") -> DistributedLayout | None:
         return None
     if mode not in MODES:
         raise ValueError(f"distributed mode must be one of {MODES}, not {mode!r}")
-    group = mx.distributed.init(strict=True, backend=backend)
+    group = mx.distributed.init(strict=True, backend=backend.removesuffix("-ring"))
     if group.size() < 2:
         return None
     return DistributedLayout(group.rank(), group.size(), backend, mode, group)
@@ -164,7 +167,6 @@ class MirroredTarget(nn.Module):
         object.__setattr__(self, "_body", body)
         object.__setattr__(self, "_head", head)
         set_split(self, _Split(self.body, head) if head is not None else _Split(None))
-        self.forwards = 0
 
     @property
     def layers(self):
@@ -179,7 +181,6 @@ class MirroredTarget(nn.Module):
         with self._guard("a target forward"):
             hidden = self._body(inputs, cache=cache)
             mx.eval(hidden)
-        object.__setattr__(self, "forwards", self.forwards + 1)
         return hidden
 
     def __call__(self, inputs: mx.array, cache: list | None = None, **_) -> mx.array:

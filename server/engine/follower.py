@@ -118,8 +118,8 @@ class Follower:
 def run_follower(layout: DistributedLayout, model_path: str, *, dtype: str = "auto",
                  timeout_s: float, drain_timeout_s: float) -> None:
     """Load this rank's part of the target (with rank 0, collectively) and follow."""
-    log.info("rank %d of %d: loading %s (%s parallel over %s)", layout.rank,
-             layout.world_size, model_path, layout.mode, layout.backend)
+    log.info("rank %d of %d (pid %d): loading %s (%s parallel over %s)", layout.rank,
+             layout.world_size, os.getpid(), model_path, layout.mode, layout.backend)
     model, _, _ = load_sharded(model_path, layout, dtype=dtype)
     follower = Follower(layout, model, timeout_s=timeout_s, drain_timeout_s=drain_timeout_s)
     rank_memory(follower.channel)  # rank 0 gathers every rank's memory after the load
