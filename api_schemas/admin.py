@@ -69,7 +69,8 @@ class Health(OpenAIBaseModel):
     cache_entries: int = Field(0, description="Prefix-cache entries.")
     cache_bytes: int = Field(0, description="Bytes the prefix cache holds.")
     distributed: DistributedLayout | None = Field(
-        None, description="The layout of a target sharded with `mlx.launch`; null in one process.")
+        None, description="The layout of a target sharded with `mlx.launch`; absent in one"
+        " process.")
 
 
 class CacheCleared(OpenAIBaseModel):

@@ -28,8 +28,7 @@ async def test_list_models_and_health(admin_env, tiny_pair):
         ("target", str(tiny_pair[0])), ("draft", str(tiny_pair[1]))]
     health = (await client.get("/health")).json()
     assert health == {"status": "ok", "target": str(tiny_pair[0]), "draft": str(tiny_pair[1]),
-                      "queue_depth": 0, "batch_size": 0, "cache_entries": 0, "cache_bytes": 0,
-                      "distributed": None}
+                      "queue_depth": 0, "batch_size": 0, "cache_entries": 0, "cache_bytes": 0}
 
 
 async def test_unload_frees_memory_then_load_again(admin_env, tiny_pair):

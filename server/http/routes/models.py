@@ -92,11 +92,13 @@ async def metrics(request: Request) -> PlainTextResponse:
                              media_type="text/plain; version=0.0.4")
 
 
-@health_router.get("/health")
+@health_router.get("/health", response_model_exclude_unset=True)
 async def health(request: Request) -> Health:
     engine = request.app.state.engine
     draft = engine.draft.name if engine.draft is not None else None
     cache = engine.cache_info()
-    return Health(target=engine.model_name, draft=draft, queue_depth=engine.queue_depth,
-                  batch_size=engine.batch_size, cache_entries=cache["entries"],
-                  cache_bytes=cache["bytes"], distributed=engine.distributed)
+    # `distributed` only when the target is sharded: one process answers the shape it did.
+    layout = {"distributed": engine.distributed} if engine.distributed is not None else {}
+    return Health(status="ok", target=engine.model_name, draft=draft,
+                  queue_depth=engine.queue_depth, batch_size=engine.batch_size,
+                  cache_entries=cache["entries"], cache_bytes=cache["bytes"], **layout)
