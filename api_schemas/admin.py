@@ -50,6 +50,16 @@ class UnloadResponse(OpenAIBaseModel):
     deleted: bool = True
 
 
+class DistributedLayout(OpenAIBaseModel):
+    world_size: int = Field(description="Processes (ranks) serving the target.")
+    backend: str = Field(
+        description="mlx.core.distributed backend: ring, jaccl, jaccl-ring, mpi or nccl.")
+    mode: Literal["tensor", "pipeline"] = Field(description="How the target is sharded.")
+    rank_memory_gb: list[float] = Field(
+        description="Each rank's MLX active memory (weights, caches; rank 0 also the draft),"
+        " refreshed every `distributed.heartbeat_s`.")
+
+
 class Health(OpenAIBaseModel):
     status: Literal["ok", "draining"] = Field(
         "ok", description='"draining" (with HTTP 503) once shutdown began: send no new requests.')
@@ -61,6 +71,9 @@ class Health(OpenAIBaseModel):
     cache_bytes: int = Field(0, description="Bytes the prefix cache holds.")
     disk_cache_entries: int = Field(0, description="Prefix-cache files on disk (cache.disk_dir).")
     disk_cache_bytes: int = Field(0, description="Bytes of the prefix-cache files on disk.")
+    distributed: DistributedLayout | None = Field(
+        None, description="The layout of a target sharded with `mlx.launch`; absent in one"
+        " process.")
 
 
 class CacheCleared(OpenAIBaseModel):

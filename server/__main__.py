@@ -1,6 +1,8 @@
 """`python -m server`: serve the configured models over the OpenAI API.
 
-Flags override `config.yaml`; `--draft-model none` starts without a draft.
+Flags override `config.yaml`; `--draft-model none` starts without a draft. Under
+`mlx.launch -n N`, rank 0 serves with the target sharded over the N processes and the others
+follow it (`server.engine.distributed`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from server.blas import ensure_fast_blas, log_blas
 from server.config import Settings
+from server.engine.distributed import DistributedLayout, launched_layout
 
 log = logging.getLogger("server")
 
@@ -26,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
     p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
     p.add_argument("--port", type=int, help="TCP port (default 8000).")
+    p.add_argument("--distributed-mode", choices=["tensor", "pipeline"],
+                   help="Under mlx.launch: shard the target tensor parallel (default) or"
+                        " pipeline parallel.")
     return p.parse_args(argv)
 
 
@@ -35,7 +41,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "num_draft_tokens": args.num_draft_tokens,
     }.items() if v is not None}
     server = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
-    return Settings.load(args.config, models=models, server=server)
+    distributed = {"mode": args.distributed_mode} if args.distributed_mode else {}
+    return Settings.load(args.config, models=models, server=server, distributed=distributed)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -63,17 +70,26 @@ def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(parse_args(argv))
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sock = listen(settings.server.host, settings.server.port)
+    layout = launched_layout(settings.distributed.mode)
+    follower = layout is not None and layout.rank > 0  # mlx.launch: rank 0 serves HTTP
+    sock = None if follower else listen(settings.server.host, settings.server.port)
     log_blas()
-    serve(settings, sock)
+    serve(settings, sock, layout)
 
 
-def serve(settings: Settings, sock: socket.socket) -> None:
+def serve(settings: Settings, sock: socket.socket | None,
+          layout: DistributedLayout | None) -> None:
+    from server.engine.follower import run_follower
     from server.http.app import create_app
     from server.http.shutdown import DrainingServer
     from server.model_files.bundled import ensure_default_models
 
     settings = ensure_default_models(settings)
+    if sock is None:  # a follower rank: no HTTP, it runs what rank 0 sends
+        run_follower(layout, settings.models.model, dtype=settings.models.dtype,
+                     timeout_s=settings.distributed.timeout_s,
+                     drain_timeout_s=settings.engine.drain_timeout_s)
+        return
     app = create_app(settings)
     DrainingServer(app, host=settings.server.host, port=settings.server.port,
                    log_level=settings.server.log_level,

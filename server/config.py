@@ -144,6 +144,27 @@ class CacheSettings(BaseModel):
     )
 
 
+class DistributedSettings(BaseModel):
+    """A target sharded over the processes of `mlx.launch` (ignored when run without it)."""
+
+    mode: Literal["tensor", "pipeline"] = Field(
+        "tensor", description="tensor: every rank holds a share of every layer's heads"
+        " (`model.shard`); pipeline: every rank holds a run of layers (models with"
+        " `PipelineMixin`).",
+    )
+    timeout_s: float = Field(
+        60.0, gt=0.0, le=3600.0,
+        description="A collective that does not complete within this (a rank died or hangs):"
+        " rank 0 answers 503 to every request and exits; a follower that hears nothing from"
+        " rank 0 for this long exits.",
+    )
+    heartbeat_s: float = Field(
+        5.0, gt=0.0, le=600.0,
+        description="Rank 0 messages the other ranks at least this often (and refreshes each"
+        " rank's memory figure in /health).",
+    )
+
+
 class GenerationDefaults(BaseModel):
     """What a request gets for a field it leaves out."""
 
@@ -178,6 +199,7 @@ class Settings(BaseSettings):
     defaults: GenerationDefaults = Field(default_factory=GenerationDefaults)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides) -> Settings:

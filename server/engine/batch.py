@@ -25,7 +25,7 @@ class UnsupportedCache(ValueError):
 
 def new_cache(model: nn.Module) -> list[KVCache]:
     cache = make_prompt_cache(model)
-    kinds = {type(c).__name__ for c in cache if type(c) is not KVCache}
+    kinds = {type(c).__name__ for c in cache if not isinstance(c, KVCache)}
     if kinds:
         raise UnsupportedCache(
             f"this server batches and trims plain KV caches; the model uses {sorted(kinds)}"
@@ -119,12 +119,11 @@ def prefill_rows(model: nn.Module, caches: list[list[KVCache]],
     width = max(len(chunk) for chunk in chunks)
     fresh = [row[0].empty() for row in caches]
     pads = [width - len(chunk) for chunk in chunks]
-    left = mx.array([pad if new else 0 for pad, new in zip(pads, fresh, strict=True)])
+    left = [pad if new else 0 for pad, new in zip(pads, fresh, strict=True)]
     right = [0 if new else pad for pad, new in zip(pads, fresh, strict=True)]
     cache = [RaggedKVCache.merge(list(layer)) for layer in zip(*caches, strict=True)]
     for c in cache:
-        c.left_padding = c.left_padding + left
-        c.offset = c.offset - left
+        c.pad_left(left)
     inputs = mx.array([[0] * pad + list(chunk) if new else list(chunk) + [0] * pad
                        for pad, new, chunk in zip(pads, fresh, chunks, strict=True)], mx.uint32)
     logits = last_logits(model, inputs, cache, mx.array([width - 1 - pad for pad in right]))

@@ -29,6 +29,9 @@ class RaggedKVCache(BatchKVCache):
 
     @classmethod
     def merge(cls, caches) -> RaggedKVCache:
+        own = getattr(caches[0], "ragged_merge", None)
+        if cls is RaggedKVCache and own is not None:  # mirrored rows (`server.engine.mirror`)
+            return own(caches)
         merged = super().merge(caches)
         if type(merged) is not cls:  # mlx_lm returns a plain BatchKVCache when all are empty
             ragged = cls([0] * len(caches))
@@ -43,6 +46,13 @@ class RaggedKVCache(BatchKVCache):
         if have >= width:
             return self.holes[:, :width]
         return np.pad(self.holes, ((0, 0), (0, width - have)))
+
+    def pad_left(self, left: list[int]) -> None:
+        """Add `left[i]` padding slots before row i (an empty or prefix-restored row that is
+        about to be fed left-padded)."""
+        left = mx.array(left)
+        self.left_padding = self.left_padding + left
+        self.offset = self.offset - left
 
     def drop_tail(self, counts: list[int]) -> None:
         """Drop the last `counts[i]` entries of row i: they become holes."""

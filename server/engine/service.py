@@ -229,6 +229,12 @@ class InferenceEngine:
         """True once shutdown began: new requests get 503."""
         return self.scheduler is not None and self.scheduler.draining
 
+    @property
+    def distributed(self) -> dict | None:
+        """The layout of a target sharded over several processes
+        (`server.engine.distributed`); None in one process."""
+        return None
+
     def cache_info(self) -> dict:
         cache = self.scheduler.prefix_cache if self.scheduler is not None else None
         if cache is None:

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server.config import Settings
+from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.prefix_cache import cache_budget_bytes
 from server.engine.service import InferenceEngine, SchedulerConfig
 from server.http.auth import log_exposure
@@ -22,9 +23,18 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(settings: Settings) -> InferenceEngine:
+    """The engine `settings` ask for; on rank 0 of `mlx.launch`, one with a sharded target."""
     m = settings.models
     draft = None if (m.draft_model or "none").lower() == "none" else m.draft_model
-    return InferenceEngine(
+    layout = launched_layout(settings.distributed.mode)
+    engine_class = InferenceEngine
+    extra = {}
+    if layout is not None:
+        engine_class = DistributedEngine
+        extra = {"layout": layout, "timeout_s": settings.distributed.timeout_s,
+                 "heartbeat_s": settings.distributed.heartbeat_s}
+    return engine_class(
+        **extra,
         model=m.model, draft_model=draft, model_name=m.model_name,
         num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
         scheduler=SchedulerConfig(

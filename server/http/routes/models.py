@@ -92,8 +92,8 @@ async def metrics(request: Request) -> PlainTextResponse:
                              media_type="text/plain; version=0.0.4")
 
 
-@health_router.get("/health", responses={503: {"model": Health,
-                                                 "description": "Draining: shutting down."}})
+@health_router.get("/health", response_model_exclude_unset=True,
+                   responses={503: {"model": Health, "description": "Draining: shutting down."}})
 async def health(request: Request, response: Response) -> Health:
     """200 while serving; 503 with `"status": "draining"` once shutdown began, so a load
     balancer stops sending requests that would get 503 `shutting_down`."""
@@ -102,7 +102,10 @@ async def health(request: Request, response: Response) -> Health:
     cache = engine.cache_info()
     if engine.draining:
         response.status_code = 503
+    # `distributed` only when the target is sharded: one process answers the shape it did.
+    layout = {"distributed": engine.distributed} if engine.distributed is not None else {}
     return Health(status="draining" if engine.draining else "ok", target=engine.model_name,
                   draft=draft, queue_depth=engine.queue_depth, batch_size=engine.batch_size,
                   cache_entries=cache["entries"], cache_bytes=cache["bytes"],
-                  disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"])
+                  disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"],
+                  **layout)
