@@ -315,6 +315,27 @@ def py_command(module: str, argv: list[str]) -> str:
     return f".venv/bin/python -m {module} " + shlex.join(argv)
 
 
+RESPONSES_BODY = {"input": "Write a Python function `fib(n)`", "max_output_tokens": 48}
+RESPONSES_FILTER = ("{status, text: .output[0].content[0].text, usage, "
+                    "accepted: .stats.draft_tokens_accepted}")
+MESSAGES_BODY = {"model": "", "max_tokens": 48, "temperature": 0,
+                 "messages": [{"role": "user", "content": "Write a Python function `fib(n)`"}]}
+MESSAGES_FILTER = ("{stop_reason, text: .content[0].text, usage, "
+                   "acceptance: .stats.acceptance_rate}")
+
+
+def responses(ctx: Context) -> str:
+    r = post(ctx, "/v1/responses", RESPONSES_BODY)
+    return pretty({"status": r["status"], "text": r["output"][0]["content"][0]["text"],
+                   "usage": r["usage"], "accepted": r["stats"]["draft_tokens_accepted"]})
+
+
+def messages(ctx: Context) -> str:
+    r = post(ctx, "/v1/messages", MESSAGES_BODY)
+    return pretty({"stop_reason": r["stop_reason"], "text": r["content"][0]["text"],
+                   "usage": r["usage"], "acceptance": r["stats"]["acceptance_rate"]})
+
+
 STATS_FILTER = ".stats"
 
 
@@ -349,6 +370,12 @@ EXAMPLES = [
     Example("stats",
             lambda c: curl("/v1/chat/completions", CHAT_BODY) + f" | jq '{STATS_FILTER}'",
             "bash", chat_stats, "json", shape_of_json),
+    Example("responses",
+            lambda c: curl("/v1/responses", RESPONSES_BODY) + f" | jq '{RESPONSES_FILTER}'",
+            "bash", responses, "json", shape_of_json),
+    Example("messages",
+            lambda c: curl("/v1/messages", MESSAGES_BODY) + f" | jq '{MESSAGES_FILTER}'",
+            "bash", messages, "json", shape_of_json),
     Example("health", lambda c: curl("/health"), "bash",
             lambda c: pretty(get(c, "/health").json()), "json", shape_of_json),
     Example("load", lambda c: curl("/v1/models/draft", draft_body(c, 4)), "bash",
