@@ -28,7 +28,7 @@ import numpy as np
 
 from server.engine.batch import ModelBatch
 from server.engine.drafting import confident_count
-from server.engine.sampling import apply_mask, normalize
+from server.engine.sampling import align_vocab, apply_mask, normalize
 from server.engine.sequence import Sequence
 from server.engine.verification import count_exact_matches, verify_rejection
 
@@ -240,10 +240,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
     )
     logits = target.forward(inputs)
 
-    pending = []
-    for i, (seq, p) in enumerate(zip(rows, props, strict=True)):
-        pending.append(_verify_row(seq, p, logits[i, : len(p.tokens) + 1]))
-    mx.eval([a for v in pending for a in v.arrays()])
+    pending = _verify_rows(rows, props, logits)
 
     results, kept, draft_kept = {}, [], {}
     for seq, p, v in zip(rows, props, pending, strict=True):
@@ -275,6 +272,48 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         fed = draft_steps - 1
         draft.keep(fed, [draft_kept[id(r)] for r in draft.rows])
     return results
+
+
+def _verify_rows(rows: list[Sequence], props: list[Proposal], logits: mx.array) -> list:
+    """Every row's `_Verified`, read back with one host sync. Plain greedy rows (no penalties,
+    grammar, EOS mask or logprobs) share one argmax over their logits; the others get their own
+    pipeline graph (`_verify_row`)."""
+    plain = [i for i, seq in enumerate(rows) if _plain_greedy(seq)]
+    pending: list = [None] * len(rows)
+    if plain:
+        index = mx.array(plain) if len(plain) < len(rows) else None
+        chosen = logits if index is None else logits[index]
+        shared = _SharedArgmax(mx.argmax(align_vocab(chosen, rows[0].pipeline.vocab_size), -1))
+        for j, i in enumerate(plain):
+            pending[i] = _Verified(shared=shared, shared_row=j)
+    for i, (seq, p) in enumerate(zip(rows, props, strict=True)):
+        if pending[i] is None:
+            pending[i] = _verify_row(seq, p, logits[i, : len(p.tokens) + 1])
+    arrays = [a for v in pending if v.shared is None for a in v.arrays()]
+    mx.eval([shared.tokens, *arrays] if plain else arrays)
+    return pending
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    """Greedy with nothing between the logits and the argmax: no logits processors, grammar,
+    logprobs, or EOS held back at the next position (the next `k + 1` follow: min_tokens only
+    ever holds back a prefix of the output)."""
+    pipeline = seq.pipeline
+    return (pipeline.greedy and not pipeline.needs_history and seq.constraint is None
+            and not seq.params.logprobs and seq.eos_allowed_at(len(seq.output)))
+
+
+class _SharedArgmax:
+    """The argmax (rows, width) of a round's plain greedy rows, read back once."""
+
+    def __init__(self, tokens: mx.array):
+        self.tokens = tokens
+        self._host: list | None = None
+
+    def row(self, j: int) -> list[int]:
+        if self._host is None:
+            self._host = self.tokens.tolist()
+        return self._host[j]
 
 
 def first_token(seq: Sequence, logits: mx.array) -> bool:
@@ -312,12 +351,17 @@ class _Verified:
     tokens: mx.array | None = None
     logprobs: mx.array | None = None
     draft_tokens: mx.array | None = None
+    shared: _SharedArgmax | None = None  # a plain greedy row's tokens: row `shared_row` of it
+    shared_row: int = 0
 
     def arrays(self):
         return [a for a in (self.greedy_tokens, self.num_accepted, self.tokens, self.logprobs)
                 if a is not None]
 
     def outcome(self, drafted: list[int]) -> tuple[int, list[int]]:
+        if self.shared is not None:
+            own = self.shared.row(self.shared_row)[: len(drafted) + 1]
+            return count_exact_matches(own, drafted), own
         if self.greedy_tokens is not None:
             own = self.greedy_tokens.tolist()
             return count_exact_matches(own, drafted), own
