@@ -19,6 +19,7 @@ from server.bench.load import prompt
 MAX_TOKENS = 96
 
 
+COSTS: dict[str, bool] = {}  # "on": False runs the draft up to the caps (--no-cost-model)
 PAIR: dict[str, str] = {}  # "target", "draft": --target-model / --draft-model or the generated pair
 
 
@@ -31,6 +32,8 @@ def ours(streams: int, first: int, *, draft: bool) -> float:
     kit = _kit(draft)
     tokenizer = kit.target.tokenizer
     scheduler = Scheduler(kit, policy=SpeculationPolicy())
+    if draft and COSTS.get("on", True):
+        scheduler.measure_costs()  # as the server does (engine.cost_model)
     spec = SpeculationParams(num_draft_tokens=4 if draft else 0)
     seqs = [scheduler.submit(GenerationParams(_ids(tokenizer, first + i), MAX_TOKENS,
                                               speculation=spec), lambda event: None)
@@ -90,7 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=3, help="Runs per engine and level, interleaved.")
     p.add_argument("--target-model", help="Target folder (default: the generated pair's).")
     p.add_argument("--draft-model", help="Draft folder (default: the generated pair's).")
+    p.add_argument("--no-cost-model", action="store_true",
+                   help="With the draft, rows draft up to the caps (no measured costs).")
     args = p.parse_args(argv)
+    COSTS["on"] = not args.no_cost_model
     from server.model_files.bundled import generated_pair
 
     chosen = (args.target_model, args.draft_model)

@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from server.engine.batch import ModelBatch
+from server.engine.cost_model import DrafterRates
 from server.engine.drafting import confident_count
 from server.engine.sampling import align_vocab, apply_mask, normalize
 from server.engine.sequence import Sequence
@@ -215,8 +216,9 @@ def _finish_grammar_masks(seq: Sequence, proposal: Proposal) -> list | None:
 
 
 def decode_round(target: ModelBatch, draft: ModelBatch | None,
-                 ks: dict[int, int]) -> dict[int, RoundResult]:
-    """One round for every row of `target`; `ks[id(seq)]` is how many tokens each drafts.
+                 ks: dict[int, int], rates: DrafterRates | None = None) -> dict[int, RoundResult]:
+    """One round for every row of `target`; `ks[id(seq)]` is how many tokens each drafts;
+    each drafting row's acceptance is recorded (on the row, and in `rates` when given).
 
     Returns each row's proposed/accepted counts; rows that finished have `finish_reason`.
     """
@@ -249,6 +251,10 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         if ks.get(id(seq), 0) > 0:
             seq.counters.record_round(len(p.tokens), by_model=p.by_model)
             seq.schedule.update(ks.get(id(seq), 0), len(p.tokens), n)
+            if p.tokens:
+                tried = seq.record_acceptance(len(p.tokens), n)
+                if rates is not None:
+                    rates.record(seq.round_drafter, *tried)
             for j in range(n):
                 seq.accepted_per_position[j] += 1
         results[id(seq)] = RoundResult(len(p.tokens), n)

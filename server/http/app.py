@@ -36,6 +36,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
         spec_batch_draft_tokens=settings.engine.spec_batch_draft_tokens,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
         fuse_projections=settings.engine.fuse_projections,
+        cost_model=settings.engine.cost_model,
     )
 
 
