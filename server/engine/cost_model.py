@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 PROFILE_ROWS = (1, 2, 4, 8, 16, 32)
 PROFILE_TOKENS = (1, 2, 3, 5)
 PROFILE_CONTEXT = 64  # tokens already in each row's cache while timing
-PROFILE_REPS = 3  # timed forwards per cell (after one warm-up); the median is kept
+PROFILE_REPS = 3  # timed forwards per cell (after one warm-up); the fastest is kept
 # A row whose drafter has not been seen yet is expected to accept at this rate, weighted as
 # this many trials, until its own rounds say otherwise.
 PRIOR_ACCEPTANCE = 0.5
@@ -97,25 +97,29 @@ def monotone(seconds: list[list[float]]) -> list[list[float]]:
 
 def measure_forward_times(model: nn.Module, rows=PROFILE_ROWS, tokens=PROFILE_TOKENS,
                           context: int = PROFILE_CONTEXT, reps: int = PROFILE_REPS) -> ForwardTimes:
-    """Time `model`'s forward of (r, t) inputs after `context` cached tokens, for every r, t."""
+    """Time `model`'s forward of (r, t) inputs after `context` cached tokens, for every r, t.
+
+    The cells take turns, rep after rep, and each keeps its fastest time: a machine shared
+    with other work slows some forwards down, and then slows every cell alike, not the ones
+    measured while it was busy."""
     from server.engine.batch import new_cache, prefill_rows
 
-    table = []
-    for r in rows:
-        _, cache = prefill_rows(model, [new_cache(model) for _ in range(r)],
-                                [[1 + (i + n) % 7 for n in range(context)] for i in range(r)])
-        line = []
-        for t in tokens:
-            times = []
-            for _ in range(reps + 1):
+    caches = {r: prefill_rows(model, [new_cache(model) for _ in range(r)],
+                              [[1 + (i + n) % 7 for n in range(context)] for i in range(r)])[1]
+              for r in rows}
+    best = {(r, t): float("inf") for r in rows for t in tokens}
+    for rep in range(reps + 1):  # the first is a warm-up
+        for r in rows:
+            for t in tokens:
                 x = mx.ones((r, t), mx.uint32)
                 start = time.perf_counter()
-                mx.eval(model(x, cache=cache))
-                times.append(time.perf_counter() - start)
-                for c in cache:
+                mx.eval(model(x, cache=caches[r]))
+                elapsed = time.perf_counter() - start
+                for c in caches[r]:
                     c.trim(t)
-            line.append(sorted(times[1:])[len(times[1:]) // 2])
-        table.append(line)
+                if rep:
+                    best[r, t] = min(best[r, t], elapsed)
+    table = [[best[r, t] for t in tokens] for r in rows]
     return ForwardTimes(tuple(rows), tuple(tokens), tuple(map(tuple, monotone(table))))
 
 
