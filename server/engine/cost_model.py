@@ -205,25 +205,30 @@ def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: 
     """Each row's k (keyed by `RowOption.key`): the (K, M) with the most expected tokens per
     second, where lookup rows draft min(K, cap), model rows min(M, cap) and forced rows their
     cap. `batch_rows` rows take part in the target forward, `draft_rows` in the draft's."""
+    gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
     most = max((o.cap for o in options), default=0)
-    best, best_rate = {}, -1.0
+    best, best_rate = (0, 0), -1.0
     for width in range(most + 1):
         for model_k in range(width + 1):
-            ks = {o.key: o.cap if o.forced else min(width if not o.by_model else model_k, o.cap)
-                  for o in options}
-            rate = _tokens_per_second(options, ks, batch_rows, draft_rows, costs)
+            ks = _lengths(options, width, model_k)
+            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
             if rate > best_rate + 1e-12:
-                best, best_rate = ks, rate
-    return {key: k for key, k in best.items() if k > 0}
+                best, best_rate = (width, model_k), rate
+    chosen = _lengths(options, *best)
+    return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
 
 
-def _tokens_per_second(options, ks, batch_rows, draft_rows, costs: StepCosts) -> float:
-    width = max(ks.values(), default=0)
-    model_k = max((ks[o.key] for o in options if o.by_model), default=0)
+def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
+    return [o.cap if o.forced else min(model_k if o.by_model else width, o.cap) for o in options]
+
+
+def _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs: StepCosts) -> float:
+    width = max(ks, default=0)
+    model_k = max((k for o, k in zip(options, ks, strict=True) if o.by_model), default=0)
     seconds = costs.target.at(batch_rows, 1 + width)
     if model_k and costs.draft is not None:
         seconds += model_k * costs.draft.at(max(draft_rows, 1), 1)
-    tokens = batch_rows + sum(expected_accepted(o.acceptance, ks[o.key]) for o in options)
+    tokens = batch_rows + sum(g[k] for g, k in zip(gains, ks, strict=True))
     return tokens / seconds
 
 
@@ -253,3 +258,41 @@ def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepC
     likely to be used."""
     options = [RowOption(i, k, acceptance, True) for i in range(batch_rows)]
     return bool(choose_draft_lengths(options, batch_rows, batch_rows, costs))
+
+
+def _print_table(name: str, times: ForwardTimes) -> None:
+    print(f"{name}: ms per forward (rows x tokens); plain decoding's limit, rows / t(rows, 1)")
+    print("  rows " + "".join(f"{t:>9}" for t in times.tokens) + "   limit tok/s")
+    for r, line in zip(times.rows, times.seconds, strict=True):
+        cells = "".join(f"{s * 1e3:9.1f}" for s in line)
+        print(f"  {r:>4} {cells}   {r / line[0]:9.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m server.engine.cost_model --model DIR [--draft-model DIR] [--remeasure]`:
+    print the forward-time tables the server uses (measuring and caching them if needed)."""
+    import argparse
+
+    from server.engine.model_kit import ModelKit, load_model
+
+    p = argparse.ArgumentParser(prog="python -m server.engine.cost_model", description=main.__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--draft-model")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--remeasure", action="store_true", help="Measure again; replace the cache.")
+    args = p.parse_args(argv)
+    kit = ModelKit(load_model(args.model, dtype=args.dtype), dtype=args.dtype)
+    if args.draft_model:
+        kit.load_draft(args.draft_model)
+    if args.remeasure:
+        for loaded in filter(None, (kit.target, kit.draft)):
+            key = machine_key(loaded.path, f"{kit.dtype}|fused={kit.fuse}")
+            (DEFAULT_CACHE_DIR / f"{key}.json").unlink(missing_ok=True)
+    costs = kit_costs(kit)
+    _print_table("target", costs.target)
+    if costs.draft is not None:
+        _print_table("draft", costs.draft)
+
+
+if __name__ == "__main__":
+    main()
