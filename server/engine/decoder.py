@@ -11,7 +11,8 @@ Plain decoding is speculation with k = 0. Each round:
 3. per row, the same logits pipeline (vocabulary alignment, penalties on prompt + output,
    grammar and EOS masks, top-k/top-p/min-p, temperature) and verification: exact matching
    when greedy (or `acceptance: exact`), speculative sampling otherwise, with the request's own
-   random key; one host sync for the whole batch;
+   random key; greedy rows with nothing between logits and argmax share one argmax over the
+   batch; one host sync for the whole batch;
 4. caches keep what each row accepted; each row emits its tokens.
 
 Penalties (repetition, presence, frequency, logit bias) see the prompt and every token
