@@ -15,6 +15,7 @@ from server.engine.cost_model import (
     cached_forward_times,
     choose_draft_lengths,
     expected_accepted,
+    hopeful_rate,
     model_drafting_pays,
     monotone,
 )
@@ -49,6 +50,12 @@ def test_expected_accepted_tokens_and_the_acceptance_estimate():
     assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
     assert acceptance_rate(3, 4, prior=0.5, weight=2) == pytest.approx(4 / 6)
     assert acceptance_rate(0, 0, prior=0.8) == pytest.approx(0.8)
+
+
+def test_rows_with_few_rounds_get_the_benefit_of_the_doubt():
+    assert hopeful_rate(0, 0) == pytest.approx(0.5 + (0.25 / 2) ** 0.5)  # 0.8536
+    assert hopeful_rate(48, 98) == pytest.approx(0.49 + (0.49 * 0.51 / 100) ** 0.5)  # 0.54
+    assert hopeful_rate(1000, 1000) == 0.99
 
 
 def test_drafter_rates_decay_and_give_the_prior_of_new_rows():

@@ -187,8 +187,9 @@ COSTS = StepCosts(_table((1, 8), (1, 2, 3), [[0.05, 0.05, 0.06], [0.10, 0.12, 0.
 
 def test_the_cost_model_chooses_each_rows_k_in_a_batch(kit):
     """With measured costs, rows draft what pays, within the caps (by default k = 4 anywhere).
-    Three greedy rows at the prior acceptance 0.5, in a round of 3: plain 3 / 0.0643 = 46.7
-    tok/s; k = 1, 4.5 / (0.07 + 0.0013) = 63.1; k = 2, 5.25 / (0.1114 + 0.0026) = 46.0: k = 1.
+    Three greedy rows with no rounds yet, at the prior 0.5 plus one standard error (0.8536):
+    plain 3 / 0.0643 = 46.7 tok/s; k = 1, 5.561 / (0.07 + 0.0013) = 78.0; k = 2, 7.746 /
+    (0.1114 + 0.0026) = 67.9; k = 3, 9.612 / (0.1529 + 0.0039) = 61.3: k = 1.
     A seeded sampled row keeps its own k (4), so its text does not depend on the batch; the
     round is then 5 wide and the draft runs 4 steps anyway, so the others draft 4 too."""
     policy = SpeculationPolicy()

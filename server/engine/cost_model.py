@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -186,6 +187,15 @@ def acceptance_rate(accepted: int, trials: int, prior: float = PRIOR_ACCEPTANCE,
     """A row's per-token acceptance: accepted tokens over tokens tried (accepted ones, plus
     one per round that rejected), shrunk towards `prior` by `weight` pseudo-trials."""
     return (accepted + prior * weight) / (trials + weight)
+
+
+def hopeful_rate(accepted: int, trials: int, prior: float = PRIOR_ACCEPTANCE,
+                 weight: float = PRIOR_WEIGHT) -> float:
+    """The rate decisions use: `acceptance_rate` plus one standard error (at most 0.99). A row
+    with few rounds behind it gets the benefit of the doubt, so it drafts and gets measured;
+    judged by its prior alone, a row that never drafted would never learn otherwise."""
+    a = acceptance_rate(accepted, trials, prior, weight)
+    return min(a + math.sqrt(a * (1 - a) / (trials + weight)), 0.99)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from server.engine.cost_model import (
     DEFAULT_CACHE_DIR,
     DrafterRates,
     StepCosts,
+    hopeful_rate,
     kit_costs,
     model_drafting_pays,
 )
@@ -334,7 +335,7 @@ class Scheduler:
         if self.costs is None:
             return True
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
-                                   self.rates.prior("model"), self.costs)
+                                   hopeful_rate(0, 0, self.rates.prior("model")), self.costs)
 
     def _whole_prompt_group(self, budget: int) -> list[Sequence]:
         """The oldest prefilling requests, all drafting or none, whose prompts' rests fit in
