@@ -159,8 +159,7 @@ class InferenceEngine:
             self.kit.load_draft(self._draft_path)
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
         if self.cost_model:
-            log.info("timing the models' forwards (rows x tokens; cached per machine)")
-            self.scheduler.measure_costs()
+            self.scheduler.measure_costs()  # measured once per model and machine, then cached
         if self.prefix_cache_bytes > 0:
             from server.engine.prefix_cache import PrefixCache
 
