@@ -68,8 +68,9 @@ class SpeculationPolicy:
         cap is its own (adaptive) k, at most `batch_draft_tokens` in a batch, and none once the
         batch is larger than `spec_max_batch`. Within the caps, `costs` (the measured forward
         times) choose the k with the most expected tokens per second from each row's
-        acceptance (`hopeful_rate`, `choose_draft_lengths`; `rates` give the prior of rows new to a drafter;
-        `draft_rows` rows take part in the draft model's forward); without `costs` every row
+        acceptance (`hopeful_rate`, `choose_draft_lengths`; `rates` give the prior of rows new
+        to a drafter; `draft_rows` rows take part in the draft model's forward); without `costs`
+        every row
         drafts its cap. `batch_size` counts the requests still prefilling too: they join
         within a few rounds.
 
