@@ -70,9 +70,8 @@ class SpeculationPolicy:
         times) choose the k with the most expected tokens per second from each row's
         acceptance (`hopeful_rate`, `choose_draft_lengths`; `rates` give the prior of rows new
         to a drafter; `draft_rows` rows take part in the draft model's forward); without `costs`
-        every row
-        drafts its cap. `batch_size` counts the requests still prefilling too: they join
-        within a few rounds.
+        every row drafts its cap. `batch_size` counts the requests still prefilling too: they
+        join within a few rounds.
 
         Except seeded sampled requests: speculative sampling draws its randomness differently
         from plain sampling, and with each k differently, so they always speculate at their own
