@@ -104,13 +104,21 @@ class EngineSettings(BaseModel):
     )
     spec_max_batch: int = Field(
         DEFAULT_SPEC_MAX_BATCH, ge=0, le=256,
-        description="Speculate while at most this many requests decode; above it, plain batched"
-        " decoding (0: never speculate).",
+        description="A cap: rows speculate only while at most this many requests run; above"
+        " it, plain batched decoding (0: never speculate). Within the caps the cost model"
+        " decides.",
     )
     spec_batch_draft_tokens: int = Field(
         DEFAULT_BATCH_DRAFT_TOKENS, ge=1, le=64,
-        description="The most tokens a request drafts per round while other requests decode"
-        " too (alone, its own k).",
+        description="A cap: the most tokens a request drafts per round while other requests"
+        " decode too (alone, its own k). Within the caps the cost model decides.",
+    )
+    cost_model: bool = Field(
+        True,
+        description="Time the models' forwards (rows x tokens) at start-up, cached per model"
+        " and machine under ~/.cache/mlx-spec-server, and let those times and each row's"
+        " acceptance choose how many tokens each row drafts per round. Off: every row drafts"
+        " up to the caps.",
     )
     drain_timeout_s: float = Field(
         10.0, ge=0.0, le=600.0,

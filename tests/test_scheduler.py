@@ -14,6 +14,7 @@ import pytest
 from conftest import chat_body, served
 from mlx_lm.generate import generate_step
 
+from server.engine.cost_model import DrafterRates, ForwardTimes, StepCosts
 from server.engine.events import Finished, TokenEvent
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, load_model
@@ -175,27 +176,78 @@ def test_hybrid_rows_that_look_up_while_the_draft_model_drafts_for_others(noisy_
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
 
 
-def test_the_default_policy_drafts_one_token_per_round_in_a_batch(kit):
-    """In a batch a row drafts at most `batch_draft_tokens` (1) per round, alone its own k;
-    a seeded sampled row keeps its own k, so its text does not depend on the batch."""
+def _table(rows, tokens, seconds):
+    return ForwardTimes(tuple(rows), tuple(tokens), tuple(map(tuple, seconds)))
+
+
+# At 8 rows a second token costs 20% more than one, a third 100% more (tests/test_cost_model.py).
+COSTS = StepCosts(_table((1, 8), (1, 2, 3), [[0.05, 0.05, 0.06], [0.10, 0.12, 0.24]]),
+                  _table((1, 8), (1, 2), [[0.001, 0.001], [0.002, 0.003]]))
+
+
+def test_the_cost_model_chooses_each_rows_k_in_a_batch(kit):
+    """With measured costs, rows draft what pays, within the caps (by default k = 4 anywhere).
+    Three greedy rows with no rounds yet, at the prior 0.5 plus one standard error (0.8536):
+    plain 3 / 0.0643 = 46.7 tok/s; k = 1, 5.561 / (0.07 + 0.0013) = 78.0; k = 2, 7.746 /
+    (0.1114 + 0.0026) = 67.9; k = 3, 9.612 / (0.1529 + 0.0039) = 61.3: k = 1.
+    A seeded sampled row keeps its own k (4), so its text does not depend on the batch; the
+    round is then 5 wide and the draft runs 4 steps anyway, so the others draft 4 too."""
     policy = SpeculationPolicy()
-    assert (policy.num_draft_tokens, policy.batch_draft_tokens) == (4, 1)
+    assert (policy.num_draft_tokens, policy.batch_draft_tokens, policy.spec_max_batch) == \
+        (4, 4, 256)
     requests = [params(kit, i, k=4, max_tokens=30) for i in range(3)]
     seeded = params(kit, 1, k=4, temperature=0.9, seed=8, max_tokens=30)
     scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), policy)
+    scheduler.costs = COSTS
     events = [[] for _ in range(4)]
     seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate([*requests, seeded])]
-    while any(s.phase is not Phase.DECODE for s in seqs):
-        scheduler.step()
-    ks = policy.for_round(scheduler.target.rows, scheduler.batch_size)
-    assert [ks[id(s)] for s in seqs] == [1, 1, 1, 4]
-    assert policy.for_round(seqs[:1], 1) == {id(seqs[0]): 4}  # alone: its own k
+    rates = DrafterRates()  # before any round: every row at the prior
+    assert policy.for_round(seqs[:3], 3, COSTS, rates, 3) == {id(s): 1 for s in seqs[:3]}
+    assert policy.for_round(seqs, 4, COSTS, rates, 4) == {id(s): 4 for s in seqs}
+    assert policy.for_round(seqs[:1], 1) == {id(seqs[0]): 4}  # no costs: up to the caps
     while any(s.phase is not Phase.DONE for s in seqs):
         scheduler.step()
     for p, s, ev in zip(requests, seqs[:3], events[:3], strict=True):
         assert s.counters.proposed > 0
+        assert s.tried["model"][1] >= s.tried["model"][0] == s.counters.accepted
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
     assert tokens_of(events[3]) == alone(kit, seeded)
+
+
+def test_prompts_arriving_while_others_decode_share_one_prefill_forward(kit, monkeypatch):
+    """Three prompts submitted while two rows decode are prefilled in one (3, L) forward in
+    the next step, not one forward each; their outputs are those of each request alone."""
+    import server.engine.scheduler as scheduler_module
+
+    calls = []
+    rows_prefill, one_prefill = scheduler_module.prefill_rows, scheduler_module.prefill
+
+    def counted_rows(model, caches, chunks):
+        calls.append(len(chunks))
+        return rows_prefill(model, caches, chunks)
+
+    def counted_one(model, cache, tokens):
+        calls.append(1)
+        return one_prefill(model, cache, tokens)
+
+    monkeypatch.setattr(scheduler_module, "prefill_rows", counted_rows)
+    monkeypatch.setattr(scheduler_module, "prefill", counted_one)
+    first = [params(kit, i, max_tokens=20) for i in range(2)]
+    later = [params(kit, i, max_tokens=10) for i in range(2, 5)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=128), SpeculationPolicy(4, 0))
+    events = [[] for _ in range(5)]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate(first)]
+    while any(s.phase is not Phase.DECODE for s in seqs):
+        scheduler.step()
+    scheduler.step()
+    calls.clear()
+    seqs += [scheduler.submit(p, events[i + 2].append) for i, p in enumerate(later)]
+    scheduler.step()
+    assert calls == [3] and all(s.phase is Phase.DECODE for s in seqs[2:])
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, ev in zip([*first, *later], events, strict=True):
+        assert tokens_of(ev) == alone(kit, p)
 
 
 def test_sampled_and_greedy_rows_do_not_affect_each_other(kit):

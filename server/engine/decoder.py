@@ -11,7 +11,8 @@ Plain decoding is speculation with k = 0. Each round:
 3. per row, the same logits pipeline (vocabulary alignment, penalties on prompt + output,
    grammar and EOS masks, top-k/top-p/min-p, temperature) and verification: exact matching
    when greedy (or `acceptance: exact`), speculative sampling otherwise, with the request's own
-   random key; one host sync for the whole batch;
+   random key; greedy rows with nothing between logits and argmax share one argmax over the
+   batch; one host sync for the whole batch;
 4. caches keep what each row accepted; each row emits its tokens.
 
 Penalties (repetition, presence, frequency, logit bias) see the prompt and every token
@@ -27,8 +28,9 @@ import mlx.core as mx
 import numpy as np
 
 from server.engine.batch import ModelBatch
+from server.engine.cost_model import DrafterRates
 from server.engine.drafting import confident_count
-from server.engine.sampling import apply_mask, normalize
+from server.engine.sampling import align_vocab, apply_mask, normalize
 from server.engine.sequence import Sequence
 from server.engine.verification import count_exact_matches, verify_rejection
 
@@ -215,8 +217,9 @@ def _finish_grammar_masks(seq: Sequence, proposal: Proposal) -> list | None:
 
 
 def decode_round(target: ModelBatch, draft: ModelBatch | None,
-                 ks: dict[int, int]) -> dict[int, RoundResult]:
-    """One round for every row of `target`; `ks[id(seq)]` is how many tokens each drafts.
+                 ks: dict[int, int], rates: DrafterRates | None = None) -> dict[int, RoundResult]:
+    """One round for every row of `target`; `ks[id(seq)]` is how many tokens each drafts;
+    each drafting row's acceptance is recorded (on the row, and in `rates` when given).
 
     Returns each row's proposed/accepted counts; rows that finished have `finish_reason`.
     """
@@ -240,10 +243,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
     )
     logits = target.forward(inputs)
 
-    pending = []
-    for i, (seq, p) in enumerate(zip(rows, props, strict=True)):
-        pending.append(_verify_row(seq, p, logits[i, : len(p.tokens) + 1]))
-    mx.eval([a for v in pending for a in v.arrays()])
+    pending = _verify_rows(rows, props, logits)
 
     results, kept, draft_kept = {}, [], {}
     for seq, p, v in zip(rows, props, pending, strict=True):
@@ -252,6 +252,10 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         if ks.get(id(seq), 0) > 0:
             seq.counters.record_round(len(p.tokens), by_model=p.by_model)
             seq.schedule.update(ks.get(id(seq), 0), len(p.tokens), n)
+            if p.tokens:
+                tried = seq.record_acceptance(len(p.tokens), n)
+                if rates is not None:
+                    rates.record(seq.round_drafter, *tried)
             for j in range(n):
                 seq.accepted_per_position[j] += 1
         results[id(seq)] = RoundResult(len(p.tokens), n)
@@ -275,6 +279,48 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         fed = draft_steps - 1
         draft.keep(fed, [draft_kept[id(r)] for r in draft.rows])
     return results
+
+
+def _verify_rows(rows: list[Sequence], props: list[Proposal], logits: mx.array) -> list:
+    """Every row's `_Verified`, read back with one host sync. Plain greedy rows (no penalties,
+    grammar, EOS mask or logprobs) share one argmax over their logits; the others get their own
+    pipeline graph (`_verify_row`)."""
+    plain = [i for i, seq in enumerate(rows) if _plain_greedy(seq)]
+    pending: list = [None] * len(rows)
+    if plain:
+        index = mx.array(plain) if len(plain) < len(rows) else None
+        chosen = logits if index is None else logits[index]
+        shared = _SharedArgmax(mx.argmax(align_vocab(chosen, rows[0].pipeline.vocab_size), -1))
+        for j, i in enumerate(plain):
+            pending[i] = _Verified(shared=shared, shared_row=j)
+    for i, (seq, p) in enumerate(zip(rows, props, strict=True)):
+        if pending[i] is None:
+            pending[i] = _verify_row(seq, p, logits[i, : len(p.tokens) + 1])
+    arrays = [a for v in pending if v.shared is None for a in v.arrays()]
+    mx.eval([shared.tokens, *arrays] if plain else arrays)
+    return pending
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    """Greedy with nothing between the logits and the argmax: no logits processors, grammar,
+    logprobs, or EOS held back at the next position (the next `k + 1` follow: min_tokens only
+    ever holds back a prefix of the output)."""
+    pipeline = seq.pipeline
+    return (pipeline.greedy and not pipeline.needs_history and seq.constraint is None
+            and not seq.params.logprobs and seq.eos_allowed_at(len(seq.output)))
+
+
+class _SharedArgmax:
+    """The argmax (rows, width) of a round's plain greedy rows, read back once."""
+
+    def __init__(self, tokens: mx.array):
+        self.tokens = tokens
+        self._host: list | None = None
+
+    def row(self, j: int) -> list[int]:
+        if self._host is None:
+            self._host = self.tokens.tolist()
+        return self._host[j]
 
 
 def first_token(seq: Sequence, logits: mx.array) -> bool:
@@ -312,12 +358,17 @@ class _Verified:
     tokens: mx.array | None = None
     logprobs: mx.array | None = None
     draft_tokens: mx.array | None = None
+    shared: _SharedArgmax | None = None  # a plain greedy row's tokens: row `shared_row` of it
+    shared_row: int = 0
 
     def arrays(self):
         return [a for a in (self.greedy_tokens, self.num_accepted, self.tokens, self.logprobs)
                 if a is not None]
 
     def outcome(self, drafted: list[int]) -> tuple[int, list[int]]:
+        if self.shared is not None:
+            own = self.shared.row(self.shared_row)[: len(drafted) + 1]
+            return count_exact_matches(own, drafted), own
         if self.greedy_tokens is not None:
             own = self.greedy_tokens.tolist()
             return count_exact_matches(own, drafted), own

@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from server.engine.cost_model import (
+    PRIOR_ACCEPTANCE,
+    DrafterRates,
+    RowOption,
+    StepCosts,
+    choose_draft_lengths,
+    hopeful_rate,
+)
 from server.engine.params import DraftSource, SpeculationParams
 
 
@@ -19,19 +27,11 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
-# Measured on the generated fp32 pair, 2-core CPU, every row decoding (`python -m
-# server.bench.spec_batch`, RESULTS/spec-batch.txt). A CPU's matmuls grow with the rows fed, so
-# verifying k + 1 tokens per row is not free in a batch: k = 1 gives 1.31x plain decoding's
-# tok/s alone, 1.28x at 2 rows, 1.19x at 4, 1.11x at 8, 1.07x at 12 and 0.96x at 16; k = 2
-# gives more alone and at 2 rows (1.41x, 1.50x) and less from 4 on (1.09x, 1.00x at 8). So: the
-# row's own (adaptive) k alone, k = 1 in a batch, plain decoding above 4 rows: through the
-# server, where new requests' prefills (the draft's too) share the time, 8 streams measured
-# 0.93x with k = 1 against 0.99x plain (`scripts/reproduce_figures.sh load`), while 2 and 4
-# streams gained (RESULTS/load-20261201-052424-*). On a GPU the crossover is higher: raise
-# `engine.spec_max_batch` and `engine.spec_batch_draft_tokens`.
-DEFAULT_SPEC_MAX_BATCH = 4
-DEFAULT_BATCH_DRAFT_TOKENS = 1
-DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most, when adaptive)
+# The caps within which the cost model (`server.engine.cost_model`) chooses each row's k per
+# round; with no cost model (no measured forward times), rows draft up to the caps. No caps by
+# default: the measured forward times decide. Lower them to bound the draft work per round.
+DEFAULT_SPEC_MAX_BATCH = 256  # the largest batch in which rows still speculate
+DEFAULT_BATCH_DRAFT_TOKENS = DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most: a cap)
 
 
 @dataclass(frozen=True)
@@ -71,29 +71,49 @@ class SpeculationPolicy:
                 "with POST /v1/models/draft, or omit the field", param)
         return replace(defaults, num_draft_tokens=0)
 
-    def for_round(self, rows, batch_size: int) -> dict[int, int]:
-        """Draft length per row this round (keyed by id): the row's own (adaptive) k alone, at
-        most `batch_draft_tokens` in a batch, none once the batch is large. Each drafting row
-        chooses its drafter for the round first (`Sequence.plan_round`).
+    def for_round(self, rows, batch_size: int, costs: StepCosts | None = None,
+                  rates: DrafterRates | None = None, draft_rows: int = 0) -> dict[int, int]:
+        """Draft length per row this round (keyed by id; rows that do not draft are absent).
 
-        `batch_size` counts the requests still prefilling too: they join within a few rounds.
+        Each drafting row chooses its drafter for the round first (`Sequence.plan_round`); its
+        cap is its own (adaptive) k, at most `batch_draft_tokens` in a batch, and none once the
+        batch is larger than `spec_max_batch`. Within the caps, `costs` (the measured forward
+        times) choose the k with the most expected tokens per second from each row's
+        acceptance (`hopeful_rate`, `choose_draft_lengths`; `rates` give the prior of rows new
+        to a drafter; `draft_rows` rows take part in the draft model's forward); without `costs`
+        every row drafts its cap. `batch_size` counts the requests still prefilling too: they
+        join within a few rounds.
 
         Except seeded sampled requests: speculative sampling draws its randomness differently
         from plain sampling, and with each k differently, so they always speculate at their own
         k, and their text does not depend on what else runs (greedy output is the same either
         way).
         """
-        return {id(r): self._k(r, batch_size) for r in rows if self.drafts(r, batch_size)}
+        options = [self._option(r, batch_size, rates) for r in rows if self.drafts(r, batch_size)]
+        # A lookup row that found nothing still has its round counted (k > 0, nothing proposed).
+        ks = {o.key: o.requested for o in options if o.cap == 0 and o.requested > 0}
+        options = [o for o in options if o.cap > 0]
+        if costs is None:
+            return ks | {o.key: o.cap for o in options}
+        return ks | choose_draft_lengths(options, len(rows), draft_rows, costs)
 
-    def _k(self, row, batch_size: int) -> int:
+    def _option(self, row, batch_size: int, rates: DrafterRates | None) -> RowOption:
         row.plan_round()
-        k = row.schedule.next(row.remaining)
-        if batch_size > 1 and not _seeded_sampling(row):
-            k = min(k, max(self.batch_draft_tokens, 1))
-        return k
+        cap = row.schedule.next(row.remaining)
+        forced = _seeded_sampling(row)
+        if batch_size > 1 and not forced:
+            cap = min(cap, max(self.batch_draft_tokens, 1))
+        by_model = row.round_drafter == "model"
+        requested = cap
+        if not by_model:
+            cap = min(cap, len(row.looked_up))
+        accepted, trials = row.tried[row.round_drafter]
+        prior = rates.prior(row.round_drafter) if rates is not None else PRIOR_ACCEPTANCE
+        return RowOption(id(row), cap, hopeful_rate(accepted, trials, prior), by_model, forced,
+                         requested)
 
     def drafts(self, row, batch_size: int) -> bool:
-        """Whether `row` drafts in a round of `batch_size` rows."""
+        """Whether `row` may draft in a round of `batch_size` rows."""
         large = batch_size > self.spec_max_batch
         return row.drafter is not None and (not large or _seeded_sampling(row))
 

@@ -16,11 +16,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 from server.engine.batch import ModelBatch, new_cache, prefill, prefill_rows
+from server.engine.cost_model import (
+    DEFAULT_CACHE_DIR,
+    DrafterRates,
+    StepCosts,
+    hopeful_rate,
+    kit_costs,
+    model_drafting_pays,
+)
 from server.engine.decoder import RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
@@ -37,6 +46,9 @@ DEFAULT_PREFILL_CHUNK = 128
 # nothing decodes took ours from 0.90x to 0.97-1.00x of mlx_lm's BatchGenerator at 16 requests
 # and from 1.00x to 1.03-1.05x at 8.
 DEFAULT_IDLE_PREFILL_CHUNK = 1024
+# A row that joins the draft late (`_catch_up_drafts`) prefills its whole context into the draft
+# first: not worth it for its last few tokens.
+CATCH_UP_MIN_REMAINING = 8
 
 
 class QueueFull(Exception):
@@ -104,6 +116,9 @@ class Scheduler:
         self.prefilling: deque[Sequence] = deque()
         self.target = ModelBatch(kit.target.model)
         self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
+        self.costs: StepCosts | None = None  # measured forward times: the k per row and round
+        self.rates = DrafterRates()
+        self._costs_dir: Path | None = DEFAULT_CACHE_DIR
 
     # -- any thread ---------------------------------------------------------------------------
     @property
@@ -310,10 +325,21 @@ class Scheduler:
         if seq.prefill_begun:
             return
         seq.prefill_begun = True
-        if seq.uses_draft_model and self.policy.drafts(seq, self.batch_size):
+        if seq.uses_draft_model and self._draft_may_pay(seq):
             seq.draft_cache = new_cache(self.kit.draft.model)
         if self._caching(seq):
             self._restore(seq, seq.prompt)
+
+    def _draft_may_pay(self, seq: Sequence) -> bool:
+        """Whether a new row's draft prefill is worth it: it may draft in a batch this large
+        and, with measured costs, drafting with the model pays there at the drafter's rate."""
+        size = self.batch_size
+        if not self.policy.drafts(seq, size):
+            return False
+        if self.costs is None:
+            return True
+        return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
+                                   hopeful_rate(0, 0, self.rates.prior("model")), self.costs)
 
     def _whole_prompt_group(self, budget: int) -> list[Sequence]:
         """The oldest prefilling requests, all drafting or none, whose prompts' rests fit in
@@ -383,6 +409,12 @@ class Scheduler:
             seq.target_cache = seq.draft_cache = None
             seq.phase = Phase.DECODE
 
+    def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> None:
+        """Let measured forward times choose each row's k (`cost_model`); tables are kept in
+        `cache_dir` per model and machine (None: measured every time)."""
+        self._costs_dir = cache_dir
+        self.costs = kit_costs(self.kit, cache_dir)
+
     def _draft_batch(self) -> ModelBatch:
         if self.draft is None:
             self.draft = ModelBatch(self.kit.draft.model)
@@ -391,26 +423,33 @@ class Scheduler:
     def _decode_step(self) -> bool:
         if not len(self.target):
             return False
-        ks = self.policy.for_round(self.target.rows, self.batch_size)
-        self._catch_up_drafts(ks)
+        rows = self.target.rows
+        draft_rows = sum(1 for seq in rows if seq.uses_draft_model)
+        ks = self.policy.for_round(rows, self.batch_size, self.costs, self.rates, draft_rows)
+        ks = self._catch_up_drafts(ks)
         draft = self.draft if self.draft is not None and len(self.draft) else None
-        results = decode_round(self.target, draft, ks)
+        results = decode_round(self.target, draft, ks, self.rates)
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
 
-    def _catch_up_drafts(self, ks: dict[int, int]) -> None:
-        """Rows about to draft whose draft never saw their context get it now.
+    def _catch_up_drafts(self, ks: dict[int, int]) -> dict[int, int]:
+        """Rows about to draft whose draft never saw their context get it now; the round's ks
+        without those too close to their end for that to pay.
 
-        A request that joins a batch too large to speculate skips the draft's prefill (work for
-        drafts nobody would use); if the batch shrinks enough for it to draft, the draft
-        prefills its whole context first.
+        A request that joins a batch where speculation does not pay skips the draft's prefill
+        (work for drafts nobody would use); if it comes to pay (the batch shrinks), the draft
+        prefills the row's whole context first, unless fewer than `CATCH_UP_MIN_REMAINING`
+        tokens remain.
         """
         chunk = self.config.prefill_chunk
         for seq in self.target.rows:
-            if not ks.get(id(seq)) or not seq.uses_draft_model:
+            if not ks.get(id(seq)) or seq.round_drafter != "model" or not seq.uses_draft_model:
                 continue
             if seq in self._draft_batch():
+                continue
+            if seq.remaining < CATCH_UP_MIN_REMAINING:
+                ks = {key: k for key, k in ks.items() if key != id(seq)}
                 continue
             cache = new_cache(self.kit.draft.model)
             context = seq.context[:-1]
@@ -418,6 +457,7 @@ class Scheduler:
                 prefill(self.kit.draft.model, cache, context[start: start + chunk])
             self.draft.add(seq, cache)
             seq.draft_pending = seq.context[-1:]
+        return ks
 
     def _retire(self, done: list[Sequence]) -> None:
         if not done:
@@ -478,5 +518,8 @@ class Scheduler:
                 seq.draft_cache = None
                 seq.draft_pending = []
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
+        self.rates = DrafterRates()
+        if self.costs is not None:
+            self.measure_costs(self._costs_dir)
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

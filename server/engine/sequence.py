@@ -80,6 +80,7 @@ class Sequence:
         self.draft_pending: list[int] = []  # context tokens the draft's cache has not seen
         self.constraint = params.constraint() if params.constraint is not None else None
         self.counters = DraftCounters()
+        self.tried = {d: [0, 0] for d in ROUND_DRAFTERS}  # per drafter: [accepted, trials]
         self.accepted_per_position: Counter = Counter()
         # Output (emit).
         self._tokenizer = tokenizer
@@ -132,6 +133,15 @@ class Sequence:
                 self._lost_k = spec.num_draft_tokens
         self.params = replace(self.params, speculation=new)
         self.round_drafter = "prompt_lookup"
+
+    def record_acceptance(self, proposed: int, accepted: int) -> tuple[int, int]:
+        """Count a verified round of this round's drafter: (accepted, trials), where trials
+        are the accepted tokens plus the rejected one, if any."""
+        trials = accepted + (accepted < proposed)
+        tried = self.tried[self.round_drafter]
+        tried[0] += accepted
+        tried[1] += trials
+        return accepted, trials
 
     @property
     def schedule(self) -> DraftSchedule:

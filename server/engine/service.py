@@ -102,12 +102,14 @@ class InferenceEngine:
                  spec_max_batch: int | None = None,
                  spec_batch_draft_tokens: int | None = None,
                  prefix_cache_bytes: int = 0, fuse_projections: bool = False,
-                 disk_cache_dir: str | None = None, disk_cache_bytes: int = 0):
+                 disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
+                 cost_model: bool = False):
         self._target_path = model
         self._draft_path = draft_model
         self.model_name = model_name or model
         self.dtype = dtype
         self.fuse_projections = fuse_projections
+        self.cost_model = cost_model  # measured forward times choose each row's k per round
         policy = {"spec_max_batch": spec_max_batch, "batch_draft_tokens": spec_batch_draft_tokens}
         self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens,
                                         **{k: v for k, v in policy.items() if v is not None})
@@ -159,6 +161,8 @@ class InferenceEngine:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
+        if self.cost_model:
+            self.scheduler.measure_costs()  # measured once per model and machine, then cached
         if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
             self.scheduler.prefix_cache = self._prefix_cache()
 

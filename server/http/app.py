@@ -49,6 +49,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
         fuse_projections=settings.engine.fuse_projections,
         disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9),
+        cost_model=settings.engine.cost_model,
     )
 
 

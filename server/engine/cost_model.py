@@ -1,0 +1,308 @@
+"""What a decoding round costs on this machine, and how many tokens each row should draft.
+
+A round feeds the target (rows, 1 + K): every row its last token plus K positions, padded to the
+longest draft. Its time depends on rows x tokens and on the machine (a 2-core CPU's matmuls grow
+with every token fed; a GPU's barely do until the batch is large), so it is measured, not
+guessed: `measure_forward_times` times the target's forward on a small grid of (rows, tokens)
+(`ForwardTimes.at` interpolates between grid points), once per model and machine, and
+`cached_forward_times` keeps the table in a file.
+
+`choose_draft_lengths` then picks the round's draft lengths: for each candidate width K (and
+draft-model length M <= K) each row drafts min(K, its cap) (min(M, cap) with the draft model),
+is expected to gain `expected_accepted(a, k)` tokens from its acceptance rate a, and the round
+takes T_target(rows, 1 + width) + M x T_draft(draft rows, 1). The choice with the most expected
+tokens per second wins; k = 0 everywhere (plain decoding) is one of the candidates. Prompt lookup
+costs no draft forward, so a repetitive row pays for its positions at any batch size when the
+target's extra positions are cheap enough.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import time
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+log = logging.getLogger(__name__)
+
+PROFILE_ROWS = (1, 2, 4, 8, 16, 32)
+PROFILE_TOKENS = (1, 2, 3, 5)
+PROFILE_CONTEXT = 64  # tokens already in each row's cache while timing
+PROFILE_REPS = 3  # timed forwards per cell (after one warm-up); the fastest is kept
+# A row whose drafter has not been seen yet is expected to accept at this rate, weighted as
+# this many trials, until its own rounds say otherwise.
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 2.0
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) \
+    / "mlx-spec-server" / "forward-times"
+
+
+@dataclass(frozen=True)
+class ForwardTimes:
+    """Seconds of one forward of (rows, tokens) inputs, measured on a grid and interpolated
+    (bilinearly; linearly past the last grid point, flat below the first)."""
+
+    rows: tuple[int, ...]
+    tokens: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]  # seconds[i][j]: rows[i] x tokens[j]
+
+    def at(self, rows: int, tokens: int) -> float:
+        i, u = _segment(self.rows, rows)
+        j, v = _segment(self.tokens, tokens)
+        s = self.seconds
+        top = s[i][j] + (s[i][j + 1] - s[i][j]) * v
+        bottom = s[i + 1][j] + (s[i + 1][j + 1] - s[i + 1][j]) * v
+        return max(top + (bottom - top) * u, 0.0)
+
+    def to_json(self) -> dict:
+        return {"rows": list(self.rows), "tokens": list(self.tokens),
+                "seconds": [list(r) for r in self.seconds]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ForwardTimes:
+        return cls(tuple(data["rows"]), tuple(data["tokens"]),
+                   tuple(tuple(float(x) for x in r) for r in data["seconds"]))
+
+
+def _segment(grid: tuple[int, ...], x: int) -> tuple[int, float]:
+    """(i, t): x lies at fraction t between grid[i] and grid[i + 1] (t > 1 past the end; t = 0
+    before the start)."""
+    if len(grid) == 1:
+        raise ValueError("a forward-time grid needs at least two points per axis")
+    i = min(max(bisect_right(grid, x) - 1, 0), len(grid) - 2)
+    t = (x - grid[i]) / (grid[i + 1] - grid[i])
+    return i, max(t, 0.0)
+
+
+def monotone(seconds: list[list[float]]) -> list[list[float]]:
+    """The table made non-decreasing along both axes (more rows or tokens never cost less; a
+    noisy machine sometimes measures so)."""
+    out = [list(r) for r in seconds]
+    for i, row in enumerate(out):
+        for j in range(len(row)):
+            if j:
+                row[j] = max(row[j], row[j - 1])
+            if i:
+                row[j] = max(row[j], out[i - 1][j])
+    return out
+
+
+def measure_forward_times(model: nn.Module, rows=PROFILE_ROWS, tokens=PROFILE_TOKENS,
+                          context: int = PROFILE_CONTEXT, reps: int = PROFILE_REPS) -> ForwardTimes:
+    """Time `model`'s forward of (r, t) inputs after `context` cached tokens, for every r, t.
+
+    The cells take turns, rep after rep, and each keeps its fastest time: a machine shared
+    with other work slows some forwards down, and then slows every cell alike, not the ones
+    measured while it was busy."""
+    from server.engine.batch import new_cache, prefill_rows
+
+    caches = {r: prefill_rows(model, [new_cache(model) for _ in range(r)],
+                              [[1 + (i + n) % 7 for n in range(context)] for i in range(r)])[1]
+              for r in rows}
+    best = {(r, t): float("inf") for r in rows for t in tokens}
+    for rep in range(reps + 1):  # the first is a warm-up
+        for r in rows:
+            for t in tokens:
+                x = mx.ones((r, t), mx.uint32)
+                start = time.perf_counter()
+                mx.eval(model(x, cache=caches[r]))
+                elapsed = time.perf_counter() - start
+                for c in caches[r]:
+                    c.trim(t)
+                if rep:
+                    best[r, t] = min(best[r, t], elapsed)
+    table = [[best[r, t] for t in tokens] for r in rows]
+    return ForwardTimes(tuple(rows), tuple(tokens), tuple(map(tuple, monotone(table))))
+
+
+def machine_key(model_path: str, variant: str = "") -> str:
+    """Which model (loaded how: `variant`) on which machine a table belongs to."""
+    facts = [str(Path(model_path).resolve()), variant, platform.node(), platform.machine(),
+             platform.processor(), str(os.cpu_count()), mx.__version__, str(mx.default_device())]
+    weights = Path(model_path) / "model.safetensors"
+    if weights.exists():
+        facts.append(str(weights.stat().st_mtime_ns))
+    return hashlib.sha256("|".join(facts).encode()).hexdigest()[:16]
+
+
+def cached_forward_times(model: nn.Module, model_path: str, variant: str = "",
+                         cache_dir: Path | None = DEFAULT_CACHE_DIR) -> ForwardTimes:
+    """The model's table from `cache_dir`, measured (and stored) when missing."""
+    key = machine_key(model_path, variant)
+    path = cache_dir / f"{key}.json" if cache_dir is not None else None
+    if path is not None and path.exists():
+        try:
+            return ForwardTimes.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring an unreadable forward-time table %s", path)
+    start = time.perf_counter()
+    times = measure_forward_times(model)
+    log.info("measured %s's forward times in %.1f s", model_path, time.perf_counter() - start)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(times.to_json()))
+        except OSError:
+            log.warning("could not store the forward-time table in %s", path)
+    return times
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The tables a round's cost is read from: the target's, and the draft model's if any."""
+
+    target: ForwardTimes
+    draft: ForwardTimes | None = None
+
+
+def kit_costs(kit, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> StepCosts:
+    """The forward times of a `ModelKit`'s target and draft (cached per model and machine)."""
+    def times(loaded):
+        variant = f"{kit.dtype}|fused={kit.fuse}"
+        return cached_forward_times(loaded.model, loaded.path, variant, cache_dir)
+
+    return StepCosts(times(kit.target), times(kit.draft) if kit.draft is not None else None)
+
+
+# -- acceptance and the choice ---------------------------------------------------------------
+
+
+def expected_accepted(a: float, k: int) -> float:
+    """Expected accepted tokens of a k-token draft when each is accepted with probability a
+    (given the ones before it were): a + a^2 + ... + a^k."""
+    return sum(a ** j for j in range(1, k + 1))
+
+
+def acceptance_rate(accepted: int, trials: int, prior: float = PRIOR_ACCEPTANCE,
+                    weight: float = PRIOR_WEIGHT) -> float:
+    """A row's per-token acceptance: accepted tokens over tokens tried (accepted ones, plus
+    one per round that rejected), shrunk towards `prior` by `weight` pseudo-trials."""
+    return (accepted + prior * weight) / (trials + weight)
+
+
+def hopeful_rate(accepted: int, trials: int, prior: float = PRIOR_ACCEPTANCE,
+                 weight: float = PRIOR_WEIGHT) -> float:
+    """The rate decisions use: `acceptance_rate` plus one standard error (at most 0.99). A row
+    with few rounds behind it gets the benefit of the doubt, so it drafts and gets measured;
+    judged by its prior alone, a row that never drafted would never learn otherwise."""
+    a = acceptance_rate(accepted, trials, prior, weight)
+    return min(a + math.sqrt(a * (1 - a) / (trials + weight)), 0.99)
+
+
+@dataclass(frozen=True)
+class RowOption:
+    """One row's drafting options this round."""
+
+    key: int
+    cap: int  # the most tokens it may draft (its adaptive k, the remaining tokens, the caps)
+    acceptance: float
+    by_model: bool  # drafts with the draft model (else prompt lookup: no draft forward)
+    forced: bool = False  # drafts exactly `cap` whatever the cost (seeded sampling)
+    requested: int = 0  # its cap before prompt lookup's match length limited it
+
+
+def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: int,
+                         costs: StepCosts) -> dict[int, int]:
+    """Each row's k (keyed by `RowOption.key`): the (K, M) with the most expected tokens per
+    second, where lookup rows draft min(K, cap), model rows min(M, cap) and forced rows their
+    cap. `batch_rows` rows take part in the target forward, `draft_rows` in the draft's."""
+    gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
+    most = max((o.cap for o in options), default=0)
+    best, best_rate = (0, 0), -1.0
+    for width in range(most + 1):
+        for model_k in range(width + 1):
+            ks = _lengths(options, width, model_k)
+            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
+            if rate > best_rate + 1e-12:
+                best, best_rate = (width, model_k), rate
+    chosen = _lengths(options, *best)
+    return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
+
+
+def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
+    return [o.cap if o.forced else min(model_k if o.by_model else width, o.cap) for o in options]
+
+
+def _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs: StepCosts) -> float:
+    width = max(ks, default=0)
+    model_k = max((k for o, k in zip(options, ks, strict=True) if o.by_model), default=0)
+    seconds = costs.target.at(batch_rows, 1 + width)
+    if model_k and costs.draft is not None:
+        seconds += model_k * costs.draft.at(max(draft_rows, 1), 1)
+    tokens = batch_rows + sum(g[k] for g, k in zip(gains, ks, strict=True))
+    return tokens / seconds
+
+
+class DrafterRates:
+    """The engine-wide acceptance of each drafter (decayed sums over every row's rounds): the
+    prior a new row starts from, so that rows which have not drafted yet are judged by what
+    their drafter achieves for the others."""
+
+    DECAY = 0.99  # per recorded round: about the last hundred rounds count
+
+    def __init__(self):
+        self._sums: dict[str, list[float]] = {}
+
+    def record(self, drafter: str, accepted: int, trials: int) -> None:
+        sums = self._sums.setdefault(drafter, [0.0, 0.0])
+        sums[0] = sums[0] * self.DECAY + accepted
+        sums[1] = sums[1] * self.DECAY + trials
+
+    def prior(self, drafter: str) -> float:
+        accepted, trials = self._sums.get(drafter, (0.0, 0.0))
+        return acceptance_rate(accepted, trials)
+
+
+def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepCosts) -> bool:
+    """Whether `batch_rows` rows drafting up to k tokens each with the draft model at
+    `acceptance` would draft at all (`choose_draft_lengths`): is a new row's draft prefill
+    likely to be used."""
+    options = [RowOption(i, k, acceptance, True) for i in range(batch_rows)]
+    return bool(choose_draft_lengths(options, batch_rows, batch_rows, costs))
+
+
+def _print_table(name: str, times: ForwardTimes) -> None:
+    print(f"{name}: ms per forward (rows x tokens); plain decoding's limit, rows / t(rows, 1)")
+    print("  rows " + "".join(f"{t:>9}" for t in times.tokens) + "   limit tok/s")
+    for r, line in zip(times.rows, times.seconds, strict=True):
+        cells = "".join(f"{s * 1e3:9.1f}" for s in line)
+        print(f"  {r:>4} {cells}   {r / line[0]:9.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m server.engine.cost_model --model DIR [--draft-model DIR] [--remeasure]`:
+    print the forward-time tables the server uses (measuring and caching them if needed)."""
+    import argparse
+
+    from server.engine.model_kit import ModelKit, load_model
+
+    p = argparse.ArgumentParser(prog="python -m server.engine.cost_model", description=main.__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--draft-model")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--remeasure", action="store_true", help="Measure again; replace the cache.")
+    args = p.parse_args(argv)
+    kit = ModelKit(load_model(args.model, dtype=args.dtype), dtype=args.dtype)
+    if args.draft_model:
+        kit.load_draft(args.draft_model)
+    if args.remeasure:
+        for loaded in filter(None, (kit.target, kit.draft)):
+            key = machine_key(loaded.path, f"{kit.dtype}|fused={kit.fuse}")
+            (DEFAULT_CACHE_DIR / f"{key}.json").unlink(missing_ok=True)
+    costs = kit_costs(kit)
+    _print_table("target", costs.target)
+    if costs.draft is not None:
+        _print_table("draft", costs.draft)
+
+
+if __name__ == "__main__":
+    main()

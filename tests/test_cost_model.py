@@ -1,0 +1,127 @@
+"""The cost model: measured forward times, acceptance estimates and the per-row draft lengths
+they choose, checked against values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.engine import cost_model
+from server.engine.cost_model import (
+    DrafterRates,
+    ForwardTimes,
+    RowOption,
+    StepCosts,
+    acceptance_rate,
+    cached_forward_times,
+    choose_draft_lengths,
+    expected_accepted,
+    hopeful_rate,
+    model_drafting_pays,
+    monotone,
+)
+from server.engine.model_kit import load_model
+
+
+def table(rows, tokens, seconds) -> ForwardTimes:
+    return ForwardTimes(tuple(rows), tuple(tokens), tuple(map(tuple, seconds)))
+
+
+# Rows 1 and 8, 1 to 3 tokens each: at 8 rows a second token costs 20% more, a third 100% more.
+TARGET = table((1, 8), (1, 2, 3), [[0.05, 0.05, 0.06], [0.10, 0.12, 0.24]])
+DRAFT = table((1, 8), (1, 2), [[0.001, 0.001], [0.002, 0.003]])
+
+
+def test_forward_times_interpolate_between_and_extrapolate_past_the_grid():
+    assert TARGET.at(1, 1) == 0.05 and TARGET.at(8, 3) == 0.24
+    assert TARGET.at(8, 2) == pytest.approx(0.12)
+    # 4 rows lie 3/7 of the way from 1 row to 8
+    assert TARGET.at(4, 1) == pytest.approx(0.05 + (0.10 - 0.05) * 3 / 7)
+    assert TARGET.at(15, 1) == pytest.approx(0.15)  # one more grid step of rows: +0.05
+    assert TARGET.at(8, 4) == pytest.approx(0.36)  # past 3 tokens: the last slope, +0.12
+    assert TARGET.at(0, 1) == 0.05  # below the grid: flat
+
+
+def test_a_noisy_table_is_made_non_decreasing():
+    assert monotone([[3, 2, 4], [1, 5, 4]]) == [[3, 3, 4], [3, 5, 5]]
+
+
+def test_expected_accepted_tokens_and_the_acceptance_estimate():
+    assert expected_accepted(0.5, 0) == 0
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert acceptance_rate(3, 4, prior=0.5, weight=2) == pytest.approx(4 / 6)
+    assert acceptance_rate(0, 0, prior=0.8) == pytest.approx(0.8)
+
+
+def test_rows_with_few_rounds_get_the_benefit_of_the_doubt():
+    assert hopeful_rate(0, 0) == pytest.approx(0.5 + (0.25 / 2) ** 0.5)  # 0.8536
+    assert hopeful_rate(48, 98) == pytest.approx(0.49 + (0.49 * 0.51 / 100) ** 0.5)  # 0.54
+    assert hopeful_rate(1000, 1000) == 0.99
+
+
+def test_drafter_rates_decay_and_give_the_prior_of_new_rows():
+    rates = DrafterRates()
+    assert rates.prior("model") == pytest.approx(0.5)  # nothing seen: PRIOR_ACCEPTANCE
+    rates.record("model", 3, 4)
+    rates.record("model", 1, 2)
+    accepted, trials = 3 * 0.99 + 1, 4 * 0.99 + 2
+    assert rates.prior("model") == pytest.approx((accepted + 1) / (trials + 2))
+    assert rates.prior("prompt_lookup") == pytest.approx(0.5)
+
+
+def test_eight_lookup_rows_draft_one_token_when_it_pays_and_not_two():
+    """At 8 rows: plain 8 / 0.10 = 80 tok/s; k = 1 at a = 0.5, (8 + 8 x 0.5) / 0.12 = 100;
+    k = 2, (8 + 8 x 0.75) / 0.24 = 58.3. So k = 1."""
+    options = [RowOption(i, 4, 0.5, by_model=False) for i in range(8)]
+    assert choose_draft_lengths(options, 8, 0, StepCosts(TARGET)) == {i: 1 for i in range(8)}
+
+
+def test_low_acceptance_does_not_pay_for_the_extra_positions():
+    """(8 + 8 x 0.19) / 0.12 = 79.3 tok/s < plain 80: plain decoding."""
+    options = [RowOption(i, 4, 0.19, by_model=False) for i in range(8)]
+    assert choose_draft_lengths(options, 8, 0, StepCosts(TARGET)) == {}
+
+
+def test_the_draft_models_forward_is_charged_per_drafted_token():
+    """Model rows at a = 0.5: k = 1 costs 0.12 + 1 x 0.002 (8 draft rows) -> 12 / 0.122 =
+    98.4 tok/s > 80; with a draft forward of 0.05 s: 12 / 0.17 = 70.6 < 80, so plain."""
+    options = [RowOption(i, 4, 0.5, by_model=True) for i in range(8)]
+    assert choose_draft_lengths(options, 8, 8, StepCosts(TARGET, DRAFT)) == {i: 1 for i in range(8)}
+    slow = table((1, 8), (1, 2), [[0.05, 0.05], [0.05, 0.05]])
+    assert choose_draft_lengths(options, 8, 8, StepCosts(TARGET, slow)) == {}
+    assert model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, DRAFT))
+    assert not model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, slow))
+
+
+def test_one_row_drafts_its_whole_cap_when_positions_are_nearly_free():
+    """Alone: k = 3 feeds 4 tokens, 0.07 s (extrapolated) + 3 x 0.001 for the draft, and gives
+    1 + 0.9 + 0.81 + 0.729 = 3.439 tokens: 47.1 tok/s against 20 plain, 37.3 at k = 1
+    (1.9 / 0.051) and 43.7 at k = 2 (2.71 / 0.062)."""
+    options = [RowOption(7, 3, 0.9, by_model=True)]
+    assert choose_draft_lengths(options, 1, 1, StepCosts(TARGET, DRAFT)) == {7: 3}
+
+
+def test_a_forced_row_drafts_its_cap_and_the_others_ride_along():
+    """A seeded sampled row drafts its own k = 2 whatever the cost: the round is 2 wide anyway,
+    so the lookup rows' second positions are free and they draft 2 as well."""
+    options = [RowOption(0, 2, 0.1, by_model=False, forced=True),
+               *[RowOption(i, 4, 0.2, by_model=False) for i in range(1, 8)]]
+    assert choose_draft_lengths(options, 8, 0, StepCosts(TARGET)) == {i: 2 for i in range(8)}
+
+
+def test_forward_times_are_measured_once_per_model_and_machine(tmp_path, tiny_pair, monkeypatch):
+    model = load_model(str(tiny_pair[0])).model
+    calls = []
+    measure = cost_model.measure_forward_times
+
+    def counted(m):
+        calls.append(m)
+        return measure(m, rows=(1, 2), tokens=(1, 2), context=8, reps=1)
+
+    monkeypatch.setattr(cost_model, "measure_forward_times", counted)
+    first = cached_forward_times(model, str(tiny_pair[0]), "auto", tmp_path)
+    second = cached_forward_times(model, str(tiny_pair[0]), "auto", tmp_path)
+    assert len(calls) == 1 and first == second
+    assert len(list(tmp_path.iterdir())) == 1
+    assert all(b >= a for row in first.seconds for a, b in zip(row, row[1:], strict=False))
+    cached_forward_times(model, str(tiny_pair[0]), "float16", tmp_path)  # another variant
+    assert len(calls) == 2
