@@ -114,8 +114,8 @@ def prefill_rows(model: nn.Module, caches: list[list[KVCache]],
     right-padded and drop their padding afterwards as holes (`RaggedKVCache.drop_tail`): rows
     restored to different lengths still share the forward.
 
-    One (N, L) forward takes 16-39% less time than N forwards of (1, L) on a 2-core CPU (the
-    generated fp32 pair, 8 prompts of 128 to 32 tokens: `python -m server.bench.prefill_shapes`)."""
+    One (N, L) forward took 16-39% less time than N forwards of (1, L) on a 2-core CPU (the
+    generated fp32 pair, 8 prompts of 128 to 32 tokens)."""
     width = max(len(chunk) for chunk in chunks)
     fresh = [row[0].empty() for row in caches]
     pads = [width - len(chunk) for chunk in chunks]

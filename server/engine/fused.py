@@ -11,12 +11,9 @@ Each output row is the same dot products over the same inputs, so the logits are
 those of the unfused model (`tests/test_fused.py` checks float32 and quantized models against
 `mlx_lm`'s; with OpenBLAS, small-row matmuls may round differently, ~1e-6).
 
-One forward, fused / unfused time (`python -m server.bench.fused [--model DIR]`, 2-core CPU):
-on 2026-12-01 (median of 5, RESULTS/fused*.txt) one row 0.92x (SmolLM2-135M) and 0.95x (the
-generated fp32 target), batches of 8-16 rows 0.94-1.05x; on 2026-12-03
-(median of 8, RESULTS/decode-profile.txt) one row 1.05x and 1.01x, batches 1.00-1.01x. A
+On a 2-core CPU one forward took 0.92x the unfused time one day and 1.01-1.05x the next (a
 decoding step there is 78% matrix-vector products bound by memory bandwidth, which fusing does
-not change. So the engine fuses only when `engine.fuse_projections` asks.
+not change), so the engine fuses only when `engine.fuse_projections` asks.
 """
 
 from __future__ import annotations

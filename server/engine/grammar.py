@@ -6,7 +6,7 @@ it is what `GenerationParams.constraint` takes. Each call returns a fresh `Gramm
 this request's grammar state, which the decoder drives through the `TokenConstraint` protocol
 (`server.engine.constraints`).
 
-Why llguidance (see `scripts/grammar_engines.py` for the measurement): no dependencies beyond
+Why llguidance (measured against the alternatives before it was chosen): no dependencies beyond
 its abi3 wheel (Linux x86-64, macOS arm64); it compiles in about a millisecond; it computes a
 mask in tens of microseconds for a 49k vocabulary; it refuses a schema keyword it cannot enforce
 rather than ignoring it; and it rolls back consumed tokens natively, which is what speculative

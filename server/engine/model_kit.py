@@ -83,8 +83,8 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
     and gate/up projections into one matmul (`server.engine.fused`, `engine.fuse_projections`:
     off unless asked, since it paid one day and cost the next). With `dequantize`, a
     quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
-    which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32
-    (`distill_eval`'s draft step), while a draft is only worth its cost when it is cheap."""
+    which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32,
+    while a draft is only worth its cost when it is cheap."""
     local = Path(path).expanduser()
     if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")

@@ -12,10 +12,9 @@ Acceptance = Literal["exact", "rejection"]
 # last `hybrid_min_match` tokens occurred before), the draft model when it finds none
 # (`Sequence.plan_round`).
 DraftSource = Literal["model", "prompt_lookup", "hybrid"]
-# Hybrid drafts by lookup from a 2-token match: for SmolLM2 with its draft, through the server on
-# 32 requests no draft trained on, two runs: 1.38-1.42x / 1.29-1.30x plain decoding's tok/s on
-# code / prose against 1.35x / 1.24-1.29x from a 1-token match (RESULTS/held-out-ab*.txt);
-# replayed on 300 such answers, 7% fewer rounds (RESULTS/round-replay-held-out.txt).
+# Hybrid drafts by lookup from a 2-token match: for SmolLM2 with its draft, on 32 requests no
+# draft trained on, it beat a 1-token match (1.38-1.42x against 1.35x plain decoding's tok/s on
+# code; docs/benchmarks.md, "What did not pay").
 HYBRID_MIN_MATCH = 2
 
 

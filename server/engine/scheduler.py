@@ -38,11 +38,11 @@ from server.engine.sequence import Phase, Sequence, Sink
 
 log = logging.getLogger(__name__)
 
-# RESULTS/stall.txt (2048-token prompt, generated pair, 2-core CPU): 128 tokens per step
-# stalls running streams ~1 s at most and prefills as fast as 256 or 1024 (which stall 1.9 s
-# and 7.7 s); the whole prompt at once stalls them 15 s.
+# A 2048-token prompt arriving while a stream decodes (generated pair, 2-core CPU): 128 tokens
+# per step stalled the stream ~1 s at most and prefilled as fast as 256 or 1024 (which stalled
+# it 1.9 s and 7.7 s); the whole prompt at once stalled it 15 s.
 DEFAULT_PREFILL_CHUNK = 128
-# `python -m server.bench.engine_load` (N requests at once, generated pair, two runs): 1024 while
+# `mlx-spec-bench load --in-process` (N requests at once, generated pair, two runs): 1024 while
 # nothing decodes took ours from 0.90x to 0.97-1.00x of mlx_lm's BatchGenerator at 16 requests
 # and from 1.00x to 1.03-1.05x at 8.
 DEFAULT_IDLE_PREFILL_CHUNK = 1024

@@ -25,7 +25,7 @@ from server.model_files.training.chat_requests import requests
 
 DEFAULT_OUT = Path("models/generated/target-answers.jsonl")
 # Answers to prose requests no training request used, written by the recipe at 16de7eb
-# (`target_answers --eval-prose`); `server.bench.round_replay.held_out_by_family` reads them.
+# (`target_answers --eval-prose`); `mlx-spec-bench held-out` adds them to its prose family.
 EVAL_PROSE_OUT = Path("models/generated/target-answers-eval-prose.jsonl")
 MAX_TOKENS = 160  # per answer
 BATCH = 32  # answers decoded at once
