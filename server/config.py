@@ -22,7 +22,11 @@ from server.engine.policy import (
     DEFAULT_SPEC_MAX_BATCH,
 )
 from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM
-from server.engine.scheduler import DEFAULT_IDLE_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK
+from server.engine.scheduler import (
+    DEFAULT_IDLE_PREFILL_CHUNK,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_PREFILL_CHUNK,
+)
 
 
 class ServerSettings(BaseModel):
@@ -89,7 +93,8 @@ class EngineSettings(BaseModel):
     """How the scheduler batches requests and when it speculates."""
 
     max_batch_size: int = Field(
-        16, ge=1, le=256, description="Requests prefilling or decoding at once; more wait."
+        DEFAULT_MAX_BATCH_SIZE, ge=1, le=256,
+        description="Requests prefilling or decoding at once; more wait.",
     )
     prefill_chunk: int = Field(
         DEFAULT_PREFILL_CHUNK, ge=16, le=8192,

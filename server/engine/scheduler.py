@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 # per step stalled the stream ~1 s at most and prefilled as fast as 256 or 1024 (which stalled
 # it 1.9 s and 7.7 s); the whole prompt at once stalled it 15 s.
 DEFAULT_PREFILL_CHUNK = 128
+# Requests prefilling or decoding at once: as many as mlx_lm.server's BatchGenerator decodes.
+DEFAULT_MAX_BATCH_SIZE = 32
 # `mlx-spec-bench load --in-process` (N requests at once, generated pair, two runs): 1024 while
 # nothing decodes took ours from 0.90x to 0.97-1.00x of mlx_lm's BatchGenerator at 16 requests
 # and from 1.00x to 1.03-1.05x at 8.
@@ -61,7 +63,7 @@ class ShuttingDown(Exception):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 16  # requests prefilling or decoding at once
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests prefilling or decoding at once
     max_queue_size: int = 64  # requests waiting for a slot; beyond it: QueueFull (503)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     # the same while no request decodes, or more prompts wait than rows decode
