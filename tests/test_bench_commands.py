@@ -147,7 +147,6 @@ def test_load_counts_draft_tokens_and_reads_peak_memory(fake, tmp_path):
     assert len(app.state.bodies) == 2 + 12
     assert {path for path, _ in app.state.bodies} == {"/v1/messages"}
     assert doc["metadata"]["servers"][0]["health"]["target"] == "fake-target"
-    assert Path(tmp_path).glob("load-*.png")
 
 
 def test_load_from_draft_share_counts_the_flags(fake):
@@ -155,7 +154,7 @@ def test_load_from_draft_share_counts_the_flags(fake):
     from argparse import Namespace
 
     url, _ = fake
-    args = Namespace(api="responses", max_tokens=6, requests_per_client=1, timeout=30,
+    args = Namespace(api="responses", max_tokens=6, timeout=30,
                      api_key=None, models={})
     streams = asyncio.run(load.run_level("s", url, 2, 0, args))
     assert all(s.error is None and s.from_draft == 3 for s in streams)
@@ -245,7 +244,6 @@ def test_structured_on_the_tiny_pair(tiny_pair, tmp_path):
         assert spec["same_text"] is True  # greedy speculation keeps the text
         assert spec["speedup"] == pytest.approx(spec["tps"] / plain["tps"])
         assert plain["tokens"] == spec["tokens"] == rows[2]["tokens"]
-    assert rows[2]["grammar_us_per_token"] > 0
 
 
 @pytest.mark.slow

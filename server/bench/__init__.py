@@ -1,11 +1,7 @@
 """`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks.
 
-Developer tools on top of the engine; the server never imports them. Each subcommand writes
-`<subcommand>-<stamp>[-tag].json` (subcommand, command, metadata, rows) and, where they fit,
-`.jsonl`, `.csv` and `.png` into `--results-dir` (default `bench-results/`, ignored by git);
-`report` turns the files that `docs/benchmarks.yaml` cites into `docs/benchmarks.md`. Plots need
-the `bench` extra (`pip install -e ".[bench]"`). `python -m server.bench --smoke ...` (a flag
-first) runs `sweep`, as before the subcommands.
+Each writes its results into `--results-dir` (see `results`); `report` renders them into
+`docs/benchmarks.md`. Plots need the `bench` extra. A flag first (`--smoke ...`) runs `sweep`.
 """
 
 from __future__ import annotations

@@ -3,13 +3,11 @@
     mlx-spec-bench chat --server [NAME=]URL [--compare [NAME=]URL ...] [--system-chars 4500]
         [--turns 3] [--max-tokens 32] [--clients 8] [--api chat|responses|messages]
 
-1. A multi-turn chat whose system prompt is a long module's source (`json/decoder.py`, cut to
-   `--system-chars`); each turn resends the whole history, as chat clients do. The servers take
-   turns (ours turn 1, theirs turn 1, ours turn 2, ...). Per turn and server: prompt and cached
-   tokens, time to first token, its ratio to turn 1 and ours over this server's.
-2. Our server only (`--clients 0` skips it): `--clients` concurrent requests sharing that system
-   prompt, first with `cache_prompt: false`, then with the cache (emptied first by
-   `DELETE /v1/cache`, which needs the admin key if one is set: `--api-key`).
+1. A multi-turn chat under a long system prompt (a module's source), the whole history resent
+   each turn, the servers taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and
+   ours over this server's.
+2. Ours only (`--clients 0` skips it): `--clients` concurrent requests sharing that prompt,
+   with `cache_prompt: false`, then with the cache (emptied by `DELETE /v1/cache`).
 """
 
 from __future__ import annotations

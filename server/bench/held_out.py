@@ -4,11 +4,9 @@ draft trained on.
     mlx-spec-bench held-out --server URL --setting plain='{"num_draft_tokens": 0}' \\
         --setting hybrid='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
 
-The requests: the first `--count` held-out code requests of the target's answers file (which the
-draft's training leaves out) and the first `--count` prose requests kept for measuring
-(`target_answers --eval-prose`), as token ids to `/v1/completions`, greedy, no prefix cache; each
-under every setting in turn (the order rotates). Decode time: the sum of generation_tokens /
-generation_tps of our `stats`. Exits 1 unless every setting gave the first setting's text.
+The first `--count` held-out code and prose requests of the target's answers file (and the
+prose kept for measuring), as token ids to `/v1/completions`, greedy, no prefix cache, under
+every setting in turn. Exits 1 unless every setting gave the first setting's text.
 """
 
 from __future__ import annotations

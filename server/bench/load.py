@@ -4,22 +4,12 @@
         [--max-tokens 96] [--runs 3] [--pid NAME=PID ...] [--api chat|responses|messages]
     mlx-spec-bench load --in-process [--target-model DIR --draft-model DIR] [--concurrency 8,16]
 
-At each concurrency level C, C clients each stream `--requests-per-client` greedy requests, all
-at once, against one server; then the same prompts against the next. Per level the servers take
-`--runs` turns each (who goes first rotates, so a drift of the machine favours none) and a row
-keeps the medians of the runs. Prompts are distinct (no prefix-cache hit beyond the template).
-
-Measured on the client, alike for every server: aggregate tok/s (the completed streams' tokens
-over the span from the first request sent to the last stream ended), TTFT (first token - start),
-ITL (gaps between token events), the share of tokens from the draft (our `from_draft` flags),
-errors (non-200, an error event, a stream ended early, `--timeout`), and with `--pid NAME=PID`
-the process's peak RSS (VmHWM in /proc/PID/status, reset before each level where the kernel
-lets us). Ratios are ours (the `--server`) over each other server's: above 1 is better for
-tok/s, below 1 for TTFT, ITL and memory.
-
-`--in-process`: our scheduler with the draft (k=4 asked, the policy decides) and without, and
-`mlx_lm`'s `BatchGenerator`, each given C requests at once after `--warmup` unmeasured runs of
-one request, runs interleaved; no HTTP. Ratios: ours with the draft over each other engine.
+At each concurrency level C, C clients stream one distinct greedy request each, at once; the
+servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
+the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the
+draft's share (`from_draft`), errors, and with `--pid` the peak RSS (VmHWM). Ratios: ours (the
+`--server`) over each other server's. `--in-process`: our scheduler with and without the draft
+against `mlx_lm`'s `BatchGenerator`, no HTTP.
 """
 
 from __future__ import annotations
@@ -72,22 +62,20 @@ def prompt(i: int) -> str:
 
 async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
                     transport=None, clock=time.perf_counter) -> list[Stream]:
-    """C clients at once, each sending its requests one after the other."""
+    """C clients at once, one request each."""
     streams: list[Stream] = []
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
     async def one_client(c: int) -> None:
-        for r in range(args.requests_per_client):
-            body = request_body(args.api, [{"role": "user",
-                                            "content": prompt(first + c + concurrency * r)}],
-                                max_tokens=args.max_tokens, temperature=0.0, model=model)
-            task = stream_async(client, url, args.api, body, clock=clock)
-            try:
-                streams.append(await asyncio.wait_for(task, args.timeout))
-            except asyncio.TimeoutError:
-                streams.append(Stream(start=clock(), end=clock(),
-                                      error=f"timeout after {args.timeout:g}s"))
+        body = request_body(args.api, [{"role": "user", "content": prompt(first + c)}],
+                            max_tokens=args.max_tokens, temperature=0.0, model=model)
+        task = stream_async(client, url, args.api, body, clock=clock)
+        try:
+            streams.append(await asyncio.wait_for(task, args.timeout))
+        except asyncio.TimeoutError:
+            streams.append(Stream(start=clock(), end=clock(),
+                                  error=f"timeout after {args.timeout:g}s"))
 
     async with httpx.AsyncClient(
             timeout=httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S), headers=headers,
@@ -169,7 +157,7 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
                 if log:
                     print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
                 runs[name].append(await measure(name, concurrency, first))
-            first += concurrency * args.requests_per_client
+            first += concurrency
         level_rows = [level_row(name, concurrency, runs[name], peak_rss_gb(pids[name])
                                 if name in pids else None) for name in names]
         add_ratios(level_rows)
@@ -183,8 +171,7 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
                    clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
     """Every level on every server over HTTP, after `args.warmup` short requests each."""
     urls, transports = dict(servers), transports or {}
-    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS,
-                                  "requests_per_client": 1})
+    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS})
     for name, url in servers:
         for i in range(args.warmup):
             await run_level(name, url, 1, i, short, transport=transports.get(name))
@@ -282,32 +269,6 @@ def table(rows: list[dict]) -> list[list[str]]:
     return lines
 
 
-def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
-    """Aggregate tok/s, TTFT p50 and ITL p99 vs concurrent streams, one line per server."""
-    from matplotlib.figure import Figure
-
-    panels = [("aggregate_tps", "aggregate output tok/s"), ("ttft_p50_s", "TTFT p50 (s)"),
-              ("itl_p99_s", "ITL p99 (s)")]
-    panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)] or panels[:1]
-    fig = Figure(figsize=(4.5 * len(panels), 4.2))
-    fig.subplots_adjust(bottom=0.13, top=0.86, wspace=0.3)
-    levels = sorted({r["concurrency"] for r in rows})
-    for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels,
-                                strict=True):
-        for i, server in enumerate(dict.fromkeys(r["server"] for r in rows)):
-            points = [(r["concurrency"], r[key]) for r in rows
-                      if r["server"] == server and r.get(key) is not None]
-            if points:
-                ax.plot(*zip(*points, strict=True), color=f"C{i}", marker="o", label=server)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set(xlabel="concurrent streams", ylabel=label)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small", loc="best")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-
-
 def _pid(text: str) -> tuple[str, int]:
     name, _, pid = text.rpartition("=")
     if not name or not pid.isdigit():
@@ -325,7 +286,6 @@ def build_parser() -> argparse.ArgumentParser:
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
     a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
     a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
-    a("--requests-per-client", type=int, default=1, help="Sent one after the other (1).")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
     a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
@@ -351,7 +311,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (bool(args.target_model) != bool(args.draft_model),
          "--target-model and --draft-model go together"),
         (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
-        (args.requests_per_client < 1, "--requests-per-client must be >= 1"),
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
         (any(n not in names for n, _ in args.pid), "--pid NAME must name a server"),
@@ -378,6 +337,6 @@ def main(argv: list[str]) -> int:
         meta["servers"] = [server_health(*s) for s in args.servers]
         args.models = {s["name"]: s["target"] for s in meta["servers"]}
         asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
-    written = writer.finish(results.command_line("load", argv), meta, rows, plot=plot)
+    written = writer.finish(results.command_line("load", argv), meta, rows)
     results.print_results(aligned(table(rows)), written)
     return 0

@@ -1,9 +1,8 @@
 """What every subcommand shares: result files and their metadata, summaries, small parsers.
 
-Files: `<subcommand>-<stamp>[-<tag>]` in `--results-dir` (default `bench-results/`, which git
-ignores): `.jsonl` row by row as measured (a crash keeps them), then `.csv`, `.png` where one is
-drawn, and the `.json` that `report` renders: `{"subcommand", "command" (the exact command
-line), "metadata" (date, machine, cores, versions, git commit, models), "rows", ...}`.
+Files `<subcommand>-<stamp>[-<tag>]` in `--results-dir`: `.jsonl` row by row as measured, then
+`.csv`, `.png` where drawn, and the `.json` that `report` renders (subcommand, command,
+metadata, rows).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Who runs a generation: the engine in this process, synthetic numbers (`--dry-run`), or a
-server over HTTP; and how a server's token stream is read, in each of the three APIs.
+server over HTTP (`--api chat|responses|messages`); and how a server's token stream is read.
 
-tok/s is measured on the client, the same way for every server: (n - 1) / (t_last - t_first)
-over the token arrivals. Our server flags each token with `from_draft` and ends with `stats`;
-`mlx_lm.server` sends a chunk when text is ready, so there n comes from the usage chunk and
-acceptance and peak memory are unknown. Its baseline asks for `"draft_model": null` (0 draft
-tokens still runs its speculative loop), which reloads the target before the first token, outside
-the timed span.
-
-| `--api` | endpoint | a token | the end |
-| --- | --- | --- | --- |
-| `chat` | `/v1/chat/completions` | a chunk's `choices[0].delta.content`, `from_draft` | `stats` on the `finish_reason` chunk; `[DONE]` |
-| `responses` | `/v1/responses` | `response.output_text.delta`: `delta`, `from_draft` | `response.completed` (or `.incomplete`): `response.stats`, `response.usage` |
-| `messages` | `/v1/messages` | `content_block_delta` (`text_delta`): `delta.text`, `from_draft` | `message_delta`: `stats`, `usage`; `message_stop` |
-"""  # noqa: E501
+tok/s is measured on the client alike for every server: (n - 1) / (t_last - t_first) over the
+token arrivals. Ours flags each token with `from_draft` and ends with `stats`; `mlx_lm.server`
+sends a chunk when text is ready (n from its usage; acceptance and memory unknown), and its
+baseline asks for `"draft_model": null`.
+"""
 
 from __future__ import annotations
 

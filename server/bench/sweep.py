@@ -342,8 +342,7 @@ def _kinds(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlx-spec-bench sweep", description=__doc__.split("\n")[0])
     a = p.add_argument
-    a("--target-model", help="Target (default: models/demo/target, else the generated pair). "
-      "With --server: only to measure c on this machine.")
+    a("--target-model", help="Target (default: models/demo/target, else the generated pair).")
     a("--draft-model", help="Draft model (default: the target's pair).")
     a("--draft-tokens", type=results.int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
       help="Draft lengths to sweep (default 1,2,4,8,16).")
@@ -441,22 +440,12 @@ def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
 
 
 def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
-    """c for the theory column: given, measured on the loaded models, or N/A."""
+    """c for the theory column: given, measured on the loaded models, or N/A (servers)."""
     if args.cost_ratio is not None:
         return args.cost_ratio
     if args.draft == "prompt_lookup":
         return 0.0
-    if hasattr(runners[0], "cost_ratio"):
-        return runners[0].cost_ratio()
-    if args.target_model and args.draft_model:  # servers: measure the same pair here
-        from server.bench.runners import measure_cost_ratio
-        from server.engine.model_kit import ModelKit, load_model
-
-        target = load_model(args.target_model)
-        c = measure_cost_ratio(target.model, load_model(args.draft_model, dequantize=True).model)
-        ModelKit._free()
-        return c
-    return None
+    return runners[0].cost_ratio() if hasattr(runners[0], "cost_ratio") else None
 
 
 def main(argv: list[str]) -> int:
