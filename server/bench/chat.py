@@ -22,8 +22,8 @@ import httpx
 
 from server.bench import results, runners
 from server.bench.report import num
-from server.bench.results import named_url, ratio
-from server.bench.runners import API_PATHS, Stream, StreamFailed, request_body, stream_async
+from server.bench.results import ratio
+from server.bench.runners import Stream, StreamFailed, request_body, stream_async
 
 QUESTIONS = ("What does this module do?", "Which function parses numbers?",
              "Summarise the error handling.", "How are strings scanned?")
@@ -101,27 +101,20 @@ def table(rows: list[dict]) -> list[list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench chat", description=__doc__.split("\n")[0])
+    p = results.parser("chat", __doc__, api=True, servers="required")
     a = p.add_argument
-    a("--server", required=True, type=named_url, metavar="[NAME=]URL", help="Our server.")
-    a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
-      help="Another server (repeatable).")
     a("--system-chars", type=int, default=4500, help="System prompt length in chars (4500).")
     a("--turns", type=int, default=3, help="Chat turns (3).")
     a("--max-tokens", type=int, default=32, help="Tokens per answer (32).")
     a("--clients", type=int, default=8, help="Concurrent clients sharing the prompt (8; 0: "
       "skip that part).")
-    a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
-    a("--api-key", help="Bearer key for the servers.")
-    results.add_output_args(p)
     return p
 
 
 async def run(args) -> list[dict]:
     servers = [args.server, *args.compare]
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     system = system_prompt(args.system_chars)
-    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
+    async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
         rows = await turns(client, servers, system, args)
         if args.clients:
             rows += await shared_prompt(client, *servers[0], system, args)

@@ -90,19 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     from server.model_files.default_model import DEFAULT_TARGET_DIR
     from server.model_files.training.target_answers import DEFAULT_OUT
 
-    p = argparse.ArgumentParser(prog="mlx-spec-bench held-out", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--server", required=True, help="Our server's base URL.")
-    p.add_argument("--setting", type=parse_setting, action="append", required=True,
-                   metavar="NAME=JSON", help="Request fields of one setting (repeatable; the "
-                   "first is the baseline).")
-    p.add_argument("--answers", type=Path, default=DEFAULT_OUT,
-                   help=f"The target's answers file (default {DEFAULT_OUT}).")
-    p.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
-    p.add_argument("--count", type=int, default=16, help="Requests per family (16).")
-    p.add_argument("--max-tokens", type=int, default=128, help="Tokens per request (128).")
-    p.add_argument("--api-key", help="Bearer key for the server.")
-    results.add_output_args(p)
+    p = results.parser("held-out", __doc__)
+    a = p.add_argument
+    a("--server", required=True, help="Our server's base URL.")
+    a("--setting", type=parse_setting, action="append", required=True, metavar="NAME=JSON",
+      help="Request fields of one setting (repeatable; the first is the baseline).")
+    a("--answers", type=Path, default=DEFAULT_OUT,
+      help=f"The target's answers file (default {DEFAULT_OUT}).")
+    a("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
+    a("--count", type=int, default=16, help="Requests per family (16).")
+    a("--max-tokens", type=int, default=128, help="Tokens per request (128).")
+    a("--api-key", help="Bearer key for the server.")
     return p
 
 
@@ -111,8 +109,8 @@ def main(argv: list[str]) -> int:
     names, fields = [name for name, _ in args.setting], dict(args.setting)
     families = held_out_by_family(args.answers, args.count, args.model)
     rows, same = [], True
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    with httpx.Client(base_url=args.server, timeout=600, headers=headers) as client:
+    with httpx.Client(base_url=args.server, timeout=600, headers=results.auth(args.api_key)) \
+            as client:
         for family, prompts in families.items():
             answers: dict[str, list[dict]] = {name: [] for name in names}
             for i, prompt in enumerate(prompts):

@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 
 from server.bench import results
-from server.bench.report import aligned, num
-from server.bench.results import named_url, percentile, ratio
-from server.bench.runners import API_PATHS, Stream, request_body, server_health, stream_async
+from server.bench.report import num
+from server.bench.results import percentile, ratio
+from server.bench.runners import Stream, request_body, server_health, stream_async
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 DEFAULT_MAX_TOKENS = 96
@@ -64,7 +64,6 @@ async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
                     transport=None, clock=time.perf_counter) -> list[Stream]:
     """C clients at once, one request each."""
     streams: list[Stream] = []
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
     async def one_client(c: int) -> None:
@@ -77,8 +76,9 @@ async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
             streams.append(Stream(start=clock(), end=clock(),
                                   error=f"timeout after {args.timeout:g}s"))
 
+    timeout = httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S)
     async with httpx.AsyncClient(
-            timeout=httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S), headers=headers,
+            timeout=timeout, headers=results.auth(args.api_key),
             limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
         await asyncio.gather(*(one_client(c) for c in range(concurrency)))
     return streams
@@ -276,36 +276,25 @@ def _pid(text: str) -> tuple[str, int]:
     return name, int(pid)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench load", description=__doc__.split("\n")[0])
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = results.parser("load", __doc__, api=True, servers="optional")
     a = p.add_argument
-    a("--server", type=named_url, metavar="[NAME=]URL", help="Ours: ratios are its over others'.")
-    a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
-      help="A server to compare with (repeatable).")
     a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
     a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
     a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
-    a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
-    a("--api-key", help="Bearer key for the servers.")
     a("--timeout", type=float, default=300.0, help="Seconds one request may take (300).")
     a("--warmup", type=int, default=1, help="Unmeasured short requests per server first (1).")
     a("--in-process", action="store_true",
       help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
     a("--target-model", help="--in-process: the target (default: the generated pair's).")
     a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
-    results.add_output_args(p)
-    return p
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = build_parser()
     args = p.parse_args(argv)
     servers = ([args.server] if args.server else []) + args.compare
     names = [name for name, _ in servers]
-    for bad, message in [
+    results.check(p, [
         (not args.in_process and not args.server, "--server is required (or --in-process)"),
         (args.in_process and servers, "--in-process runs no server: drop --server/--compare"),
         (bool(args.target_model) != bool(args.draft_model),
@@ -314,9 +303,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
         (any(n not in names for n, _ in args.pid), "--pid NAME must name a server"),
-    ]:
-        if bad:
-            p.error(message)
+    ])
     args.servers, args.pids = servers, dict(args.pid)
     return args
 
@@ -337,6 +324,5 @@ def main(argv: list[str]) -> int:
         meta["servers"] = [server_health(*s) for s in args.servers]
         args.models = {s["name"]: s["target"] for s in meta["servers"]}
         asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
-    written = writer.finish(results.command_line("load", argv), meta, rows)
-    results.print_results(aligned(table(rows)), written)
+    results.save("load", argv, args, meta, rows, table, writer=writer)
     return 0

@@ -49,10 +49,38 @@ def named_url(text: str) -> tuple[str, str]:
     return name or url, url
 
 
-def add_output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
-                   help=f"Where the files go (default {DEFAULT_RESULTS_DIR}/, ignored by git).")
-    p.add_argument("--tag", help="Appended to the results' file name.")
+def parser(subcommand: str, doc: str, *, api: bool = False,
+           servers: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand's parser with the options they share: --results-dir and --tag; with `api`
+    --api and --api-key; with `servers` ("optional" or "required") named --server/--compare."""
+    from server.bench.runners import API_PATHS
+
+    p = argparse.ArgumentParser(prog=f"mlx-spec-bench {subcommand}",
+                                description=doc.split("\n")[0])
+    a = p.add_argument
+    a("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+      help=f"Where the files go (default {DEFAULT_RESULTS_DIR}/, ignored by git).")
+    a("--tag", help="Appended to the results' file name.")
+    if api:
+        a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
+        a("--api-key", help="Bearer key for the server(s).")
+    if servers:
+        a("--server", type=named_url, metavar="[NAME=]URL", required=servers == "required",
+          help="Ours: ratios are ours over each other server's.")
+        a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
+          help="Another server to compare with (repeatable).")
+    return p
+
+
+def check(p: argparse.ArgumentParser, rules: list[tuple[object, str]]) -> None:
+    """Exit through `p.error` with the message of the first rule that is true."""
+    for bad, message in rules:
+        if bad:
+            p.error(message)
+
+
+def auth(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def command_line(subcommand: str, argv: Sequence[str]) -> str:
@@ -145,22 +173,21 @@ class ResultsWriter:
 
 
 def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[dict],
-         table: Callable[[list[dict]], list[list[str]]], **extra) -> dict:
-    """Write the files of rows measured in one go, print their table and the files."""
+         table: Callable[[list[dict]], list[list[str]]], *, writer: ResultsWriter | None = None,
+         footer: str = "", **extra) -> dict:
+    """Write the files (the rows already sent to `writer` if one is given), print the table,
+    then `footer`, then the files."""
     from server.bench.report import aligned
 
-    writer = ResultsWriter(args.results_dir, subcommand, args.tag)
-    for row in rows:
-        writer.write_row(row)
+    if writer is None:
+        writer = ResultsWriter(args.results_dir, subcommand, args.tag)
+        for row in rows:
+            writer.write_row(row)
     written = writer.finish(command_line(subcommand, argv), metadata, rows, **extra)
-    print_results(aligned(table(rows)), written)
-    return written
-
-
-def print_results(text: str, written: dict) -> None:
-    print(f"\n{text}\n")
+    print(f"\n{aligned(table(rows))}{footer}\n")
     for path in written.values():
         print(f"wrote {path}")
+    return written
 
 
 @dataclass(frozen=True)

@@ -132,17 +132,15 @@ def table(rows: list[dict]) -> list[list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench structured",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--target-model", help="Target (default: SmolLM2, else the demo target).")
-    p.add_argument("--draft-model", help="A draft model folder, or 'lookup'.")
-    p.add_argument("--drafter", choices=get_args(DraftSource),
-                   help="The requests' draft (default: model with a draft model, else "
-                        "prompt_lookup).")
-    p.add_argument("--k", type=int, default=4, help="Draft tokens per round (4).")
-    p.add_argument("--max-tokens", type=int, default=200, help="Tokens per request (200).")
-    p.add_argument("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
-    results.add_output_args(p)
+    p = results.parser("structured", __doc__)
+    a = p.add_argument
+    a("--target-model", help="Target (default: SmolLM2, else the demo target).")
+    a("--draft-model", help="A draft model folder, or 'lookup'.")
+    a("--drafter", choices=get_args(DraftSource),
+      help="The requests' draft (default: model with a draft model, else prompt_lookup).")
+    a("--k", type=int, default=4, help="Draft tokens per round (4).")
+    a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
+    a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
     return p
 
 

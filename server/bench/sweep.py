@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import get_args
 
 from server.bench import results
-from server.bench.report import aligned, num
+from server.bench.report import num
 from server.bench.results import ratio, summarize
-from server.bench.runners import API_PATHS, TIMEOUT_S, ServerUnreachable
+from server.bench.runners import TIMEOUT_S, ServerUnreachable
 from server.engine.params import DraftSource, SpeculationParams
 
 DEFAULT_MAX_TOKENS = 320
@@ -192,9 +192,11 @@ def verdicts(rows: list[dict]) -> list[Verdict]:
 
 def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
     """One row: medians, IQRs and robust CVs of the reps, plus pooled draft counts."""
-    tps, peak = summarize([r["tps"] for r in runs]), summarize([r["peak_gb"] for r in runs])
-    rate = summarize([ratio(r["accepted"], r["proposed"]) for r in runs])
-    frac = summarize([ratio(r["from_draft"], r["tokens"]) for r in runs])
+    tps = summarize([r["tps"] for r in runs])
+
+    def spread(name: str, values: list) -> dict:
+        s = summarize(values)
+        return {f"{name}_median": s.median, f"{name}_iqr": s.iqr}
 
     def total(key: str) -> int | None:
         vals = [r[key] for r in runs]
@@ -203,17 +205,16 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
     proposed, accepted, rounds = total("proposed"), total("accepted"), total("rounds")
     spec = cell.k > 0
     return {
-        "server": server, "kind": cell.kind, "k": cell.k,
-        "drafter": args.draft if spec else None,
+        "server": server, "kind": cell.kind, "k": cell.k, "drafter": args.draft if spec else None,
         "acceptance_rule": args.acceptance if spec else None,
         "adaptive": args.adaptive if spec else None, "temperature": args.temp,
         "max_tokens": args.max_tokens, "reps": len(runs), "warmup": args.warmup, "error": error,
         "tps_median": tps.median, "tps_iqr": tps.iqr, "tps_q1": tps.q1, "tps_q3": tps.q3,
         "tps_cv": tps.cv, "flagged": tps.noisy,
         "speedup": None, "theory": None, "alpha": None, "cost_ratio": None,
-        "accept_rate_median": rate.median, "accept_rate_iqr": rate.iqr,
-        "from_draft_median": frac.median, "from_draft_iqr": frac.iqr,
-        "peak_gb_median": peak.median, "peak_gb_iqr": peak.iqr,
+        **spread("accept_rate", [ratio(r["accepted"], r["proposed"]) for r in runs]),
+        **spread("from_draft", [ratio(r["from_draft"], r["tokens"]) for r in runs]),
+        **spread("peak_gb", [r["peak_gb"] for r in runs]),
         "tokens_median": summarize([r["tokens"] for r in runs]).median,
         "prompt_tokens": runs[0]["prompt_tokens"] if runs else None,
         "ttft_median": summarize([r["ttft_s"] for r in runs]).median,
@@ -339,8 +340,8 @@ def _kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench sweep", description=__doc__.split("\n")[0])
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = results.parser("sweep", __doc__, api=True)
     a = p.add_argument
     a("--target-model", help="Target (default: models/demo/target, else the generated pair).")
     a("--draft-model", help="Draft model (default: the target's pair).")
@@ -368,20 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cost-ratio", type=float, help="Draft/target cost per token, c (default: measured).")
     a("--server", metavar="URL", help="Run the cells through this OpenAI-compatible server.")
     a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
-    a("--api", choices=list(API_PATHS), default="chat",
-      help="With --server: the streaming API used (default chat).")
-    a("--api-key", help="Bearer key for the server(s).")
     a("--timeout", type=float, default=TIMEOUT_S,
       help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
     a("--dry-run", action="store_true", help="Synthetic rows through the same writer.")
-    results.add_output_args(p)
-    return p
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = build_parser()
     args = p.parse_args(argv)
-    for bad, message in [
+    results.check(p, [
         (args.reps < 1, "--reps must be >= 1"), (args.warmup < 0, "--warmup must be >= 0"),
         (args.max_tokens < 2, "--max-tokens must be >= 2 (tok/s needs two tokens)"),
         (args.temp < 0, "--temp must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
@@ -391,9 +383,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (not (args.server or args.dry_run) and args.draft != "prompt_lookup"
          and args.target_model and not args.draft_model,
          "--target-model needs --draft-model (or --draft prompt_lookup)"),
-    ]:
-        if bad:
-            p.error(message)
+    ])
     if args.smoke:
         args.reps, args.warmup = 1, 0
         args.prompt_kinds, args.draft_tokens = args.prompt_kinds[:1], args.draft_tokens[:2]
@@ -477,8 +467,7 @@ def main(argv: list[str]) -> int:
             runner.close()
     found = verdicts(rows)
     meta["elapsed_s"] = round(time.time() - started, 2)
-    written = writer.finish(results.command_line("sweep", argv), meta, rows, plot=plot,
-                            verdicts=[asdict(v) for v in found])
-    results.print_results(aligned(table(rows)) + "\n\n" + "\n".join(v.line() for v in found),
-                          written)
+    results.save("sweep", argv, args, meta, rows, table, writer=writer, plot=plot,
+                 footer="\n\n" + "\n".join(v.line() for v in found),
+                 verdicts=[asdict(v) for v in found])
     return 130 if meta.get("interrupted") else 0
