@@ -27,15 +27,13 @@ def num(value, fmt: str, missing: str = "-", suffix: str = "") -> str:
     return missing if value is None else format(value, fmt) + suffix
 
 
-def aligned(lines: list[list], *, rule: bool = True) -> str:
-    """Rows of cells (the first the header) as left-aligned columns two spaces apart, with a
-    dashed rule under the header unless `rule` is False."""
+def aligned(lines: list[list]) -> str:
+    """Rows of cells (the first the header) as left-aligned columns, a rule under the header."""
     cells = [[str(c) for c in line] for line in lines]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
             for line in cells]
-    if rule:
-        text.insert(1, "  ".join("-" * w for w in widths))
+    text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text)
 
 
