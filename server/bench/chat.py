@@ -25,8 +25,7 @@ from server.bench.report import num
 from server.bench.results import ratio
 from server.bench.runners import Stream, StreamFailed, request_body, stream_async
 
-QUESTIONS = ("What does this module do?", "Which function parses numbers?",
-             "Summarise the error handling.", "How are strings scanned?")
+QUESTIONS = results.PROMPTS["chat"]["questions"]
 
 
 def system_prompt(chars: int) -> str:

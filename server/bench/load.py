@@ -32,23 +32,8 @@ DEFAULT_MAX_TOKENS = 96
 WARMUP_MAX_TOKENS = 8
 CONNECT_TIMEOUT_S = 10.0
 
-_TASKS = ("Write a Python function that {}.", "Explain, step by step, how to write code that {}.",
-          "Give a short example program that {}, with comments.",
-          "Describe the edge cases of a function that {}.")
-_SUBJECTS = (
-    "reverses a linked list", "parses an ISO 8601 date", "merges two sorted lists",
-    "counts the words in a text file", "checks whether a string is a palindrome",
-    "finds the shortest path in a grid", "computes a moving average",
-    "validates an email address", "flattens a nested dictionary",
-    "converts Roman numerals to integers", "deduplicates a list while keeping order",
-    "implements binary search", "retries an HTTP request with backoff",
-    "serialises a dataclass to JSON", "groups records by a key", "rotates a matrix by 90 degrees")
-_CONTEXT = ("The code will run on a small server with little memory.",
-            "Prefer the standard library and keep the function pure.",
-            "The inputs come from users, so expect malformed values.",
-            "Type hints and a docstring are required by our style guide.",
-            "Performance matters more than brevity for this one.",
-            "A junior developer will maintain it next year.")
+_TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
+                                                                    "context"))
 
 
 def prompt(i: int) -> str:

@@ -22,8 +22,10 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 DEFAULT_RESULTS_DIR = Path("bench-results")
+PROMPTS = yaml.safe_load(Path(__file__).with_name("prompts.yaml").read_text(encoding="utf-8"))
 IQR_TO_SIGMA = 1.349  # IQR / 1.349 estimates a normal distribution's standard deviation
 NOISY_CV = 0.10
 

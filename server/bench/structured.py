@@ -24,13 +24,7 @@ from server.engine.params import DraftSource
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
 DEFAULT_DRAFT = Path("models/smollm2-draft")
 DEMO = Path("models/demo")
-PROMPT = ("List eight famous scientists with the year each was born, as a JSON array of "
-          "objects with the keys name and born.")
-SCHEMA = {"type": "array", "minItems": 8, "maxItems": 8, "items": {
-    "type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "born": {"type": "integer", "minimum": 1000, "maximum": 2024}},
-    "required": ["name", "born"], "additionalProperties": False}}
+PROMPT, SCHEMA = results.PROMPTS["structured"]["prompt"], results.PROMPTS["structured"]["schema"]
 
 
 def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None, str]:

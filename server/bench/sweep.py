@@ -31,35 +31,10 @@ DEFAULT_WARMUP = 1
 DEFAULT_DRAFT_TOKENS = (1, 2, 4, 8, 16)
 DEFAULT_PROMPT_KINDS = ("structured", "open_ended")
 
-STRUCTURED = ("Write a Python module with a function `binary_search(items, target)` that "
-              "returns the index of `target` in the sorted list `items` or -1, and three small "
-              "utility functions: `clamp(value, low, high)`, `chunked(items, size)` and "
-              "`is_palindrome(text)`. Give each function a docstring and type hints.")
-OPEN_ENDED = ("Write a short reflection on what makes a day feel well spent. Speak from "
-              "experience, in a few paragraphs of plain prose.")
-_REPEAT_EDIT_CODE = (  # a 45-line Python module
-    "import json\nfrom dataclasses import dataclass, field\nfrom pathlib import Path\n\n\n"
-    "@dataclass\nclass Task:\n    name: str\n    done: bool = False\n"
-    "    tags: list[str] = field(default_factory=list)\n\n\nclass TaskList:\n"
-    "    def __init__(self, path: Path):\n        self.path = path\n"
-    "        self.tasks: list[Task] = []\n\n    def load(self) -> None:\n"
-    "        if not self.path.exists():\n            return\n"
-    "        data = json.loads(self.path.read_text())\n"
-    "        self.tasks = [Task(**item) for item in data]\n\n    def save(self) -> None:\n"
-    "        data = [vars(task) for task in self.tasks]\n"
-    "        self.path.write_text(json.dumps(data, indent=2))\n\n"
-    "    def add(self, name: str, *tags: str) -> Task:\n"
-    "        task = Task(name, tags=list(tags))\n        self.tasks.append(task)\n"
-    "        return task\n\n    def complete(self, name: str) -> bool:\n"
-    "        for task in self.tasks:\n            if task.name == name:\n"
-    "                task.done = True\n                return True\n        return False\n\n"
-    "    def pending(self) -> list[Task]:\n"
-    "        return [task for task in self.tasks if not task.done]\n\n"
-    "    def tagged(self, tag: str) -> list[Task]:\n"
-    "        return [task for task in self.tasks if tag in task.tags]\n"
-)
-REPEAT_EDIT = ("Repeat this code exactly, with one change: rename the method `pending` to "
-               f"`open_tasks`.\n\n```python\n{_REPEAT_EDIT_CODE}```")
+_PROMPTS = results.PROMPTS["sweep"]
+STRUCTURED, OPEN_ENDED = _PROMPTS["structured"], _PROMPTS["open_ended"]
+REPEAT_EDIT = (f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n"
+               f"{_PROMPTS['repeat_edit_code']}```")
 PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": REPEAT_EDIT}
 
 
