@@ -30,11 +30,12 @@ def usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    asked = argv[:1] in (["-h"], ["--help"])
+    if argv and argv[0].startswith("-") and not asked:
         argv = ["sweep", *argv]  # the sweep's flags alone: as before the subcommands
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(usage(), file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    print(usage(), file=sys.stdout if asked else sys.stderr)
+    if argv and not asked:
+        print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
+    return 0 if asked else 2

@@ -73,8 +73,7 @@ def setting_rows(family: str, names: list[str], answers: dict[str, list[dict]]) 
                      "accepted": sum(r["draft_tokens_accepted"] for r in rs),
                      "proposed": sum(r["draft_tokens_proposed"] for r in rs)})
     for row in rows:
-        row["over_first"] = row["tps"] / rows[0]["tps"] if row["tps"] and rows[0]["tps"] \
-            else None
+        row["over_first"] = results.ratio(row["tps"], rows[0]["tps"])
     return rows
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from server.bench.results import auth
 from server.engine.params import SpeculationParams
 
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
@@ -313,8 +314,7 @@ class HttpRunner:
         self.url = self.label = url.rstrip("/").removesuffix("/v1")
         self.speculation, self.temperature, self.api = speculation, temperature, api
         self.loop = asyncio.new_event_loop()  # one client, its connection kept alive
-        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers={
-            "Authorization": f"Bearer {api_key}"} if api_key else {})
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth(api_key))
         try:  # a server that does not answer is an error, not an mlx_lm.server
             self.health = self._get("/health")
         except httpx.HTTPError as e:
