@@ -1,7 +1,7 @@
 """`mlx-spec-bench structured`: what a grammar costs, and whether speculation pays under one.
 
-    mlx-spec-bench structured [--target-model DIR] [--draft-model DIR|lookup]
-        [--drafter model|prompt_lookup|hybrid] [--k 4] [--max-tokens 200] [--reps 3]
+    mlx-spec-bench structured [--target-model DIR] [--draft-model DIR|lookup] [--k 4]
+        [--max-tokens 200] [--reps 3]
 
 Through an in-process app, greedy, medians of `--reps` runs: tok/s under a JSON schema against
 free text of the same length (`ignore_eos`), then tok/s with drafts over without, acceptance
@@ -15,11 +15,9 @@ import argparse
 import asyncio
 import statistics
 from pathlib import Path
-from typing import get_args
 
 from server.bench import results
 from server.bench.report import num
-from server.engine.params import DraftSource
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
 DEFAULT_DRAFT = Path("models/smollm2-draft")
@@ -96,10 +94,6 @@ async def run(args) -> tuple[list[dict], dict]:
     from server.http.app import build_engine, create_app
 
     target, draft, drafter = pick_models(args.target_model, args.draft_model)
-    if args.drafter is not None:
-        if draft is None and args.drafter != "prompt_lookup":
-            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
-        drafter = args.drafter
     settings = Settings.load(None, models={"model": target, "draft_model": draft})
     engine = build_engine(settings)
     engine.start()
@@ -130,8 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--target-model", help="Target (default: SmolLM2, else the demo target).")
     a("--draft-model", help="A draft model folder, or 'lookup'.")
-    a("--drafter", choices=get_args(DraftSource),
-      help="The requests' draft (default: model with a draft model, else prompt_lookup).")
     a("--k", type=int, default=4, help="Draft tokens per round (4).")
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
     a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
