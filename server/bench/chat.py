@@ -1,8 +1,5 @@
 """`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
 
-    mlx-spec-bench chat --server [NAME=]URL [--compare [NAME=]URL ...] [--system-chars 4500]
-        [--turns 3] [--max-tokens 32] [--clients 8] [--api chat|responses|messages]
-
 1. A multi-turn chat under a long system prompt (a module's source), the whole history resent
    each turn, the servers taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and
    ours over this server's.

@@ -1,8 +1,5 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-    mlx-spec-bench load --server [NAME=]URL [--compare [NAME=]URL ...] [--concurrency 1,2,4,8]
-        [--max-tokens 96] [--runs 3] [--pid NAME=PID ...] [--api chat|responses|messages]
-
 At each concurrency level C, C clients stream one distinct greedy request each, at once; the
 servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
 the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the

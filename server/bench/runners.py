@@ -217,8 +217,7 @@ class EngineRunner:
     def describe(self) -> dict:
         models = {"target": self.kit.target, "draft": self.kit.draft}
         return {"label": self.label, "kind": "engine", "models": {
-            role: {"path": m.path, "parameters": m.parameter_count(),
-                   "memory_gb": m.nbytes() / 1e9, "model_type": m.config.get("model_type")}
+            role: {"path": m.path, "parameters": m.parameter_count()}
             for role, m in models.items() if m is not None}}
 
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
@@ -329,12 +328,9 @@ class HttpRunner:
         except ValueError:
             return {}
 
-    def describe(self) -> dict:
-        # mlx_lm.server's /v1/models scans the Hugging Face cache (and can fail): ask ours only.
-        models = self._get("/v1/models").get("data", []) if self.flavor == "ours" else []
+    def describe(self) -> dict:  # our /health names the target and the draft
         return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,
-                "health": self.health, "acceptance_reported": self.flavor == "ours",
-                "models": [{k: m.get(k) for k in ("id", "role", "path")} for m in models]}
+                "health": self.health, "acceptance_reported": self.flavor == "ours"}
 
     def request_body(self, cell, *, max_tokens: int, seed: int) -> dict:
         extra: dict = {"seed": seed} if self.temperature > 0 else {}

@@ -1,8 +1,5 @@
 """`mlx-spec-bench structured`: what a grammar costs, and whether speculation pays under one.
 
-    mlx-spec-bench structured [--target-model DIR] [--draft-model DIR|lookup] [--k 4]
-        [--max-tokens 200] [--reps 3]
-
 Through an in-process app, greedy, medians of `--reps` runs: tok/s under a JSON schema against
 free text of the same length (`ignore_eos`), then tok/s with drafts over without, acceptance
 and whether the text is the same. Defaults: SmolLM2 with `models/smollm2-draft` (else prompt
