@@ -25,11 +25,6 @@ from server.bench.runners import Stream, StreamFailed, request_body, stream_asyn
 QUESTIONS = results.PROMPTS["chat"]["questions"]
 
 
-def system_prompt(chars: int) -> str:
-    return ("You answer questions about this Python module.\n\n"
-            + inspect.getsource(json.decoder)[:chars])
-
-
 def _figures(stream: Stream) -> dict:
     if stream.error:
         raise StreamFailed(stream.error)
@@ -109,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args) -> list[dict]:
     servers = [args.server, *args.compare]
-    system = system_prompt(args.system_chars)
+    system = ("You answer questions about this Python module.\n\n"
+              + inspect.getsource(json.decoder)[:args.system_chars])
     async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
         rows = await turns(client, servers, system, args)
         if args.clients:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import httpx
 
 from server.bench import results
 from server.bench.report import num
-from server.bench.results import percentile, ratio
+from server.bench.results import percentile, ratio, summarize
 from server.bench.runners import Stream, request_body, server_health, stream_async
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
@@ -103,14 +102,11 @@ RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
 
 def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | None) -> dict:
     """A server's row of a level: the medians of its runs; counts summed."""
-    def median(key):
-        vals = [r[key] for r in runs if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-
     return {"server": name, "concurrency": concurrency, "runs": len(runs),
             **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
-            **{k: median(k) for k in MEDIANS}, "peak_rss_gb": peak_gb,
+            **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
+            "peak_rss_gb": peak_gb,
             "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 

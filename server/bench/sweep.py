@@ -366,13 +366,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
-    if args.target_model is None:
+    target, draft = args.target_model, args.draft_model
+    if target is None:
         from server.model_files.bundled import demo_or_generated_pair
 
-        target, draft = demo_or_generated_pair()
-        draft = args.draft_model or draft
-    else:
-        target, draft = args.target_model, args.draft_model
+        target, paired = demo_or_generated_pair()
+        draft = draft or paired
     return target, (None if args.draft == "prompt_lookup" else draft)
 
 
@@ -396,9 +395,9 @@ def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
     else:
         target, draft = resolve_models(args)
         print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
-        return [r.EngineRunner(target, draft, speculation=speculation_of(args),
-                               temperature=args.temp)], {"target_model": target,
-                                                         "draft_model": draft}
+        runner = r.EngineRunner(target, draft, speculation=speculation_of(args),
+                                temperature=args.temp)
+        return [runner], {"target_model": target, "draft_model": draft}
     if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
         made[1].label += " (again)"
     return made, {"target_model": args.target_model, "draft_model": args.draft_model}
