@@ -1,10 +1,9 @@
 """`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
 
-1. A multi-turn chat under a long system prompt (a module's source), the whole history resent
-   each turn, the servers taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and
-   ours over this server's.
+1. A multi-turn chat under a long system prompt, the history resent each turn, the servers
+   taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and ours over this one's.
 2. Ours only (`--clients 0` skips it): `--clients` concurrent requests sharing that prompt,
-   with `cache_prompt: false`, then with the cache (emptied by `DELETE /v1/cache`).
+   `cache_prompt: false`, then with the cache (emptied by `DELETE /v1/cache`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ draft trained on.
     mlx-spec-bench held-out --server URL --setting plain='{"num_draft_tokens": 0}' \\
         --setting hybrid='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
 
-The first `--count` held-out code and prose requests of the target's answers file (and the
-prose kept for measuring), as token ids to `/v1/completions`, greedy, no prefix cache, under
-every setting in turn. Exits 1 unless every setting gave the first setting's text.
+The first `--count` held-out code and prose requests of the target's answers (and the prose kept
+for measuring) as token ids to `/v1/completions`, greedy, uncached, under every setting in turn.
+Exits 1 unless every setting gave the first setting's text.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ def parse_setting(text: str) -> tuple[str, dict]:
 
 
 def held_out_by_family(path: Path, count: int, model: str) -> dict[str, list[list[int]]]:
-    """The first `count` held-out prompts of the answers file, code and prose apart, and the
-    first `count` prompts of the prose kept for measuring, if written."""
+    """The first `count` held-out prompts, code and prose apart, plus the measuring prose's."""
     from mlx_lm.utils import load_tokenizer
 
     from server.model_files.training import target_answers

@@ -120,8 +120,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
                       log=None) -> list[dict]:
-    """Each level: `args.runs` runs of every server (`await measure(name, c, first_prompt)`),
-    the one going first rotating; then a row per server with the medians and ratios."""
+    """Per level, `args.runs` runs of every server (`measure(name, c, first_prompt)`), the first
+    rotating; then a row per server with the medians and ratios."""
     pids, first, rows = getattr(args, "pids", {}), args.warmup, []
     for level, concurrency in enumerate(args.concurrency):
         runs: dict[str, list[dict]] = {name: [] for name in names}

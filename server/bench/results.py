@@ -18,7 +18,6 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +41,7 @@ def int_list(text: str) -> list[int]:
 
 
 def named_url(text: str) -> tuple[str, str]:
-    """`URL` or `NAME=URL` -> (name, url): the name defaults to the URL, which loses a trailing
-    `/` and `/v1`."""
+    """`URL` or `NAME=URL` -> (name, url without a trailing `/` or `/v1`; name defaults to it)."""
     name, sep, url = text.partition("=")
     if not sep or "://" in name:
         name, url = "", text
@@ -97,12 +95,7 @@ def command_line(subcommand: str, argv: Sequence[str]) -> str:
 def environment(**models) -> dict:
     """Date, machine, cores, versions, git commit; plus the models named by the caller."""
     import mlx.core as mx
-
-    def version(pkg: str) -> str | None:
-        try:
-            return importlib_metadata.version(pkg)
-        except importlib_metadata.PackageNotFoundError:
-            return None
+    import mlx_lm
 
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -112,7 +105,7 @@ def environment(**models) -> dict:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.machine(),
             "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
             "os": platform.platform(), "python": platform.python_version(),
-            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
+            "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
             "mlx_device": str(mx.default_device()), "git_commit": commit, **models}
 
 
@@ -146,8 +139,8 @@ class ResultsWriter:
 
     def finish(self, command: str, metadata: dict, rows: list[dict], *,
                plot: Callable[..., object] | None = None, **extra) -> dict:
-        """The `.csv`, the plot (`plot(rows, path, title=...)`; matplotlib is imported only
-        then, so a missing one costs the picture, not the data) and the `.json`."""
+        """The `.csv`, the plot (`plot(rows, path, title=...)`: a failed one costs only the
+        picture) and the `.json`."""
         self._jsonl.close()
         self._write_csv(rows)
         written = {ext: self.paths[ext] for ext in ("jsonl", "csv")}
@@ -177,8 +170,7 @@ class ResultsWriter:
 def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[dict],
          table: Callable[[list[dict]], list[list[str]]], *, writer: ResultsWriter | None = None,
          footer: str = "", **extra) -> dict:
-    """Write the files (the rows already sent to `writer` if one is given), print the table,
-    then `footer`, then the files."""
+    """Write the files (the rows already in `writer` if given); print the table and the files."""
     from server.bench.report import aligned
 
     if writer is None:

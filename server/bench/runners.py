@@ -35,8 +35,7 @@ class ServerUnreachable(StreamFailed):
 
 
 def run_result(stats: dict | None = None, **measured) -> dict:
-    """One generation as measured: tokens, tps, ttft_s, peak_gb, prompt_tokens, from_draft,
-    proposed, accepted, rounds, finish_reason; from our `stats` where given (None: unknown)."""
+    """One generation as measured, from our `stats` where given (None: unknown)."""
     out = dict.fromkeys(("tokens", "tps", "ttft_s", "peak_gb", "prompt_tokens", "from_draft",
                          "proposed", "accepted", "rounds", "finish_reason"))
     if stats is not None:
@@ -142,8 +141,7 @@ class Stream:
     def _token(self, now: float, text: str | None, flag: bool | None) -> None:
         if flag is not None:  # ours: one event per token, text or not
             self.from_draft = (self.from_draft or 0) + bool(flag)
-            self.arrivals.append(now)
-        elif text:  # others: an event whenever text is ready
+        if flag is not None or text:  # others: an event whenever text is ready
             self.arrivals.append(now)
         if text:
             self.text.append(text)
@@ -167,8 +165,7 @@ def error_message(response: httpx.Response) -> str:
 
 
 def server_health(name: str, url: str) -> dict:
-    """What a server says of itself: our /health names the target (the model id the Responses
-    and Messages APIs want), mlx_lm.server's does not."""
+    """GET /health; ours names the target (the model id the Responses and Messages APIs want)."""
     out: dict = {"name": name, "url": url}
     try:
         health = httpx.get(f"{url}/health", timeout=10)
@@ -244,11 +241,8 @@ class EngineRunner:
 
 
 def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
-    """c: one draft-model forward token's time over one target forward token's.
-
-    Single-token decode steps after a short prefill, the two models alternating so that both
-    see the same machine load; the ratio of the medians, the first two steps dropped.
-    """
+    """c: a draft forward token's time over the target's; decode steps after a short prefill,
+    the models alternating (the same machine load), medians, the first two steps dropped."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 

@@ -1,12 +1,9 @@
 """`mlx-spec-bench sweep`: sweep the draft length k and see whether speculation pays.
 
-For each prompt kind: a baseline (no draft) and one cell per k, each `--warmup` runs then
-`--reps` measured runs, greedy by default, the same models and prompt tokens in every cell.
-Runs the engine in this process, or any OpenAI-compatible server (`--server URL`, through
-`--api chat|responses|messages`), or two servers interleaved cell by cell (`--compare URL2`).
-Prints the table and the verdicts P1 (some k beats the baseline, IQRs apart), P2 (tok/s vs k
-peaks inside the k swept) and P3 (acceptance is higher on `structured` than on `open_ended`);
-writes `sweep-<stamp>[-tag].{jsonl,csv,json,png}`.
+Per prompt kind: a baseline (no draft) and a cell per k, `--warmup` then `--reps` runs each,
+greedy by default; in this process, through a server (`--server`), or two interleaved
+(`--compare`). Verdicts: P1 some k beats the baseline (IQRs apart), P2 tok/s vs k peaks inside
+the k swept, P3 acceptance is higher on `structured` than on `open_ended`.
 """
 
 from __future__ import annotations
@@ -59,9 +56,8 @@ def plan_cells(kinds: list[str], draft_tokens: list[int]) -> list[Cell]:
 
 
 def theoretical_speedup(a: float, k: float, c: float) -> float:
-    """Expected speedup of speculative decoding (Leviathan et al. 2023, eq. 1): `a` the
-    probability that a drafted token is accepted, `k` tokens drafted per round, `c` a draft
-    forward's cost over the target's. A round costs 1 + k*c and yields (1 - a^(k+1)) / (1 - a)."""
+    """Speculative decoding's expected speedup (Leviathan et al. 2023, eq. 1), `a` the per-token
+    acceptance, `c` a draft forward's cost over the target's: (1 - a^(k+1)) / (1 - a) / (1 + kc)."""
     if not 0.0 <= a <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {a}")
     tokens_per_round = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
@@ -69,12 +65,8 @@ def theoretical_speedup(a: float, k: float, c: float) -> float:
 
 
 def per_token_acceptance(rate: float, k: float) -> float:
-    """The `a` of `theoretical_speedup` from a measured accepted/proposed `rate`.
-
-    A round stops at its first rejection, so under the model accepted/proposed =
-    a (1 - a^k) / (k (1 - a)), increasing in a; inverted by bisection. Then
-    theoretical_speedup(a, k, c) == (1 + rate * k) / (1 + k * c).
-    """
+    """The `a` of `theoretical_speedup` from a measured accepted/proposed `rate`: a round stops
+    at its first rejection, so rate = a (1 - a^k) / (k (1 - a)), inverted by bisection."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"rate must be in [0, 1], got {rate}")
     if rate in (0.0, 1.0) or k <= 1:
@@ -220,8 +212,7 @@ def run_cell(runner, cell: Cell, args) -> dict:
         for i in range(args.reps):
             runs.append(runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i))
     except Exception as e:  # a failed cell is data: record it, go on with the sweep
-        return cell_row(cell, [], server=runner.label, args=args,
-                        error=f"{type(e).__name__}: {e}")
+        return cell_row(cell, [], server=runner.label, args=args, error=f"{type(e).__name__}: {e}")
     return cell_row(cell, runs, server=runner.label, args=args)
 
 
