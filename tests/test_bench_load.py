@@ -94,7 +94,7 @@ def test_server_names():
 @pytest.mark.parametrize("argv", [
     [], ["--server", "http://a", "--concurrency", "0,2"], ["--server", "http://a",
                                                           "--max-tokens", "1"],
-    ["--server", "http://a", "--requests-per-client", "0"],
+    ["--server", "http://a", "--runs", "0"],
     ["--server", "http://a", "--timeout", "0"], ["--server", "http://a", "--compare", "http://a"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
@@ -159,17 +159,17 @@ def test_both_protocols_on_a_ticking_clock():
     transports = {"ours": fake_server("ours", log, ours_like),
                   "mlx": fake_server("mlx", log, mlx_lm_like)}
     args = parse_args(["--server", "ours=http://ours", "--compare", "mlx=http://mlx",
-                       "--concurrency", "1,2", "--max-tokens", "4", "--requests-per-client", "2",
+                       "--concurrency", "1,2", "--max-tokens", "4",
                        "--timeout", "10"])
     rows = asyncio.run(run_load(args.servers, args, transports=transports,
                                 clock=ticking_clock()))
-    # warm-up (request 0 on each), then level 1 (requests 1-2) ours first, level 2
-    # (requests 3-6) mlx first; both servers get the same prompts at a level
+    # warm-up (request 0 on each), then level 1 (request 1) ours first, level 2
+    # (requests 2-3) mlx first; both servers get the same prompts at a level
     order = [(name, n) for name, n, _ in log]
     assert order[:2] == [("ours", 0), ("mlx", 0)]
-    assert order[2:6] == [("ours", 1), ("ours", 2), ("mlx", 1), ("mlx", 2)]
-    assert [name for name, _ in order[6:]] == ["mlx"] * 4 + ["ours"] * 4
-    assert sorted(n for name, n in order[6:] if name == "ours") == [3, 4, 5, 6]
+    assert order[2:4] == [("ours", 1), ("mlx", 1)]
+    assert [name for name, _ in order[4:]] == ["mlx"] * 2 + ["ours"] * 2
+    assert sorted(n for name, n in order[4:] if name == "ours") == [2, 3]
     bodies = [body for _, _, body in log]
     assert all(b["stream"] and b["temperature"] == 0 and b["max_tokens"] == 4
                for b in bodies[2:])
@@ -177,24 +177,24 @@ def test_both_protocols_on_a_ticking_clock():
     assert [(r["server"], r["concurrency"]) for r in rows] == [
         ("ours", 1), ("mlx", 1), ("ours", 2), ("mlx", 2)]
     ours1, mlx1, ours2, mlx2 = rows
-    # One client, one stream at a time: start, a tick per data line (4 tokens, final, usage,
-    # [DONE]), end: 0..8, then 9..17 for the second request. Ours: tokens at +1..+4.
-    assert ours1["tokens"] == 8 and ours1["completed"] == 2 and ours1["all_answered"]
-    assert ours1["aggregate_tps"] == 8 / 17
+    # One stream: start, a tick per data line (4 tokens, final, usage, [DONE]), end: 0..8.
+    # Ours: tokens at +1..+4.
+    assert ours1["tokens"] == 4 and ours1["completed"] == 1 and ours1["all_answered"]
+    assert ours1["aggregate_tps"] == 4 / 8
     assert (ours1["ttft_p50_s"], ours1["itl_p50_s"], ours1["itl_p99_s"]) == (1, 1, 1)
     assert ours1["from_draft_fraction"] == 0.5  # 2 of each 4 tokens flagged
     # mlx_lm-like: tokens from usage (4), text at +1, +2, +4: gaps 1, 2
-    assert mlx1["tokens"] == 8 and mlx1["aggregate_tps"] == 8 / 17
+    assert mlx1["tokens"] == 4 and mlx1["aggregate_tps"] == 4 / 8
     assert (mlx1["ttft_p50_s"], mlx1["itl_p50_s"]) == (1, 1.5)
-    assert mlx1["itl_p99_s"] == 2  # gaps 1 2 1 2 -> sorted 1 1 2 2: rank 2.97 is 2
+    assert mlx1["itl_p99_s"] == pytest.approx(1.99)  # gaps 1 2: rank 0.99 is 1.99
     assert mlx1["from_draft_fraction"] is None
     assert mlx1["ratio_aggregate"] == 1.0 and ours1["ratio_aggregate"] is None
-    assert mlx1["ratio_itl_p99"] == 0.5
+    assert mlx1["ratio_itl_p99"] == pytest.approx(1 / 1.99)
     for row in (ours2, mlx2):
-        assert (row["requests"], row["completed"], row["errors"], row["tokens"]) == (4, 4, 0, 16)
+        assert (row["requests"], row["completed"], row["errors"], row["tokens"]) == (2, 2, 0, 8)
     text = aligned(table(rows))
     assert text.splitlines()[2].split()[:3] == ["1", "ours", "0.5"]
-    assert "1.00x" in text and "4/4" in text
+    assert "1.00x" in text and "2/2" in text
 
 
 def test_errors_are_counted_and_the_run_ends():

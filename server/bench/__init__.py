@@ -1,11 +1,7 @@
 """`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks.
 
-Developer tools on top of the engine; the server never imports them. Each subcommand writes
-`<subcommand>-<stamp>[-tag].json` (subcommand, command, metadata, rows) and, where they fit,
-`.jsonl`, `.csv` and `.png` into `--results-dir` (default `bench-results/`, ignored by git);
-`report` turns the files that `docs/benchmarks.yaml` cites into `docs/benchmarks.md`. Plots need
-the `bench` extra (`pip install -e ".[bench]"`). `python -m server.bench --smoke ...` (a flag
-first) runs `sweep`, as before the subcommands.
+Each writes its results into `--results-dir` (see `results`); `report` renders them into
+`docs/benchmarks.md`. Plots need the `bench` extra. A flag first (`--smoke ...`) runs `sweep`.
 """
 
 from __future__ import annotations
@@ -38,11 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         ensure_fast_blas()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    asked = argv[:1] in (["-h"], ["--help"])
+    if argv and argv[0].startswith("-") and not asked:
         argv = ["sweep", *argv]  # the sweep's flags alone: as before the subcommands
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(usage(), file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    print(usage(), file=sys.stdout if asked else sys.stderr)
+    if argv and not asked:
+        print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
+    return 0 if asked else 2

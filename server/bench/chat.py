@@ -1,15 +1,9 @@
 """`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
 
-    mlx-spec-bench chat --server [NAME=]URL [--compare [NAME=]URL ...] [--system-chars 4500]
-        [--turns 3] [--max-tokens 32] [--clients 8] [--api chat|responses|messages]
-
-1. A multi-turn chat whose system prompt is a long module's source (`json/decoder.py`, cut to
-   `--system-chars`); each turn resends the whole history, as chat clients do. The servers take
-   turns (ours turn 1, theirs turn 1, ours turn 2, ...). Per turn and server: prompt and cached
-   tokens, time to first token, its ratio to turn 1 and ours over this server's.
-2. Our server only (`--clients 0` skips it): `--clients` concurrent requests sharing that system
-   prompt, first with `cache_prompt: false`, then with the cache (emptied first by
-   `DELETE /v1/cache`, which needs the admin key if one is set: `--api-key`).
+1. A multi-turn chat under a long system prompt, the history resent each turn, the servers
+   taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and ours over this one's.
+2. Ours only (`--clients 0` skips it): `--clients` concurrent requests sharing that prompt,
+   `cache_prompt: false`, then with the cache (emptied by `DELETE /v1/cache`).
 """
 
 from __future__ import annotations
@@ -24,16 +18,10 @@ import httpx
 
 from server.bench import results, runners
 from server.bench.report import num
-from server.bench.results import named_url, ratio
-from server.bench.runners import API_PATHS, Stream, StreamFailed, request_body, stream_async
+from server.bench.results import ratio
+from server.bench.runners import Stream, StreamFailed, request_body, stream_async
 
-QUESTIONS = ("What does this module do?", "Which function parses numbers?",
-             "Summarise the error handling.", "How are strings scanned?")
-
-
-def system_prompt(chars: int) -> str:
-    return ("You answer questions about this Python module.\n\n"
-            + inspect.getsource(json.decoder)[:chars])
+QUESTIONS = results.PROMPTS["chat"]["questions"]
 
 
 def _figures(stream: Stream) -> dict:
@@ -103,27 +91,21 @@ def table(rows: list[dict]) -> list[list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench chat", description=__doc__.split("\n")[0])
+    p = results.parser("chat", __doc__, api=True, servers="required")
     a = p.add_argument
-    a("--server", required=True, type=named_url, metavar="[NAME=]URL", help="Our server.")
-    a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
-      help="Another server (repeatable).")
     a("--system-chars", type=int, default=4500, help="System prompt length in chars (4500).")
     a("--turns", type=int, default=3, help="Chat turns (3).")
     a("--max-tokens", type=int, default=32, help="Tokens per answer (32).")
     a("--clients", type=int, default=8, help="Concurrent clients sharing the prompt (8; 0: "
       "skip that part).")
-    a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
-    a("--api-key", help="Bearer key for the servers.")
-    results.add_output_args(p)
     return p
 
 
 async def run(args) -> list[dict]:
     servers = [args.server, *args.compare]
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    system = system_prompt(args.system_chars)
-    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
+    system = ("You answer questions about this Python module.\n\n"
+              + inspect.getsource(json.decoder)[:args.system_chars])
+    async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
         rows = await turns(client, servers, system, args)
         if args.clients:
             rows += await shared_prompt(client, *servers[0], system, args)

@@ -4,11 +4,9 @@ draft trained on.
     mlx-spec-bench held-out --server URL --setting plain='{"num_draft_tokens": 0}' \\
         --setting hybrid='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
 
-The requests: the first `--count` held-out code requests of the target's answers file (which the
-draft's training leaves out) and the first `--count` prose requests kept for measuring
-(`target_answers --eval-prose`), as token ids to `/v1/completions`, greedy, no prefix cache; each
-under every setting in turn (the order rotates). Decode time: the sum of generation_tokens /
-generation_tps of our `stats`. Exits 1 unless every setting gave the first setting's text.
+The first `--count` held-out code and prose requests of the target's answers (and the prose kept
+for measuring) as token ids to `/v1/completions`, greedy, uncached, under every setting in turn.
+Exits 1 unless every setting gave the first setting's text.
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ def parse_setting(text: str) -> tuple[str, dict]:
 
 
 def held_out_by_family(path: Path, count: int, model: str) -> dict[str, list[list[int]]]:
-    """The first `count` held-out prompts of the answers file, code and prose apart, and the
-    first `count` prompts of the prose kept for measuring, if written."""
+    """The first `count` held-out prompts, code and prose apart, plus the measuring prose's."""
     from mlx_lm.utils import load_tokenizer
 
     from server.model_files.training import target_answers
@@ -75,8 +72,7 @@ def setting_rows(family: str, names: list[str], answers: dict[str, list[dict]]) 
                      "accepted": sum(r["draft_tokens_accepted"] for r in rs),
                      "proposed": sum(r["draft_tokens_proposed"] for r in rs)})
     for row in rows:
-        row["over_first"] = row["tps"] / rows[0]["tps"] if row["tps"] and rows[0]["tps"] \
-            else None
+        row["over_first"] = results.ratio(row["tps"], rows[0]["tps"])
     return rows
 
 
@@ -92,19 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     from server.model_files.default_model import DEFAULT_TARGET_DIR
     from server.model_files.training.target_answers import DEFAULT_OUT
 
-    p = argparse.ArgumentParser(prog="mlx-spec-bench held-out", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--server", required=True, help="Our server's base URL.")
-    p.add_argument("--setting", type=parse_setting, action="append", required=True,
-                   metavar="NAME=JSON", help="Request fields of one setting (repeatable; the "
-                   "first is the baseline).")
-    p.add_argument("--answers", type=Path, default=DEFAULT_OUT,
-                   help=f"The target's answers file (default {DEFAULT_OUT}).")
-    p.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
-    p.add_argument("--count", type=int, default=16, help="Requests per family (16).")
-    p.add_argument("--max-tokens", type=int, default=128, help="Tokens per request (128).")
-    p.add_argument("--api-key", help="Bearer key for the server.")
-    results.add_output_args(p)
+    p = results.parser("held-out", __doc__)
+    a = p.add_argument
+    a("--server", required=True, help="Our server's base URL.")
+    a("--setting", type=parse_setting, action="append", required=True, metavar="NAME=JSON",
+      help="Request fields of one setting (repeatable; the first is the baseline).")
+    a("--answers", type=Path, default=DEFAULT_OUT,
+      help=f"The target's answers file (default {DEFAULT_OUT}).")
+    a("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
+    a("--count", type=int, default=16, help="Requests per family (16).")
+    a("--max-tokens", type=int, default=128, help="Tokens per request (128).")
+    a("--api-key", help="Bearer key for the server.")
     return p
 
 
@@ -113,8 +107,8 @@ def main(argv: list[str]) -> int:
     names, fields = [name for name, _ in args.setting], dict(args.setting)
     families = held_out_by_family(args.answers, args.count, args.model)
     rows, same = [], True
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    with httpx.Client(base_url=args.server, timeout=600, headers=headers) as client:
+    with httpx.Client(base_url=args.server, timeout=600, headers=results.auth(args.api_key)) \
+            as client:
         for family, prompts in families.items():
             answers: dict[str, list[dict]] = {name: [] for name in names}
             for i, prompt in enumerate(prompts):

@@ -1,32 +1,16 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-    mlx-spec-bench load --server [NAME=]URL [--compare [NAME=]URL ...] [--concurrency 1,2,4,8]
-        [--max-tokens 96] [--runs 3] [--pid NAME=PID ...] [--api chat|responses|messages]
-    mlx-spec-bench load --in-process [--target-model DIR --draft-model DIR] [--concurrency 8,16]
-
-At each concurrency level C, C clients each stream `--requests-per-client` greedy requests, all
-at once, against one server; then the same prompts against the next. Per level the servers take
-`--runs` turns each (who goes first rotates, so a drift of the machine favours none) and a row
-keeps the medians of the runs. Prompts are distinct (no prefix-cache hit beyond the template).
-
-Measured on the client, alike for every server: aggregate tok/s (the completed streams' tokens
-over the span from the first request sent to the last stream ended), TTFT (first token - start),
-ITL (gaps between token events), the share of tokens from the draft (our `from_draft` flags),
-errors (non-200, an error event, a stream ended early, `--timeout`), and with `--pid NAME=PID`
-the process's peak RSS (VmHWM in /proc/PID/status, reset before each level where the kernel
-lets us). Ratios are ours (the `--server`) over each other server's: above 1 is better for
-tok/s, below 1 for TTFT, ITL and memory.
-
-`--in-process`: our scheduler with the draft (k=4 asked, the policy decides) and without, and
-`mlx_lm`'s `BatchGenerator`, each given C requests at once after `--warmup` unmeasured runs of
-one request, runs interleaved; no HTTP. Ratios: ours with the draft over each other engine.
+At each concurrency level C, C clients stream one distinct greedy request each, at once; the
+servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
+the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the
+draft's share (`from_draft`), errors, and with `--pid` the peak RSS (VmHWM). Ratios: ours (the
+`--server`) over each other server's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -35,32 +19,17 @@ from pathlib import Path
 import httpx
 
 from server.bench import results
-from server.bench.report import aligned, num
-from server.bench.results import named_url, percentile, ratio
-from server.bench.runners import API_PATHS, Stream, request_body, server_health, stream_async
+from server.bench.report import num
+from server.bench.results import percentile, ratio, summarize
+from server.bench.runners import Stream, request_body, server_health, stream_async
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 DEFAULT_MAX_TOKENS = 96
 WARMUP_MAX_TOKENS = 8
 CONNECT_TIMEOUT_S = 10.0
 
-_TASKS = ("Write a Python function that {}.", "Explain, step by step, how to write code that {}.",
-          "Give a short example program that {}, with comments.",
-          "Describe the edge cases of a function that {}.")
-_SUBJECTS = (
-    "reverses a linked list", "parses an ISO 8601 date", "merges two sorted lists",
-    "counts the words in a text file", "checks whether a string is a palindrome",
-    "finds the shortest path in a grid", "computes a moving average",
-    "validates an email address", "flattens a nested dictionary",
-    "converts Roman numerals to integers", "deduplicates a list while keeping order",
-    "implements binary search", "retries an HTTP request with backoff",
-    "serialises a dataclass to JSON", "groups records by a key", "rotates a matrix by 90 degrees")
-_CONTEXT = ("The code will run on a small server with little memory.",
-            "Prefer the standard library and keep the function pure.",
-            "The inputs come from users, so expect malformed values.",
-            "Type hints and a docstring are required by our style guide.",
-            "Performance matters more than brevity for this one.",
-            "A junior developer will maintain it next year.")
+_TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
+                                                                    "context"))
 
 
 def prompt(i: int) -> str:
@@ -72,26 +41,24 @@ def prompt(i: int) -> str:
 
 async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
                     transport=None, clock=time.perf_counter) -> list[Stream]:
-    """C clients at once, each sending its requests one after the other."""
+    """C clients at once, one request each."""
     streams: list[Stream] = []
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
     async def one_client(c: int) -> None:
-        for r in range(args.requests_per_client):
-            body = request_body(args.api, [{"role": "user",
-                                            "content": prompt(first + c + concurrency * r)}],
-                                max_tokens=args.max_tokens, temperature=0.0, model=model)
-            task = stream_async(client, url, args.api, body, clock=clock)
-            try:
-                streams.append(await asyncio.wait_for(task, args.timeout))
-            except asyncio.TimeoutError:
-                streams.append(Stream(start=clock(), end=clock(),
-                                      error=f"timeout after {args.timeout:g}s"))
+        body = request_body(args.api, [{"role": "user", "content": prompt(first + c)}],
+                            max_tokens=args.max_tokens, temperature=0.0, model=model)
+        task = stream_async(client, url, args.api, body, clock=clock)
+        try:
+            streams.append(await asyncio.wait_for(task, args.timeout))
+        except asyncio.TimeoutError:
+            streams.append(Stream(start=clock(), end=clock(),
+                                  error=f"timeout after {args.timeout:g}s"))
 
-    async with httpx.AsyncClient(
-            timeout=httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S), headers=headers,
-            limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
+    timeout = httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S)
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout, headers=results.auth(args.api_key),
+                                 limits=limits, transport=transport) as client:
         await asyncio.gather(*(one_client(c) for c in range(concurrency)))
     return streams
 
@@ -135,14 +102,11 @@ RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
 
 def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | None) -> dict:
     """A server's row of a level: the medians of its runs; counts summed."""
-    def median(key):
-        vals = [r[key] for r in runs if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-
     return {"server": name, "concurrency": concurrency, "runs": len(runs),
             **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
-            **{k: median(k) for k in MEDIANS}, "peak_rss_gb": peak_gb,
+            **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
+            "peak_rss_gb": peak_gb,
             "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
@@ -156,8 +120,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
                       log=None) -> list[dict]:
-    """Each level: `args.runs` runs of every server (`await measure(name, c, first_prompt)`),
-    the one going first rotating; then a row per server with the medians and ratios."""
+    """Per level, `args.runs` runs of every server (`measure(name, c, first_prompt)`), the first
+    rotating; then a row per server with the medians and ratios."""
     pids, first, rows = getattr(args, "pids", {}), args.warmup, []
     for level, concurrency in enumerate(args.concurrency):
         runs: dict[str, list[dict]] = {name: [] for name in names}
@@ -169,7 +133,7 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
                 if log:
                     print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
                 runs[name].append(await measure(name, concurrency, first))
-            first += concurrency * args.requests_per_client
+            first += concurrency
         level_rows = [level_row(name, concurrency, runs[name], peak_rss_gb(pids[name])
                                 if name in pids else None) for name in names]
         add_ratios(level_rows)
@@ -183,8 +147,7 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
                    clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
     """Every level on every server over HTTP, after `args.warmup` short requests each."""
     urls, transports = dict(servers), transports or {}
-    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS,
-                                  "requests_per_client": 1})
+    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS})
     for name, url in servers:
         for i in range(args.warmup):
             await run_level(name, url, 1, i, short, transport=transports.get(name))
@@ -194,79 +157,6 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
                                              transport=transports.get(name), clock=clock))
 
     return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
-
-
-def in_process(args, on_row, log) -> list[dict]:
-    """Ours with and without the draft against `BatchGenerator`, C requests at once."""
-    from mlx_lm import load as mlx_load
-
-    from server.engine.model_kit import ModelKit, load_model
-    from server.model_files.bundled import generated_pair
-
-    target, draft = (args.target_model, args.draft_model) if args.target_model else \
-        generated_pair()
-    with_draft = ModelKit(load_model(target))
-    with_draft.load_draft(draft)
-    model, tokenizer = mlx_load(target)
-    batch = max(args.concurrency)
-    engines = {"ours+draft": _ours(with_draft, batch, args.max_tokens),
-               "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
-               "mlx_lm": _batch_generator(model, args.max_tokens)}
-
-    async def measure(name: str, concurrency: int, first: int) -> dict:
-        ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
-                                             add_generation_prompt=True)
-               for i in range(concurrency)]
-        return engines[name](ids)
-
-    for i in range(args.warmup):
-        for name in engines:
-            asyncio.run(measure(name, 1, i))
-
-    return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
-
-
-def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dict:
-    return {"requests": n, "completed": n, "errors": 0, "error_messages": [], "tokens": tokens,
-            "aggregate_tps": tokens / seconds, "from_draft_fraction": ratio(from_draft, tokens)}
-
-
-def _ours(kit, batch: int, max_tokens: int):
-    from server.engine.params import GenerationParams, SpeculationParams
-    from server.engine.scheduler import Scheduler, SchedulerConfig
-    from server.engine.sequence import Phase
-
-    scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
-    spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
-
-    def run(ids: list[list[int]]) -> dict:
-        seqs = [scheduler.submit(GenerationParams(tuple(p), max_tokens, speculation=spec),
-                                 lambda event: None) for p in ids]
-        start = time.perf_counter()
-        while any(s.phase is not Phase.DONE for s in seqs):
-            scheduler.step()
-        seconds, stats = time.perf_counter() - start, [s.stats() for s in seqs]
-        return _figures(len(ids), sum(s.generation_tokens for s in stats), seconds,
-                        sum(s.draft_tokens_accepted for s in stats))
-
-    return run
-
-
-def _batch_generator(model, max_tokens: int):
-    from mlx_lm.generate import BatchGenerator
-
-    def run(ids: list[list[int]]) -> dict:
-        gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
-        start = time.perf_counter()
-        gen.insert(ids, [max_tokens] * len(ids))
-        tokens = done = 0
-        while done < len(ids):
-            for r in gen.next_generated():
-                tokens += 1
-                done += r.finish_reason is not None
-        return _figures(len(ids), tokens, time.perf_counter() - start, None)
-
-    return run
 
 
 def table(rows: list[dict]) -> list[list[str]]:
@@ -282,32 +172,6 @@ def table(rows: list[dict]) -> list[list[str]]:
     return lines
 
 
-def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
-    """Aggregate tok/s, TTFT p50 and ITL p99 vs concurrent streams, one line per server."""
-    from matplotlib.figure import Figure
-
-    panels = [("aggregate_tps", "aggregate output tok/s"), ("ttft_p50_s", "TTFT p50 (s)"),
-              ("itl_p99_s", "ITL p99 (s)")]
-    panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)] or panels[:1]
-    fig = Figure(figsize=(4.5 * len(panels), 4.2))
-    fig.subplots_adjust(bottom=0.13, top=0.86, wspace=0.3)
-    levels = sorted({r["concurrency"] for r in rows})
-    for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels,
-                                strict=True):
-        for i, server in enumerate(dict.fromkeys(r["server"] for r in rows)):
-            points = [(r["concurrency"], r[key]) for r in rows
-                      if r["server"] == server and r.get(key) is not None]
-            if points:
-                ax.plot(*zip(*points, strict=True), color=f"C{i}", marker="o", label=server)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set(xlabel="concurrent streams", ylabel=label)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small", loc="best")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-
-
 def _pid(text: str) -> tuple[str, int]:
     name, _, pid = text.rpartition("=")
     if not name or not pid.isdigit():
@@ -315,49 +179,26 @@ def _pid(text: str) -> tuple[str, int]:
     return name, int(pid)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench load", description=__doc__.split("\n")[0])
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = results.parser("load", __doc__, api=True, servers="required")
     a = p.add_argument
-    a("--server", type=named_url, metavar="[NAME=]URL", help="Ours: ratios are its over others'.")
-    a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
-      help="A server to compare with (repeatable).")
     a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
     a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
     a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
-    a("--requests-per-client", type=int, default=1, help="Sent one after the other (1).")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
-    a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
-    a("--api-key", help="Bearer key for the servers.")
     a("--timeout", type=float, default=300.0, help="Seconds one request may take (300).")
     a("--warmup", type=int, default=1, help="Unmeasured short requests per server first (1).")
-    a("--in-process", action="store_true",
-      help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
-    a("--target-model", help="--in-process: the target (default: the generated pair's).")
-    a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
-    results.add_output_args(p)
-    return p
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = build_parser()
     args = p.parse_args(argv)
-    servers = ([args.server] if args.server else []) + args.compare
+    servers = [args.server, *args.compare]
     names = [name for name, _ in servers]
-    for bad, message in [
-        (not args.in_process and not args.server, "--server is required (or --in-process)"),
-        (args.in_process and servers, "--in-process runs no server: drop --server/--compare"),
-        (bool(args.target_model) != bool(args.draft_model),
-         "--target-model and --draft-model go together"),
+    results.check(p, [
         (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
-        (args.requests_per_client < 1, "--requests-per-client must be >= 1"),
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
         (any(n not in names for n, _ in args.pid), "--pid NAME must name a server"),
-    ]:
-        if bad:
-            p.error(message)
+    ])
     args.servers, args.pids = servers, dict(args.pid)
     return args
 
@@ -371,13 +212,8 @@ def main(argv: list[str]) -> int:
         writer.write_row(row)
         rows.append(row)
 
-    meta = results.environment(target_model=args.target_model, draft_model=args.draft_model)
-    if args.in_process:
-        in_process(args, on_row, log)
-    else:
-        meta["servers"] = [server_health(*s) for s in args.servers]
-        args.models = {s["name"]: s["target"] for s in meta["servers"]}
-        asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
-    written = writer.finish(results.command_line("load", argv), meta, rows, plot=plot)
-    results.print_results(aligned(table(rows)), written)
+    meta = {**results.environment(), "servers": [server_health(*s) for s in args.servers]}
+    args.models = {s["name"]: s["target"] for s in meta["servers"]}
+    asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
+    results.save("load", argv, args, meta, rows, table, writer=writer)
     return 0

@@ -1,30 +1,11 @@
 """`mlx-spec-bench report`: `docs/benchmarks.md`, generated from the manifest `docs/benchmarks.yaml`
 and the result files it cites; and the tables every subcommand prints.
 
-    mlx-spec-bench report [--manifest docs/benchmarks.yaml] [--out docs/benchmarks.md]
-        [--root .] [--check]
-
-The manifest (YAML; paths relative to `--root`, the repository):
-
-    title: Benchmarks
-    intro: |                  # markdown: the methodology
-      ...
-    sections:
-      - title: Draft length k    # a `##` heading
-        text: |                # markdown, before the figures
-          ...
-        command: mlx-spec-bench sweep --reps 5     # shown in a bash block
-        files: [RESULTS/sweep.json, RESULTS/sweep.png, RESULTS/notes.txt]
-    tried:                     # what did not pay, one line each
-      - what: fused q/k/v projections
-        figure: 1.01-1.05x, not kept
-
-Each file by its suffix: `.json` written by a subcommand becomes that subcommand's table (the
-one it prints), then its verdicts if it has any, then a line with its command, date, machine,
-cores, versions and git commit; `.txt`/`.md` are embedded verbatim in a code block; `.png`
-becomes an image link relative to the output's folder. The output starts with a line saying it
-is generated and must not be edited. `--check` writes nothing and exits 1 when the output
-differs from what it would generate, or when a cited file is missing.
+The manifest (YAML, paths relative to `--root`) has `title`, `intro` (markdown), `sections`
+(each `title`, `text`, `command`, `files`) and `tried` (each `what`, `figure`: what did not pay).
+A cited `.json` result becomes its subcommand's table, its verdicts and a line with its command
+and machine; `.txt`/`.md` are embedded in a code block; `.png` becomes an image link. `--check`
+writes nothing and exits 1 when the page is out of date or a cited file is missing.
 """
 
 from __future__ import annotations
@@ -46,15 +27,13 @@ def num(value, fmt: str, missing: str = "-", suffix: str = "") -> str:
     return missing if value is None else format(value, fmt) + suffix
 
 
-def aligned(lines: list[list], *, rule: bool = True) -> str:
-    """Rows of cells (the first the header) as left-aligned columns two spaces apart, with a
-    dashed rule under the header unless `rule` is False."""
+def aligned(lines: list[list]) -> str:
+    """Rows of cells (the first the header) as left-aligned columns, a rule under the header."""
     cells = [[str(c) for c in line] for line in lines]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
             for line in cells]
-    if rule:
-        text.insert(1, "  ".join("-" * w for w in widths))
+    text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text)
 
 

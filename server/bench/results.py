@@ -1,9 +1,8 @@
 """What every subcommand shares: result files and their metadata, summaries, small parsers.
 
-Files: `<subcommand>-<stamp>[-<tag>]` in `--results-dir` (default `bench-results/`, which git
-ignores): `.jsonl` row by row as measured (a crash keeps them), then `.csv`, `.png` where one is
-drawn, and the `.json` that `report` renders: `{"subcommand", "command" (the exact command
-line), "metadata" (date, machine, cores, versions, git commit, models), "rows", ...}`.
+Files `<subcommand>-<stamp>[-<tag>]` in `--results-dir`: `.jsonl` row by row as measured, then
+`.csv`, `.png` where drawn, and the `.json` that `report` renders (subcommand, command,
+metadata, rows).
 """
 
 from __future__ import annotations
@@ -19,12 +18,13 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 DEFAULT_RESULTS_DIR = Path("bench-results")
+PROMPTS = yaml.safe_load(Path(__file__).with_name("prompts.yaml").read_text(encoding="utf-8"))
 IQR_TO_SIGMA = 1.349  # IQR / 1.349 estimates a normal distribution's standard deviation
 NOISY_CV = 0.10
 
@@ -41,8 +41,7 @@ def int_list(text: str) -> list[int]:
 
 
 def named_url(text: str) -> tuple[str, str]:
-    """`URL` or `NAME=URL` -> (name, url): the name defaults to the URL, which loses a trailing
-    `/` and `/v1`."""
+    """`URL` or `NAME=URL` -> (name, url without a trailing `/` or `/v1`; name defaults to it)."""
     name, sep, url = text.partition("=")
     if not sep or "://" in name:
         name, url = "", text
@@ -50,10 +49,38 @@ def named_url(text: str) -> tuple[str, str]:
     return name or url, url
 
 
-def add_output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
-                   help=f"Where the files go (default {DEFAULT_RESULTS_DIR}/, ignored by git).")
-    p.add_argument("--tag", help="Appended to the results' file name.")
+def parser(subcommand: str, doc: str, *, api: bool = False,
+           servers: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand's parser with the options they share: --results-dir and --tag; with `api`
+    --api and --api-key; with `servers` ("optional" or "required") named --server/--compare."""
+    from server.bench.runners import API_PATHS
+
+    p = argparse.ArgumentParser(prog=f"mlx-spec-bench {subcommand}",
+                                description=doc.split("\n")[0])
+    a = p.add_argument
+    a("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+      help=f"Where the files go (default {DEFAULT_RESULTS_DIR}/, ignored by git).")
+    a("--tag", help="Appended to the results' file name.")
+    if api:
+        a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
+        a("--api-key", help="Bearer key for the server(s).")
+    if servers:
+        a("--server", type=named_url, metavar="[NAME=]URL", required=servers == "required",
+          help="Ours: ratios are ours over each other server's.")
+        a("--compare", type=named_url, action="append", default=[], metavar="[NAME=]URL",
+          help="Another server to compare with (repeatable).")
+    return p
+
+
+def check(p: argparse.ArgumentParser, rules: list[tuple[object, str]]) -> None:
+    """Exit through `p.error` with the message of the first rule that is true."""
+    for bad, message in rules:
+        if bad:
+            p.error(message)
+
+
+def auth(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def command_line(subcommand: str, argv: Sequence[str]) -> str:
@@ -68,12 +95,7 @@ def command_line(subcommand: str, argv: Sequence[str]) -> str:
 def environment(**models) -> dict:
     """Date, machine, cores, versions, git commit; plus the models named by the caller."""
     import mlx.core as mx
-
-    def version(pkg: str) -> str | None:
-        try:
-            return importlib_metadata.version(pkg)
-        except importlib_metadata.PackageNotFoundError:
-            return None
+    import mlx_lm
 
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -83,7 +105,7 @@ def environment(**models) -> dict:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.machine(),
             "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
             "os": platform.platform(), "python": platform.python_version(),
-            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"),
+            "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
             "mlx_device": str(mx.default_device()), "git_commit": commit, **models}
 
 
@@ -117,8 +139,8 @@ class ResultsWriter:
 
     def finish(self, command: str, metadata: dict, rows: list[dict], *,
                plot: Callable[..., object] | None = None, **extra) -> dict:
-        """The `.csv`, the plot (`plot(rows, path, title=...)`; matplotlib is imported only
-        then, so a missing one costs the picture, not the data) and the `.json`."""
+        """The `.csv`, the plot (`plot(rows, path, title=...)`: a failed one costs only the
+        picture) and the `.json`."""
         self._jsonl.close()
         self._write_csv(rows)
         written = {ext: self.paths[ext] for ext in ("jsonl", "csv")}
@@ -146,22 +168,20 @@ class ResultsWriter:
 
 
 def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[dict],
-         table: Callable[[list[dict]], list[list[str]]], **extra) -> dict:
-    """Write the files of rows measured in one go, print their table and the files."""
+         table: Callable[[list[dict]], list[list[str]]], *, writer: ResultsWriter | None = None,
+         footer: str = "", **extra) -> dict:
+    """Write the files (the rows already in `writer` if given); print the table and the files."""
     from server.bench.report import aligned
 
-    writer = ResultsWriter(args.results_dir, subcommand, args.tag)
-    for row in rows:
-        writer.write_row(row)
+    if writer is None:
+        writer = ResultsWriter(args.results_dir, subcommand, args.tag)
+        for row in rows:
+            writer.write_row(row)
     written = writer.finish(command_line(subcommand, argv), metadata, rows, **extra)
-    print_results(aligned(table(rows)), written)
-    return written
-
-
-def print_results(text: str, written: dict) -> None:
-    print(f"\n{text}\n")
+    print(f"\n{aligned(table(rows))}{footer}\n")
     for path in written.values():
         print(f"wrote {path}")
+    return written
 
 
 @dataclass(frozen=True)

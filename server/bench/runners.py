@@ -1,19 +1,11 @@
 """Who runs a generation: the engine in this process, synthetic numbers (`--dry-run`), or a
-server over HTTP; and how a server's token stream is read, in each of the three APIs.
+server over HTTP (`--api chat|responses|messages`); and how a server's token stream is read.
 
-tok/s is measured on the client, the same way for every server: (n - 1) / (t_last - t_first)
-over the token arrivals. Our server flags each token with `from_draft` and ends with `stats`;
-`mlx_lm.server` sends a chunk when text is ready, so there n comes from the usage chunk and
-acceptance and peak memory are unknown. Its baseline asks for `"draft_model": null` (0 draft
-tokens still runs its speculative loop), which reloads the target before the first token, outside
-the timed span.
-
-| `--api` | endpoint | a token | the end |
-| --- | --- | --- | --- |
-| `chat` | `/v1/chat/completions` | a chunk's `choices[0].delta.content`, `from_draft` | `stats` on the `finish_reason` chunk; `[DONE]` |
-| `responses` | `/v1/responses` | `response.output_text.delta`: `delta`, `from_draft` | `response.completed` (or `.incomplete`): `response.stats`, `response.usage` |
-| `messages` | `/v1/messages` | `content_block_delta` (`text_delta`): `delta.text`, `from_draft` | `message_delta`: `stats`, `usage`; `message_stop` |
-"""  # noqa: E501
+tok/s is measured on the client alike for every server: (n - 1) / (t_last - t_first) over the
+token arrivals. Ours flags each token with `from_draft` and ends with `stats`; `mlx_lm.server`
+sends a chunk when text is ready (n from its usage; acceptance and memory unknown), and its
+baseline asks for `"draft_model": null`.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from server.bench.results import auth
 from server.engine.params import SpeculationParams
 
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
@@ -42,8 +35,7 @@ class ServerUnreachable(StreamFailed):
 
 
 def run_result(stats: dict | None = None, **measured) -> dict:
-    """One generation as measured: tokens, tps, ttft_s, peak_gb, prompt_tokens, from_draft,
-    proposed, accepted, rounds, finish_reason; from our `stats` where given (None: unknown)."""
+    """One generation as measured, from our `stats` where given (None: unknown)."""
     out = dict.fromkeys(("tokens", "tps", "ttft_s", "peak_gb", "prompt_tokens", "from_draft",
                          "proposed", "accepted", "rounds", "finish_reason"))
     if stats is not None:
@@ -149,8 +141,7 @@ class Stream:
     def _token(self, now: float, text: str | None, flag: bool | None) -> None:
         if flag is not None:  # ours: one event per token, text or not
             self.from_draft = (self.from_draft or 0) + bool(flag)
-            self.arrivals.append(now)
-        elif text:  # others: an event whenever text is ready
+        if flag is not None or text:  # others: an event whenever text is ready
             self.arrivals.append(now)
         if text:
             self.text.append(text)
@@ -174,8 +165,7 @@ def error_message(response: httpx.Response) -> str:
 
 
 def server_health(name: str, url: str) -> dict:
-    """What a server says of itself: our /health names the target (the model id the Responses
-    and Messages APIs want), mlx_lm.server's does not."""
+    """GET /health; ours names the target (the model id the Responses and Messages APIs want)."""
     out: dict = {"name": name, "url": url}
     try:
         health = httpx.get(f"{url}/health", timeout=10)
@@ -224,8 +214,7 @@ class EngineRunner:
     def describe(self) -> dict:
         models = {"target": self.kit.target, "draft": self.kit.draft}
         return {"label": self.label, "kind": "engine", "models": {
-            role: {"path": m.path, "parameters": m.parameter_count(),
-                   "memory_gb": m.nbytes() / 1e9, "model_type": m.config.get("model_type")}
+            role: {"path": m.path, "parameters": m.parameter_count()}
             for role, m in models.items() if m is not None}}
 
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
@@ -252,11 +241,8 @@ class EngineRunner:
 
 
 def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
-    """c: one draft-model forward token's time over one target forward token's.
-
-    Single-token decode steps after a short prefill, the two models alternating so that both
-    see the same machine load; the ratio of the medians, the first two steps dropped.
-    """
+    """c: a draft forward token's time over the target's; decode steps after a short prefill,
+    the models alternating (the same machine load), medians, the first two steps dropped."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -321,8 +307,7 @@ class HttpRunner:
         self.url = self.label = url.rstrip("/").removesuffix("/v1")
         self.speculation, self.temperature, self.api = speculation, temperature, api
         self.loop = asyncio.new_event_loop()  # one client, its connection kept alive
-        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers={
-            "Authorization": f"Bearer {api_key}"} if api_key else {})
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth(api_key))
         try:  # a server that does not answer is an error, not an mlx_lm.server
             self.health = self._get("/health")
         except httpx.HTTPError as e:
@@ -337,12 +322,9 @@ class HttpRunner:
         except ValueError:
             return {}
 
-    def describe(self) -> dict:
-        # mlx_lm.server's /v1/models scans the Hugging Face cache (and can fail): ask ours only.
-        models = self._get("/v1/models").get("data", []) if self.flavor == "ours" else []
+    def describe(self) -> dict:  # our /health names the target and the draft
         return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,
-                "health": self.health, "acceptance_reported": self.flavor == "ours",
-                "models": [{k: m.get(k) for k in ("id", "role", "path")} for m in models]}
+                "health": self.health, "acceptance_reported": self.flavor == "ours"}
 
     def request_body(self, cell, *, max_tokens: int, seed: int) -> dict:
         extra: dict = {"seed": seed} if self.temperature > 0 else {}

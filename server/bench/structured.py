@@ -1,17 +1,9 @@
 """`mlx-spec-bench structured`: what a grammar costs, and whether speculation pays under one.
 
-    mlx-spec-bench structured [--target-model DIR] [--draft-model DIR|lookup]
-        [--drafter model|prompt_lookup|hybrid] [--k 4] [--max-tokens 200] [--reps 3]
-
-Through the whole request path (an in-process app: request mapping, grammar, scheduler), greedy,
-one request at a time, the medians of `--reps` runs:
-1. the constraint's cost: tok/s under a JSON schema against free text forced to the same length
-   (`ignore_eos`), no draft; and the grammar's own time per token (`allowed()` + `consume()`
-   replayed over the constrained output), in microseconds;
-2. speculation: tok/s with drafts over without, acceptance, and whether the text is the same,
-   under the schema and on free text.
-Defaults: the converted SmolLM2 target with the shipped draft (`models/smollm2-draft`), else
-prompt lookup (`--draft-model lookup`); the demo pair when SmolLM2 is missing.
+Through an in-process app, greedy, medians of `--reps` runs: tok/s under a JSON schema against
+free text of the same length (`ignore_eos`), then tok/s with drafts over without, acceptance
+and whether the text is the same. Defaults: SmolLM2 with `models/smollm2-draft` (else prompt
+lookup), or the demo pair when SmolLM2 is missing.
 """
 
 from __future__ import annotations
@@ -19,24 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import time
 from pathlib import Path
-from typing import get_args
 
 from server.bench import results
 from server.bench.report import num
-from server.engine.params import DraftSource
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
 DEFAULT_DRAFT = Path("models/smollm2-draft")
 DEMO = Path("models/demo")
-PROMPT = ("List eight famous scientists with the year each was born, as a JSON array of "
-          "objects with the keys name and born.")
-SCHEMA = {"type": "array", "minItems": 8, "maxItems": 8, "items": {
-    "type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "born": {"type": "integer", "minimum": 1000, "maximum": 2024}},
-    "required": ["name", "born"], "additionalProperties": False}}
+PROMPT, SCHEMA = results.PROMPTS["structured"]["prompt"], results.PROMPTS["structured"]["schema"]
 
 
 def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None, str]:
@@ -76,24 +59,7 @@ async def measure(client, request: dict, reps: int) -> dict:
             "tokens": runs[-1]["usage"]["completion_tokens"], "stats": runs[-1]["stats"]}
 
 
-def grammar_us_per_token(tokenizer, text: str) -> float:
-    """The grammar's own time per token: allowed() + consume(), replayed over `text`; best of 5."""
-    from server.engine.grammar import grammars_for
-
-    tokens = tokenizer.encode(text, add_special_tokens=False)
-    grammar = grammars_for(tokenizer).json_schema(SCHEMA)
-    best = float("inf")
-    for _ in range(5):
-        constraint = grammar()
-        t0 = time.perf_counter()
-        for token in tokens:
-            constraint.allowed()
-            constraint.consume([token])
-        best = min(best, (time.perf_counter() - t0) / max(len(tokens), 1))
-    return best * 1e6
-
-
-async def measure_all(client, tokenizer, args, drafter: str) -> list[dict]:
+async def measure_all(client, args, drafter: str) -> list[dict]:
     await measure(client, body(8, schema=True, drafter=None, k=0), 1)  # warm-up
     plain = {True: await measure(client, body(args.max_tokens, schema=True, drafter=None, k=0),
                                  args.reps)}
@@ -108,9 +74,7 @@ async def measure_all(client, tokenizer, args, drafter: str) -> list[dict]:
         output = "JSON schema" if schema else "free text"
         rows.append({"output": output, "drafts": "none", "tokens": plain[schema]["tokens"],
                      "tps": plain[schema]["tps"],
-                     "vs_free_text": plain[schema]["tps"] / plain[False]["tps"],
-                     "grammar_us_per_token": grammar_us_per_token(
-                         tokenizer, plain[True]["text"]) if schema else None})
+                     "vs_free_text": plain[schema]["tps"] / plain[False]["tps"]})
         rows.append({"output": output, "drafts": f"{drafter} k={args.k}",
                      "tokens": spec["tokens"], "tps": spec["tps"],
                      "speedup": spec["tps"] / plain[schema]["tps"],
@@ -127,17 +91,13 @@ async def run(args) -> tuple[list[dict], dict]:
     from server.http.app import build_engine, create_app
 
     target, draft, drafter = pick_models(args.target_model, args.draft_model)
-    if args.drafter is not None:
-        if draft is None and args.drafter != "prompt_lookup":
-            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
-        drafter = args.drafter
     settings = Settings.load(None, models={"model": target, "draft_model": draft})
     engine = build_engine(settings)
     engine.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
                 settings, engine)), base_url="http://bench", timeout=600) as client:
-            rows = await measure_all(client, engine.tokenizer, args, drafter)
+            rows = await measure_all(client, args, drafter)
     finally:
         engine.stop()
     return rows, {"target_model": target, "draft_model": draft, "drafter": drafter}
@@ -145,30 +105,25 @@ async def run(args) -> tuple[list[dict], dict]:
 
 def table(rows: list[dict]) -> list[list[str]]:
     lines = [["output", "drafts", "tokens", "tok/s", "vs free text", "speedup", "acceptance",
-              "mean accepted", "same text", "grammar us/token"]]
+              "mean accepted", "same text"]]
     for r in rows:
         same = r.get("same_text")
         lines.append([r["output"], r["drafts"], str(r["tokens"]), num(r["tps"], ".1f"),
                       num(r.get("vs_free_text"), ".2f", suffix="x"),
                       num(r.get("speedup"), ".2f", suffix="x"), num(r.get("acceptance"), ".2f"),
                       num(r.get("mean_accepted_length"), ".2f"),
-                      "-" if same is None else str(same).lower(),
-                      num(r.get("grammar_us_per_token"), ".0f")])
+                      "-" if same is None else str(same).lower()])
     return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench structured",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--target-model", help="Target (default: SmolLM2, else the demo target).")
-    p.add_argument("--draft-model", help="A draft model folder, or 'lookup'.")
-    p.add_argument("--drafter", choices=get_args(DraftSource),
-                   help="The requests' draft (default: model with a draft model, else "
-                        "prompt_lookup).")
-    p.add_argument("--k", type=int, default=4, help="Draft tokens per round (4).")
-    p.add_argument("--max-tokens", type=int, default=200, help="Tokens per request (200).")
-    p.add_argument("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
-    results.add_output_args(p)
+    p = results.parser("structured", __doc__)
+    a = p.add_argument
+    a("--target-model", help="Target (default: SmolLM2, else the demo target).")
+    a("--draft-model", help="A draft model folder, or 'lookup'.")
+    a("--k", type=int, default=4, help="Draft tokens per round (4).")
+    a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
+    a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
     return p
 
 

@@ -1,12 +1,9 @@
 """`mlx-spec-bench sweep`: sweep the draft length k and see whether speculation pays.
 
-For each prompt kind: a baseline (no draft) and one cell per k, each `--warmup` runs then
-`--reps` measured runs, greedy by default, the same models and prompt tokens in every cell.
-Runs the engine in this process, or any OpenAI-compatible server (`--server URL`, through
-`--api chat|responses|messages`), or two servers interleaved cell by cell (`--compare URL2`).
-Prints the table and the verdicts P1 (some k beats the baseline, IQRs apart), P2 (tok/s vs k
-peaks inside the k swept) and P3 (acceptance is higher on `structured` than on `open_ended`);
-writes `sweep-<stamp>[-tag].{jsonl,csv,json,png}`.
+Per prompt kind: a baseline (no draft) and a cell per k, `--warmup` then `--reps` runs each,
+greedy by default; in this process, through a server (`--server`), or two interleaved
+(`--compare`). Verdicts: P1 some k beats the baseline (IQRs apart), P2 tok/s vs k peaks inside
+the k swept, P3 acceptance is higher on `structured` than on `open_ended`.
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ from pathlib import Path
 from typing import get_args
 
 from server.bench import results
-from server.bench.report import aligned, num
+from server.bench.report import num
 from server.bench.results import ratio, summarize
-from server.bench.runners import API_PATHS, TIMEOUT_S, ServerUnreachable
+from server.bench.runners import TIMEOUT_S, ServerUnreachable
 from server.engine.params import DraftSource, SpeculationParams
 
 DEFAULT_MAX_TOKENS = 320
@@ -31,35 +28,10 @@ DEFAULT_WARMUP = 1
 DEFAULT_DRAFT_TOKENS = (1, 2, 4, 8, 16)
 DEFAULT_PROMPT_KINDS = ("structured", "open_ended")
 
-STRUCTURED = ("Write a Python module with a function `binary_search(items, target)` that "
-              "returns the index of `target` in the sorted list `items` or -1, and three small "
-              "utility functions: `clamp(value, low, high)`, `chunked(items, size)` and "
-              "`is_palindrome(text)`. Give each function a docstring and type hints.")
-OPEN_ENDED = ("Write a short reflection on what makes a day feel well spent. Speak from "
-              "experience, in a few paragraphs of plain prose.")
-_REPEAT_EDIT_CODE = (  # a 45-line Python module
-    "import json\nfrom dataclasses import dataclass, field\nfrom pathlib import Path\n\n\n"
-    "@dataclass\nclass Task:\n    name: str\n    done: bool = False\n"
-    "    tags: list[str] = field(default_factory=list)\n\n\nclass TaskList:\n"
-    "    def __init__(self, path: Path):\n        self.path = path\n"
-    "        self.tasks: list[Task] = []\n\n    def load(self) -> None:\n"
-    "        if not self.path.exists():\n            return\n"
-    "        data = json.loads(self.path.read_text())\n"
-    "        self.tasks = [Task(**item) for item in data]\n\n    def save(self) -> None:\n"
-    "        data = [vars(task) for task in self.tasks]\n"
-    "        self.path.write_text(json.dumps(data, indent=2))\n\n"
-    "    def add(self, name: str, *tags: str) -> Task:\n"
-    "        task = Task(name, tags=list(tags))\n        self.tasks.append(task)\n"
-    "        return task\n\n    def complete(self, name: str) -> bool:\n"
-    "        for task in self.tasks:\n            if task.name == name:\n"
-    "                task.done = True\n                return True\n        return False\n\n"
-    "    def pending(self) -> list[Task]:\n"
-    "        return [task for task in self.tasks if not task.done]\n\n"
-    "    def tagged(self, tag: str) -> list[Task]:\n"
-    "        return [task for task in self.tasks if tag in task.tags]\n"
-)
-REPEAT_EDIT = ("Repeat this code exactly, with one change: rename the method `pending` to "
-               f"`open_tasks`.\n\n```python\n{_REPEAT_EDIT_CODE}```")
+_PROMPTS = results.PROMPTS["sweep"]
+STRUCTURED, OPEN_ENDED = _PROMPTS["structured"], _PROMPTS["open_ended"]
+REPEAT_EDIT = (f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n"
+               f"{_PROMPTS['repeat_edit_code']}```")
 PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": REPEAT_EDIT}
 
 
@@ -84,9 +56,8 @@ def plan_cells(kinds: list[str], draft_tokens: list[int]) -> list[Cell]:
 
 
 def theoretical_speedup(a: float, k: float, c: float) -> float:
-    """Expected speedup of speculative decoding (Leviathan et al. 2023, eq. 1): `a` the
-    probability that a drafted token is accepted, `k` tokens drafted per round, `c` a draft
-    forward's cost over the target's. A round costs 1 + k*c and yields (1 - a^(k+1)) / (1 - a)."""
+    """Speculative decoding's expected speedup (Leviathan et al. 2023, eq. 1), `a` the per-token
+    acceptance, `c` a draft forward's cost over the target's: (1 - a^(k+1)) / (1 - a) / (1 + kc)."""
     if not 0.0 <= a <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {a}")
     tokens_per_round = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
@@ -94,12 +65,8 @@ def theoretical_speedup(a: float, k: float, c: float) -> float:
 
 
 def per_token_acceptance(rate: float, k: float) -> float:
-    """The `a` of `theoretical_speedup` from a measured accepted/proposed `rate`.
-
-    A round stops at its first rejection, so under the model accepted/proposed =
-    a (1 - a^k) / (k (1 - a)), increasing in a; inverted by bisection. Then
-    theoretical_speedup(a, k, c) == (1 + rate * k) / (1 + k * c).
-    """
+    """The `a` of `theoretical_speedup` from a measured accepted/proposed `rate`: a round stops
+    at its first rejection, so rate = a (1 - a^k) / (k (1 - a)), inverted by bisection."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"rate must be in [0, 1], got {rate}")
     if rate in (0.0, 1.0) or k <= 1:
@@ -192,9 +159,11 @@ def verdicts(rows: list[dict]) -> list[Verdict]:
 
 def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
     """One row: medians, IQRs and robust CVs of the reps, plus pooled draft counts."""
-    tps, peak = summarize([r["tps"] for r in runs]), summarize([r["peak_gb"] for r in runs])
-    rate = summarize([ratio(r["accepted"], r["proposed"]) for r in runs])
-    frac = summarize([ratio(r["from_draft"], r["tokens"]) for r in runs])
+    tps = summarize([r["tps"] for r in runs])
+
+    def spread(name: str, values: list) -> dict:
+        s = summarize(values)
+        return {f"{name}_median": s.median, f"{name}_iqr": s.iqr}
 
     def total(key: str) -> int | None:
         vals = [r[key] for r in runs]
@@ -203,17 +172,16 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
     proposed, accepted, rounds = total("proposed"), total("accepted"), total("rounds")
     spec = cell.k > 0
     return {
-        "server": server, "kind": cell.kind, "k": cell.k,
-        "drafter": args.draft if spec else None,
+        "server": server, "kind": cell.kind, "k": cell.k, "drafter": args.draft if spec else None,
         "acceptance_rule": args.acceptance if spec else None,
         "adaptive": args.adaptive if spec else None, "temperature": args.temp,
         "max_tokens": args.max_tokens, "reps": len(runs), "warmup": args.warmup, "error": error,
         "tps_median": tps.median, "tps_iqr": tps.iqr, "tps_q1": tps.q1, "tps_q3": tps.q3,
         "tps_cv": tps.cv, "flagged": tps.noisy,
         "speedup": None, "theory": None, "alpha": None, "cost_ratio": None,
-        "accept_rate_median": rate.median, "accept_rate_iqr": rate.iqr,
-        "from_draft_median": frac.median, "from_draft_iqr": frac.iqr,
-        "peak_gb_median": peak.median, "peak_gb_iqr": peak.iqr,
+        **spread("accept_rate", [ratio(r["accepted"], r["proposed"]) for r in runs]),
+        **spread("from_draft", [ratio(r["from_draft"], r["tokens"]) for r in runs]),
+        **spread("peak_gb", [r["peak_gb"] for r in runs]),
         "tokens_median": summarize([r["tokens"] for r in runs]).median,
         "prompt_tokens": runs[0]["prompt_tokens"] if runs else None,
         "ttft_median": summarize([r["ttft_s"] for r in runs]).median,
@@ -244,8 +212,7 @@ def run_cell(runner, cell: Cell, args) -> dict:
         for i in range(args.reps):
             runs.append(runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i))
     except Exception as e:  # a failed cell is data: record it, go on with the sweep
-        return cell_row(cell, [], server=runner.label, args=args,
-                        error=f"{type(e).__name__}: {e}")
+        return cell_row(cell, [], server=runner.label, args=args, error=f"{type(e).__name__}: {e}")
     return cell_row(cell, runs, server=runner.label, args=args)
 
 
@@ -339,11 +306,10 @@ def _kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench sweep", description=__doc__.split("\n")[0])
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = results.parser("sweep", __doc__, api=True)
     a = p.add_argument
-    a("--target-model", help="Target (default: models/demo/target, else the generated pair). "
-      "With --server: only to measure c on this machine.")
+    a("--target-model", help="Target (default: models/demo/target, else the generated pair).")
     a("--draft-model", help="Draft model (default: the target's pair).")
     a("--draft-tokens", type=results.int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
       help="Draft lengths to sweep (default 1,2,4,8,16).")
@@ -369,20 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cost-ratio", type=float, help="Draft/target cost per token, c (default: measured).")
     a("--server", metavar="URL", help="Run the cells through this OpenAI-compatible server.")
     a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
-    a("--api", choices=list(API_PATHS), default="chat",
-      help="With --server: the streaming API used (default chat).")
-    a("--api-key", help="Bearer key for the server(s).")
     a("--timeout", type=float, default=TIMEOUT_S,
       help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
     a("--dry-run", action="store_true", help="Synthetic rows through the same writer.")
-    results.add_output_args(p)
-    return p
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = build_parser()
     args = p.parse_args(argv)
-    for bad, message in [
+    results.check(p, [
         (args.reps < 1, "--reps must be >= 1"), (args.warmup < 0, "--warmup must be >= 0"),
         (args.max_tokens < 2, "--max-tokens must be >= 2 (tok/s needs two tokens)"),
         (args.temp < 0, "--temp must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
@@ -392,9 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (not (args.server or args.dry_run) and args.draft != "prompt_lookup"
          and args.target_model and not args.draft_model,
          "--target-model needs --draft-model (or --draft prompt_lookup)"),
-    ]:
-        if bad:
-            p.error(message)
+    ])
     if args.smoke:
         args.reps, args.warmup = 1, 0
         args.prompt_kinds, args.draft_tokens = args.prompt_kinds[:1], args.draft_tokens[:2]
@@ -402,13 +357,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
-    if args.target_model is None:
+    target, draft = args.target_model, args.draft_model
+    if target is None:
         from server.model_files.bundled import demo_or_generated_pair
 
-        target, draft = demo_or_generated_pair()
-        draft = args.draft_model or draft
-    else:
-        target, draft = args.target_model, args.draft_model
+        target, paired = demo_or_generated_pair()
+        draft = draft or paired
     return target, (None if args.draft == "prompt_lookup" else draft)
 
 
@@ -432,31 +386,21 @@ def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
     else:
         target, draft = resolve_models(args)
         print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
-        return [r.EngineRunner(target, draft, speculation=speculation_of(args),
-                               temperature=args.temp)], {"target_model": target,
-                                                         "draft_model": draft}
+        runner = r.EngineRunner(target, draft, speculation=speculation_of(args),
+                                temperature=args.temp)
+        return [runner], {"target_model": target, "draft_model": draft}
     if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
         made[1].label += " (again)"
     return made, {"target_model": args.target_model, "draft_model": args.draft_model}
 
 
 def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
-    """c for the theory column: given, measured on the loaded models, or N/A."""
+    """c for the theory column: given, measured on the loaded models, or N/A (servers)."""
     if args.cost_ratio is not None:
         return args.cost_ratio
     if args.draft == "prompt_lookup":
         return 0.0
-    if hasattr(runners[0], "cost_ratio"):
-        return runners[0].cost_ratio()
-    if args.target_model and args.draft_model:  # servers: measure the same pair here
-        from server.bench.runners import measure_cost_ratio
-        from server.engine.model_kit import ModelKit, load_model
-
-        target = load_model(args.target_model)
-        c = measure_cost_ratio(target.model, load_model(args.draft_model, dequantize=True).model)
-        ModelKit._free()
-        return c
-    return None
+    return runners[0].cost_ratio() if hasattr(runners[0], "cost_ratio") else None
 
 
 def main(argv: list[str]) -> int:
@@ -488,8 +432,7 @@ def main(argv: list[str]) -> int:
             runner.close()
     found = verdicts(rows)
     meta["elapsed_s"] = round(time.time() - started, 2)
-    written = writer.finish(results.command_line("sweep", argv), meta, rows, plot=plot,
-                            verdicts=[asdict(v) for v in found])
-    results.print_results(aligned(table(rows)) + "\n\n" + "\n".join(v.line() for v in found),
-                          written)
+    results.save("sweep", argv, args, meta, rows, table, writer=writer, plot=plot,
+                 footer="\n\n" + "\n".join(v.line() for v in found),
+                 verdicts=[asdict(v) for v in found])
     return 130 if meta.get("interrupted") else 0
