@@ -1,6 +1,6 @@
 """`mlx-spec-bench`'s subcommands end to end: the dispatcher, `--api` for each of the three
 streaming APIs against a fake of our server (`fake_bench_server`), `load` (with `--pid`),
-`chat`, `held-out` and `structured` on the tiny pair, and `report`."""
+`chat`, `held-out`, `structured` and `load --in-process` on the tiny pair, and `report`."""
 
 from __future__ import annotations
 
@@ -246,9 +246,27 @@ def test_structured_on_the_tiny_pair(tiny_pair, tmp_path):
         assert plain["tokens"] == spec["tokens"] == rows[2]["tokens"]
 
 
+@pytest.mark.slow
+def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path):
+    target, draft = tiny_pair
+    assert load.main(["--in-process", "--target-model", str(target), "--draft-model",
+                      str(draft), "--concurrency", "2", "--runs", "2", "--max-tokens", "6",
+                      "--results-dir", str(tmp_path)]) == 0
+    rows = result(tmp_path, "load")["rows"]
+    assert [r["server"] for r in rows] == ["ours+draft", "ours", "mlx_lm"]
+    assert all(r["aggregate_tps"] > 0 and len(r["aggregate_tps_runs"]) == 2 for r in rows)
+    assert rows[0]["ratio_aggregate"] is None  # ours with the draft over each other
+    assert rows[2]["ratio_aggregate"] == pytest.approx(rows[0]["aggregate_tps"]
+                                                       / rows[2]["aggregate_tps"])
+    assert all(r["all_answered"] and r["tokens"] == 2 * 2 * 6 for r in rows)
+    assert 0 < rows[0]["from_draft_fraction"] < 1 and rows[1]["from_draft_fraction"] == 0
+    assert rows[2]["from_draft_fraction"] is None
+
+
 @pytest.mark.parametrize("argv", [
-    [], ["--server", "http://a", "--runs", "0"],
+    [], ["--in-process", "--server", "http://a"], ["--server", "http://a", "--runs", "0"],
     ["--server", "http://a", "--pid", "other=1"], ["--server", "http://a", "--pid", "x"],
+    ["--in-process", "--target-model", "t"],
 ])
 def test_load_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -1,10 +1,14 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
+`--in-process` runs our scheduler (with and without the draft) against mlx_lm's BatchGenerator,
+without HTTP.
+
 At each concurrency level C, C clients stream one distinct greedy request each, at once; the
 servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
 the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the
 draft's share (`from_draft`), errors, and with `--pid` the peak RSS (VmHWM). Ratios: ours (the
-`--server`) over each other server's.
+`--server`) over each other server's. `--in-process`: our scheduler with and without the draft
+against `mlx_lm`'s `BatchGenerator`, no HTTP.
 """
 
 from __future__ import annotations
@@ -159,6 +163,79 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
     return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
 
 
+def in_process(args, on_row, log) -> list[dict]:
+    """Ours with and without the draft against `BatchGenerator`, C requests at once."""
+    from mlx_lm import load as mlx_load
+
+    from server.engine.model_kit import ModelKit, load_model
+    from server.model_files.bundled import generated_pair
+
+    target, draft = (args.target_model, args.draft_model) if args.target_model else \
+        generated_pair()
+    with_draft = ModelKit(load_model(target))
+    with_draft.load_draft(draft)
+    model, tokenizer = mlx_load(target)
+    batch = max(args.concurrency)
+    engines = {"ours+draft": _ours(with_draft, batch, args.max_tokens),
+               "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
+               "mlx_lm": _batch_generator(model, args.max_tokens)}
+
+    async def measure(name: str, concurrency: int, first: int) -> dict:
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
+                                             add_generation_prompt=True)
+               for i in range(concurrency)]
+        return engines[name](ids)
+
+    for i in range(args.warmup):
+        for name in engines:
+            asyncio.run(measure(name, 1, i))
+
+    return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
+
+
+def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dict:
+    return {"requests": n, "completed": n, "errors": 0, "error_messages": [], "tokens": tokens,
+            "aggregate_tps": tokens / seconds, "from_draft_fraction": ratio(from_draft, tokens)}
+
+
+def _ours(kit, batch: int, max_tokens: int):
+    from server.engine.params import GenerationParams, SpeculationParams
+    from server.engine.scheduler import Scheduler, SchedulerConfig
+    from server.engine.sequence import Phase
+
+    scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
+    spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
+
+    def run(ids: list[list[int]]) -> dict:
+        seqs = [scheduler.submit(GenerationParams(tuple(p), max_tokens, speculation=spec),
+                                 lambda event: None) for p in ids]
+        start = time.perf_counter()
+        while any(s.phase is not Phase.DONE for s in seqs):
+            scheduler.step()
+        seconds, stats = time.perf_counter() - start, [s.stats() for s in seqs]
+        return _figures(len(ids), sum(s.generation_tokens for s in stats), seconds,
+                        sum(s.draft_tokens_accepted for s in stats))
+
+    return run
+
+
+def _batch_generator(model, max_tokens: int):
+    from mlx_lm.generate import BatchGenerator
+
+    def run(ids: list[list[int]]) -> dict:
+        gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
+        start = time.perf_counter()
+        gen.insert(ids, [max_tokens] * len(ids))
+        tokens = done = 0
+        while done < len(ids):
+            for r in gen.next_generated():
+                tokens += 1
+                done += r.finish_reason is not None
+        return _figures(len(ids), tokens, time.perf_counter() - start, None)
+
+    return run
+
+
 def table(rows: list[dict]) -> list[list[str]]:
     lines = [["streams", "server", "agg tok/s", "TTFT p50 s", "ITL p99 ms", "from draft",
               "peak GB", "answered", "agg ratio", "TTFT ratio", "ITL p99 ratio", "mem ratio"]]
@@ -180,7 +257,7 @@ def _pid(text: str) -> tuple[str, int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = results.parser("load", __doc__, api=True, servers="required")
+    p = results.parser("load", __doc__, api=True, servers="optional")
     a = p.add_argument
     a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
@@ -190,10 +267,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       help="Report this server process's peak RSS (VmHWM), read after each level.")
     a("--timeout", type=float, default=300.0, help="Seconds one request may take (300).")
     a("--warmup", type=int, default=1, help="Unmeasured short requests per server first (1).")
+    a("--in-process", action="store_true",
+      help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
+    a("--target-model", help="--in-process: the target (default: the generated pair's).")
+    a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
     args = p.parse_args(argv)
-    servers = [args.server, *args.compare]
+    servers = ([args.server] if args.server else []) + args.compare
     names = [name for name, _ in servers]
     results.check(p, [
+        (not args.in_process and not args.server, "--server is required (or --in-process)"),
+        (args.in_process and servers, "--in-process runs no server: drop --server/--compare"),
+        (bool(args.target_model) != bool(args.draft_model),
+         "--target-model and --draft-model go together"),
         (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
@@ -212,8 +297,12 @@ def main(argv: list[str]) -> int:
         writer.write_row(row)
         rows.append(row)
 
-    meta = {**results.environment(), "servers": [server_health(*s) for s in args.servers]}
-    args.models = {s["name"]: s["target"] for s in meta["servers"]}
-    asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
+    meta = results.environment(target_model=args.target_model, draft_model=args.draft_model)
+    if args.in_process:
+        in_process(args, on_row, log)
+    else:
+        meta["servers"] = [server_health(*s) for s in args.servers]
+        args.models = {s["name"]: s["target"] for s in meta["servers"]}
+        asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
     results.save("load", argv, args, meta, rows, table, writer=writer)
     return 0
