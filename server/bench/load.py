@@ -1,8 +1,5 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-`--in-process` runs our scheduler (with and without the draft) against mlx_lm's BatchGenerator,
-without HTTP.
-
 At each concurrency level C, C clients stream one distinct greedy request each, at once; the
 servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
 the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the
