@@ -57,9 +57,9 @@ async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
                                   error=f"timeout after {args.timeout:g}s"))
 
     timeout = httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S)
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout, headers=results.auth(args.api_key),
-                                 limits=limits, transport=transport) as client:
+    async with httpx.AsyncClient(
+            timeout=timeout, headers=results.auth(args.api_key),
+            limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
         await asyncio.gather(*(one_client(c) for c in range(concurrency)))
     return streams
 

@@ -12,9 +12,11 @@ import argparse
 import asyncio
 import statistics
 from pathlib import Path
+from typing import get_args
 
 from server.bench import results
 from server.bench.report import num
+from server.engine.params import DraftSource
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
 DEFAULT_DRAFT = Path("models/smollm2-draft")
@@ -91,6 +93,10 @@ async def run(args) -> tuple[list[dict], dict]:
     from server.http.app import build_engine, create_app
 
     target, draft, drafter = pick_models(args.target_model, args.draft_model)
+    if args.drafter is not None:
+        if draft is None and args.drafter != "prompt_lookup":
+            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
+        drafter = args.drafter
     settings = Settings.load(None, models={"model": target, "draft_model": draft})
     engine = build_engine(settings)
     engine.start()
@@ -121,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--target-model", help="Target (default: SmolLM2, else the demo target).")
     a("--draft-model", help="A draft model folder, or 'lookup'.")
+    a("--drafter", choices=get_args(DraftSource),
+      help="The requests' draft (default: model with a draft model, else prompt_lookup).")
     a("--k", type=int, default=4, help="Draft tokens per round (4).")
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
     a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
