@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "chat": "server.bench.chat",  # multi-turn TTFT, the prefix cache
     "held-out": "server.bench.held_out",  # drafting settings on held-out requests
     "structured": "server.bench.structured",  # a grammar's cost, speculation under it
+    "restart": "server.bench.restart",  # TTFT after a restart from the disk prefix cache
+    "distributed": "server.bench.distributed",  # a sharded target (mlx.launch) against one process
     "report": "server.bench.report",  # docs/benchmarks.md from docs/benchmarks.yaml
 }
 
@@ -38,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0].startswith("-") and not asked:
         argv = ["sweep", *argv]  # the sweep's flags alone: as before the subcommands
     if argv and argv[0] in SUBCOMMANDS:
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        status = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        return status if isinstance(status, int) else 0
     print(usage(), file=sys.stdout if asked else sys.stderr)
     if argv and not asked:
         print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
