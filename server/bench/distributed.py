@@ -1,6 +1,8 @@
-"""`python -m server.bench.distributed --target-model T [--draft-model D] [--ranks 2]`: the
-target sharded over `--ranks` processes (`mlx.launch --backend ring`, loopback) against one
-process, same pair, same engine (no HTTP), one run each; prints ratios.
+"""`mlx-spec-bench distributed`: a target sharded with mlx.launch against one process.
+
+`mlx-spec-bench distributed --target-model T [--draft-model D] [--ranks 2]`: the target sharded
+over `--ranks` processes (`mlx.launch --backend ring`, loopback) against one process, same
+pair, same engine (no HTTP), one run each; prints ratios.
 
 Measured in each layout:
 - decode tok/s of one greedy request (`--max-tokens`, EOS ignored), with the draft (k =
@@ -31,7 +33,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m server.bench.distributed",
+    p = argparse.ArgumentParser(prog="mlx-spec-bench distributed",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--target-model", required=True, help="Target model folder (sharded).")
     p.add_argument("--draft-model", default=None, help="Draft model folder (rank 0 only).")

@@ -1,4 +1,6 @@
-"""Time to first token of a long prompt after a restart, served from the disk prefix cache,
+"""`mlx-spec-bench restart`: time to first token after a restart, from the disk prefix cache.
+
+Time to first token of a long prompt after a restart, served from the disk prefix cache,
 against a cold prefill of it.
 
 In process (no HTTP): an engine with `cache.disk_dir` in a fresh folder answers the prompt
@@ -138,7 +140,7 @@ def tiny_models(folder: Path) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="restart", description=__doc__)
+    p = argparse.ArgumentParser(prog="mlx-spec-bench restart", description=__doc__)
     p.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="target model folder")
     p.add_argument("--draft-model", default=None, help="draft model folder (default: none)")
     p.add_argument("--tiny", action="store_true",
