@@ -9,8 +9,9 @@ bodies, the OpenAI SDK snippet, `python -m server.demo`, the bench smoke), and w
 to `OUT/<name>.json|txt` plus `OUT/meta.json` (date, machine, cores, models, commit).
 
 - `--write-readme` replaces what lies between `<!-- readme-example: NAME -->` and
-  `<!-- /readme-example -->` in README.md with the command and its captured output; the text
-  around the markers stays hand-written.
+  `<!-- /readme-example -->` in README.md with the command and its captured output (the text
+  around the markers stays hand-written), and captures the playground page answering into
+  docs/playground.png (scripts/ui_screenshot.py; needs Chromium).
 - `--check` compares each captured output with the README's block of the same name by shape
   (JSON keys, line structure; not numbers or generated text) and exits 1 on any difference, or
   when the README and this script do not name the same examples.
@@ -390,6 +391,18 @@ EXAMPLES = [
 NEEDS_DRAFT = {"load"}
 
 
+PLAYGROUND_PNG = Path("docs/playground.png")  # the README's picture of the page at /
+
+
+def screenshot(url: str, path: Path) -> None:
+    """The playground answering on the served models (scripts/ui_screenshot.py)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from ui_screenshot import capture_screenshot
+
+    capture_screenshot(url, path)
+    print(f"playground   {shown_path(path)}", file=sys.stderr, flush=True)
+
+
 # -- the server -----------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -571,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                           out=args.out, python=sys.executable)
             names = set(args.only.split(",")) if args.only else None
             done = run_examples(ctx, names, sys.stderr)
+            if args.write_readme and not names:
+                screenshot(url, ROOT / PLAYGROUND_PNG)
     finally:
         stop_server(proc)
     import mlx.core as mx
