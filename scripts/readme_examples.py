@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import socket
 import subprocess
 import sys
@@ -54,8 +53,6 @@ STREAM_BODY = {
     "messages": [{"role": "user", "content": "Write a Python function `add(a, b)`"}],
     "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True},
 }
-COMPLETION_BODY = {"prompt": "def fibonacci(n):", "max_tokens": 32}
-DEMO_PROMPT = "Write a Python function `is_palindrome(s)`"
 SDK_SNIPPET = '''\
 from openai import OpenAI
 
@@ -76,15 +73,6 @@ for chunk in client.chat.completions.create(
     if chunk.choices and chunk.choices[0].finish_reason is None:
         print(repr(chunk.choices[0].delta.content), chunk.choices[0].model_extra["from_draft"])
 '''
-METRICS_SHOWN = (  # the excerpt of GET /metrics the README shows (no HELP/TYPE lines)
-    "mlx_spec_completions_total", "mlx_spec_generated_tokens_total",
-    "mlx_spec_prompt_tokens_total", "mlx_spec_time_to_first_token_seconds_count",
-    "mlx_spec_spec_decode_num_drafts_total", "mlx_spec_spec_decode_num_draft_tokens_total",
-    "mlx_spec_spec_decode_num_accepted_tokens_total",
-    "mlx_spec_spec_decode_num_accepted_tokens_per_pos_total",
-    "mlx_spec_prefix_cache_queries_total", "mlx_spec_prefix_cache_hits_total",
-    "mlx_spec_queue_depth", "mlx_spec_running_requests",
-)
 
 
 # -- shapes: what must stay the same between the README and a fresh run ------------------------
@@ -119,40 +107,6 @@ def shape_of_sse(text: str):
         else:
             out.append(json_shape(json.loads(line.removeprefix("data: "))))
     return out
-
-
-def shape_of_labels(text: str):
-    """The loading lines before the text and the stats lines after it, without their numbers
-    and paths; the generated text in between (which may hold any line) does not count."""
-    lines = text.splitlines()
-    loading = re.compile(r"(Loading (?:draft )?model from|Model loaded|Draft model loaded)")
-    head = []
-    for line in lines:
-        m = loading.match(line)
-        if not m:
-            break
-        head.append(m.group(1))
-    starts = [i for i, line in enumerate(lines) if line == "Generation stats:"]
-    tail = [re.sub(r":.*", ":", line) for line in lines[starts[-1]:]] if starts else []
-    return head + tail
-
-
-def shape_of_metrics(text: str):
-    """The metric names shown (which labels and how many series depend on the traffic)."""
-    return sorted({re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line})
-
-
-def shape_of_bench(text: str):
-    """The table's header, its row labels (kind, k) and the verdict ids."""
-    lines = text.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("kind"))
-    rows = []
-    for line in lines[header + 2:]:
-        if not line.strip():
-            break
-        rows.append(line.split()[:2])
-    verdicts = [line.split()[0] for line in lines if re.match(r"P\d ", line)]
-    return [re.split(r"\s{2,}", lines[header]), rows, verdicts]
 
 
 def shape_of_sdk(text: str):
@@ -205,19 +159,6 @@ def post(ctx: Context, path: str, body: dict) -> dict:
     return r.json()
 
 
-def chat(ctx: Context) -> str:
-    return pretty(post(ctx, "/v1/chat/completions", CHAT_BODY))
-
-
-CACHED_FILTER = "{usage, cached_tokens: .stats.cached_tokens, ttft_s: .stats.ttft_s}"
-
-
-def chat_cached(ctx: Context) -> str:
-    r = post(ctx, "/v1/chat/completions", CHAT_BODY)
-    return pretty({"usage": r["usage"], "cached_tokens": r["stats"]["cached_tokens"],
-                   "ttft_s": r["stats"]["ttft_s"]})
-
-
 def stream(ctx: Context) -> str:
     lines = []
     with ctx.client.stream("POST", ctx.url + "/v1/chat/completions", json=STREAM_BODY) as r:
@@ -225,10 +166,6 @@ def stream(ctx: Context) -> str:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     (ctx.out / "stream-full.txt").write_text("\n".join(lines) + "\n")
     return "\n".join(lines[:2] + ["..."] + lines[-3:])
-
-
-def completion(ctx: Context) -> str:
-    return pretty(post(ctx, "/v1/completions", COMPLETION_BODY))
 
 
 def sdk_code(ctx: Context) -> str:
@@ -248,41 +185,6 @@ def get(ctx: Context, path: str) -> httpx.Response:
     r = ctx.client.get(ctx.url + path)
     r.raise_for_status()
     return r
-
-
-def metrics(ctx: Context) -> str:
-    lines = get(ctx, "/metrics").text.splitlines()
-    return "\n".join(line for line in lines
-                     if re.split(r"[{ ]", line, maxsplit=1)[0] in METRICS_SHOWN)
-
-
-def admin(method: str, path: str, body: Callable[[Context], dict] | None = None):
-    def run(ctx: Context) -> str:
-        r = ctx.client.request(method, ctx.url + path,
-                               json=body(ctx) if body else None)
-        r.raise_for_status()
-        return pretty(r.json())
-    return run
-
-
-def draft_body(ctx: Context, k: int | None = None) -> dict:
-    return {"model": ctx.draft, **({"num_draft_tokens": k} if k else {})}
-
-
-def demo_argv(ctx: Context) -> list[str]:
-    argv = ["--model", ctx.target_path]
-    if ctx.draft:
-        argv += ["--draft-model", ctx.draft, "--num-draft-tokens", "4"]
-    return argv + ["--chat", "--prompt", DEMO_PROMPT, "--max-tokens", "128"]
-
-
-def demo(ctx: Context) -> str:
-    p = subprocess.run([ctx.python, "-m", "server.demo", *demo_argv(ctx)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=REQUEST_TIMEOUT_S, check=False)
-    if p.returncode:
-        raise RuntimeError(f"server.demo failed:\n{p.stdout}")
-    return p.stdout.rstrip("\n")
 
 
 def bench_argv(ctx: Context) -> list[str]:
@@ -312,10 +214,6 @@ def shown_path(path: Path | str) -> str:
         return str(p)
 
 
-def py_command(module: str, argv: list[str]) -> str:
-    return f".venv/bin/python -m {module} " + shlex.join(argv)
-
-
 RESPONSES_BODY = {"input": "Write a Python function `fib(n)`", "max_output_tokens": 48}
 RESPONSES_FILTER = ("{status, text: .output[0].content[0].text, usage, "
                     "accepted: .stats.draft_tokens_accepted}")
@@ -342,12 +240,6 @@ STATS_FILTER = ".stats"
 
 def chat_stats(ctx: Context) -> str:
     return pretty(post(ctx, "/v1/chat/completions", CHAT_BODY)["stats"])
-
-
-def server_help(ctx: Context) -> str:
-    p = subprocess.run([ctx.python, "-m", "server", "--help"], capture_output=True, text=True,
-                       timeout=60, check=True, env={**os.environ, "COLUMNS": "100"})
-    return p.stdout.rstrip("\n")
 
 
 def config_table(ctx: Context | None = None) -> str:
@@ -379,16 +271,9 @@ EXAMPLES = [
             "bash", messages, "json", shape_of_json),
     Example("health", lambda c: curl("/health"), "bash",
             lambda c: pretty(get(c, "/health").json()), "json", shape_of_json),
-    Example("load", lambda c: curl("/v1/models/draft", draft_body(c, 4)), "bash",
-            admin("POST", "/v1/models/draft", lambda c: draft_body(c, 4)), "json",
-            shape_of_json),
     Example("config", None, "", config_table, "markdown", lambda text: text.strip()),
-    Example("help", lambda c: "python -m server --help", "bash", server_help, "text",
-            lambda text: sorted(re.findall(r"--[\w-]+", text))),
-    Example("demo", lambda c: py_command("server.demo", demo_argv(c)), "bash", demo, "text",
-            shape_of_labels),
 ]
-NEEDS_DRAFT = {"load"}
+NEEDS_DRAFT: set[str] = set()
 
 
 PLAYGROUND_PNG = Path("docs/playground.png")  # the README's picture of the page at /

@@ -88,11 +88,9 @@ def test_shapes_ignore_numbers_and_text_but_not_lines():
     b = '{"usage": {"prompt_tokens": 9}, "stats": {"k_histogram": {"1": 5, "2": 1}}, "text": ""}'
     assert script.shape_of_json(a) == script.shape_of_json(b)
     assert script.shape_of_json(a) != script.shape_of_json('{"usage": {}, "stats": {}}')
-    demo = "Model loaded\nsome text\nGeneration stats:\n - Tokens per second: 12.5\n"
-    assert script.shape_of_labels(demo) == script.shape_of_labels(
-        demo.replace("12.5", "900.01").replace("some text", "a\nb"))
-    assert script.shape_of_labels(demo) != script.shape_of_labels(
-        demo.replace(" - Tokens per second: 12.5\n", ""))
+    sse = 'data: {"choices": [{"delta": {"content": "a"}}]}\ndata: [DONE]'
+    assert script.shape_of_sse(sse) == script.shape_of_sse(sse.replace('"a"', '"bcd"'))
+    assert script.shape_of_sse(sse) != script.shape_of_sse(sse.replace("delta", "text"))
 
 
 def test_a_block_whose_output_holds_a_fence_reads_back_whole():
