@@ -60,14 +60,14 @@ client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 r = client.chat.completions.create(
     model={model},
     messages=[{{"role": "user", "content": "Write a Python function `fib(n)`"}}],
-    max_tokens=64,
+    max_tokens=24,
     extra_body={{"num_draft_tokens": 4}},          # our extensions go in extra_body
 )
 print(r.choices[0].message.content)
 print(r.model_extra["stats"]["acceptance_rate"])
 
 for chunk in client.chat.completions.create(
-    model={model}, stream=True, max_tokens=8,
+    model={model}, stream=True, max_tokens=6,
     messages=[{{"role": "user", "content": "Write a Python function `fib(n)`"}}],
 ):
     if chunk.choices and chunk.choices[0].finish_reason is None:
@@ -214,10 +214,10 @@ def shown_path(path: Path | str) -> str:
         return str(p)
 
 
-RESPONSES_BODY = {"input": "Write a Python function `fib(n)`", "max_output_tokens": 48}
+RESPONSES_BODY = {"input": "Write a Python function `fib(n)`", "max_output_tokens": 32}
 RESPONSES_FILTER = ("{status, text: .output[0].content[0].text, usage, "
                     "accepted: .stats.draft_tokens_accepted}")
-MESSAGES_BODY = {"model": "", "max_tokens": 48, "temperature": 0,
+MESSAGES_BODY = {"model": "", "max_tokens": 32, "temperature": 0,
                  "messages": [{"role": "user", "content": "Write a Python function `fib(n)`"}]}
 MESSAGES_FILTER = ("{stop_reason, text: .content[0].text, usage, "
                    "acceptance: .stats.acceptance_rate}")
