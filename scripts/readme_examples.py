@@ -57,21 +57,15 @@ SDK_SNIPPET = '''\
 from openai import OpenAI
 
 client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
-r = client.chat.completions.create(
-    model={model},
-    messages=[{{"role": "user", "content": "Write a Python function `fib(n)`"}}],
-    max_tokens=24,
-    extra_body={{"num_draft_tokens": 4}},          # our extensions go in extra_body
-)
-print(r.choices[0].message.content)
-print(r.model_extra["stats"]["acceptance_rate"])
-
 for chunk in client.chat.completions.create(
     model={model}, stream=True, max_tokens=6,
     messages=[{{"role": "user", "content": "Write a Python function `fib(n)`"}}],
+    extra_body={{"num_draft_tokens": 4}},  # our extensions go in extra_body
 ):
     if chunk.choices and chunk.choices[0].finish_reason is None:
         print(repr(chunk.choices[0].delta.content), chunk.choices[0].model_extra["from_draft"])
+    elif chunk.choices:  # the chunk with finish_reason carries the stats
+        print(chunk.model_extra["stats"]["acceptance_rate"])
 '''
 
 
@@ -215,31 +209,23 @@ def shown_path(path: Path | str) -> str:
 
 
 RESPONSES_BODY = {"input": "Write a Python function `fib(n)`", "max_output_tokens": 32}
-RESPONSES_FILTER = ("{status, text: .output[0].content[0].text, usage, "
+RESPONSES_FILTER = ("{status, text: .output[0].content[0].text, "
                     "accepted: .stats.draft_tokens_accepted}")
 MESSAGES_BODY = {"model": "", "max_tokens": 32, "temperature": 0,
                  "messages": [{"role": "user", "content": "Write a Python function `fib(n)`"}]}
-MESSAGES_FILTER = ("{stop_reason, text: .content[0].text, usage, "
-                   "acceptance: .stats.acceptance_rate}")
+MESSAGES_FILTER = "{stop_reason, text: .content[0].text, acceptance: .stats.acceptance_rate}"
 
 
 def responses(ctx: Context) -> str:
     r = post(ctx, "/v1/responses", RESPONSES_BODY)
     return pretty({"status": r["status"], "text": r["output"][0]["content"][0]["text"],
-                   "usage": r["usage"], "accepted": r["stats"]["draft_tokens_accepted"]})
+                   "accepted": r["stats"]["draft_tokens_accepted"]})
 
 
 def messages(ctx: Context) -> str:
     r = post(ctx, "/v1/messages", MESSAGES_BODY)
     return pretty({"stop_reason": r["stop_reason"], "text": r["content"][0]["text"],
-                   "usage": r["usage"], "acceptance": r["stats"]["acceptance_rate"]})
-
-
-STATS_FILTER = ".stats"
-
-
-def chat_stats(ctx: Context) -> str:
-    return pretty(post(ctx, "/v1/chat/completions", CHAT_BODY)["stats"])
+                   "acceptance": r["stats"]["acceptance_rate"]})
 
 
 def config_table(ctx: Context | None = None) -> str:
@@ -260,9 +246,6 @@ EXAMPLES = [
     Example("stream", lambda c: curl("/v1/chat/completions", STREAM_BODY, stream=True), "bash",
             stream, "text", shape_of_sse),
     Example("sdk", sdk_code, "python", sdk, "text", shape_of_sdk),
-    Example("stats",
-            lambda c: curl("/v1/chat/completions", CHAT_BODY) + f" | jq '{STATS_FILTER}'",
-            "bash", chat_stats, "json", shape_of_json),
     Example("responses",
             lambda c: curl("/v1/responses", RESPONSES_BODY) + f" | jq '{RESPONSES_FILTER}'",
             "bash", responses, "json", shape_of_json),
