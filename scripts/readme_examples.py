@@ -252,8 +252,6 @@ EXAMPLES = [
     Example("messages",
             lambda c: curl("/v1/messages", MESSAGES_BODY) + f" | jq '{MESSAGES_FILTER}'",
             "bash", messages, "json", shape_of_json),
-    Example("health", lambda c: curl("/health"), "bash",
-            lambda c: pretty(get(c, "/health").json()), "json", shape_of_json),
     Example("config", None, "", config_table, "markdown", lambda text: text.strip()),
 ]
 NEEDS_DRAFT: set[str] = set()

@@ -75,11 +75,11 @@ def test_check_reports_a_block_whose_keys_changed(checked, tmp_path):
 
 def test_check_reports_a_marker_without_an_example(checked, tmp_path):
     script, outputs = _script(), _outputs(checked[1])
-    readme = _readme_with(tmp_path, "<!-- readme-example: health -->",
-                          "<!-- readme-example: healthz -->")
+    readme = _readme_with(tmp_path, "<!-- readme-example: sdk -->",
+                          "<!-- readme-example: sdkz -->")
     problems = script.check_readme(readme, outputs)
-    assert any(p.startswith("healthz: marked in the README") for p in problems)
-    assert any(p.startswith("health: run by this script") for p in problems)
+    assert any(p.startswith("sdkz: marked in the README") for p in problems)
+    assert any(p.startswith("sdk: run by this script") for p in problems)
 
 
 def test_shapes_ignore_numbers_and_text_but_not_lines():
