@@ -316,3 +316,20 @@ def test_report_renders_the_manifest_and_checks_it(tmp_path, capsys):
 def test_markdown_table_escapes_pipes():
     assert report.markdown_table([["a", "b"], ["x|y", "1"]]) == (
         "| a | b |\n| --- | --- |\n| x\\|y | 1 |")
+
+
+def test_the_benchmark_page_is_generated_from_the_results_it_cites():
+    """docs/benchmarks.md is what `mlx-spec-bench report` makes of docs/benchmarks.yaml and the
+    RESULTS/ files it cites; every cited file exists and nothing else lives in RESULTS/."""
+    import yaml
+
+    from server.bench.report import main as report
+
+    root = Path(__file__).resolve().parent.parent
+    assert report(["--check", "--root", str(root)]) == 0
+    manifest = yaml.safe_load((root / "docs" / "benchmarks.yaml").read_text())
+    cited = {f for section in manifest["sections"] for f in section["files"]}
+    readme = (root / "README.md").read_text()
+    cited |= {m for m in cited if m in readme}
+    on_disk = {str(p.relative_to(root)) for p in (root / "RESULTS").iterdir()}
+    assert on_disk == cited
