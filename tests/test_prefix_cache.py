@@ -180,3 +180,28 @@ def test_a_model_whose_cache_cannot_be_trimmed_is_refused_at_load(tiny_pair, tmp
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="RotatingKVCache"):
         load_model(str(folder))
+
+
+def test_a_stored_row_does_not_keep_its_batchs_buffers_alive():
+    """Rows extracted from a batch are lazy slices of the whole batch's KV buffers; the cache
+    must hold copies of their own, or every entry keeps a batch's worth of memory alive."""
+    import gc
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    gc.collect()
+    before = mx.get_active_memory()
+    batch = mx.random.normal((32, 4, 256, 64))  # 32 rows' keys (and values): 8 MB
+    mx.eval(batch)
+    row = KVCache()
+    row.keys, row.values = mx.contiguous(batch[3:4]), mx.contiguous(batch[5:6])
+    row.offset = 256
+    cache = PrefixCache(max_bytes=1 << 30)
+    cache.store(("target",), list(range(256)), [[row]])
+    del batch, row
+    gc.collect()
+    held = mx.get_active_memory() - before
+    assert held <= 2 * 4 * 256 * 64 * 4 * 1.5  # the two rows, not the 32 (8 MB)
+    found, hit = cache.lookup(("target",), list(range(256)))
+    assert hit == 256 and found is not None
