@@ -308,3 +308,20 @@ def test_a_model_without_shard_is_refused_naming_the_supported_architectures(tin
         load_sharded(str(folder), layout)
     message = str(error.value)
     assert "tensor mode" in message and "llama" in message and "qwen3" in message
+
+
+def test_the_distributed_benchmark_runs_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
+    """`mlx-spec-bench distributed` (smoke): both layouts measured, the ratios printed, and the
+    JSON holds the same figures (each rank's memory, forwards of 1 and k + 1 tokens)."""
+    from server.bench import main
+
+    target, draft = tiny_pair
+    out = tmp_path / "dist.json"
+    assert main(["distributed", "--target-model", str(target), "--draft-model", str(draft),
+                 "--reps", "1", "--max-tokens", "8", "--context", "16", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "decode tok/s, draft" in printed and "rank memory GB" in printed
+    figures = json.loads(out.read_text())
+    assert len(figures["distributed"]["rank_memory_gb"]) == 2
+    assert set(figures["single"]["forward_s"]) == set(figures["distributed"]["forward_s"]) \
+        == {"1", "5"}
