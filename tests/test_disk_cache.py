@@ -250,7 +250,7 @@ def test_settings_and_environment(monkeypatch, tmp_path):
 
 
 def test_restart_benchmark_runs_on_the_tiny_pair(capsys):
-    from server.bench.restart import main
+    from server.bench.chat import restart_main as main
 
     [row] = main(["--tiny", "--prompt-tokens", "96"])
     assert row["prompt_tokens"] == 96 and row["restart_cached_tokens"] == 95

@@ -16,17 +16,24 @@ SUBCOMMANDS = {
     "chat": "server.bench.chat",  # multi-turn TTFT, the prefix cache
     "held-out": "server.bench.held_out",  # drafting settings on held-out requests
     "structured": "server.bench.structured",  # a grammar's cost, speculation under it
-    "restart": "server.bench.restart",  # TTFT after a restart from the disk prefix cache
-    "distributed": "server.bench.distributed",  # a sharded target (mlx.launch) against one process
+    "restart": "server.bench.chat:restart_main",  # TTFT after a restart, from disk
+    "distributed": "server.bench.load:distributed_main",  # a sharded target vs one process
     "report": "server.bench.report",  # docs/benchmarks.md from docs/benchmarks.yaml
 }
 
 
+def entry(name: str):
+    """The subcommand's `main` (or the function a `module:function` entry names)."""
+    module, _, function = SUBCOMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), function or "main")
+
+
 def usage() -> str:
     lines = ["usage: mlx-spec-bench SUBCOMMAND [--help] [options]", "", "subcommands:"]
-    for name, module in SUBCOMMANDS.items():
-        doc = importlib.import_module(module).__doc__ or ""
-        lines.append(f"  {name:<11} {doc.split(':', 1)[-1].split(chr(10))[0].strip()}")
+    for name in SUBCOMMANDS:
+        doc = entry(name).__doc__ if ":" in SUBCOMMANDS[name] else \
+            importlib.import_module(SUBCOMMANDS[name]).__doc__
+        lines.append(f"  {name:<11} {(doc or '').split(':', 1)[-1].split(chr(10))[0].strip()}")
     return "\n".join(lines)
 
 
@@ -40,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0].startswith("-") and not asked:
         argv = ["sweep", *argv]  # the sweep's flags alone: as before the subcommands
     if argv and argv[0] in SUBCOMMANDS:
-        status = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        status = entry(argv[0])(argv[1:])
         return status if isinstance(status, int) else 0
     print(usage(), file=sys.stdout if asked else sys.stderr)
     if argv and not asked:
