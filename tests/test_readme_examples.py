@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import TEST_SERVER_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "readme_examples.py"
@@ -37,6 +39,7 @@ def checked(tiny_pair, tmp_path_factory):
         [sys.executable, str(SCRIPT), "--check", "--model", str(target),
          "--draft-model", str(draft), "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, **TEST_SERVER_ENV},
     )
     return proc, out
 
