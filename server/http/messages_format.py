@@ -20,11 +20,7 @@ from api_schemas.openai import Stats
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import OutputSplit
-from server.http.streaming import ResponseFormat
-
-
-def _dump(model) -> dict:
-    return model.model_dump(mode="json")
+from server.http.streaming import ResponseFormat, json_dict
 
 
 def stop_reason(done: Finished, made_calls: bool) -> str:
@@ -51,7 +47,7 @@ class MessageBuilder:
         self._from_draft = False
 
     def open(self) -> list[dict]:
-        return [{"type": "message_start", "message": _dump(self.message)}, {"type": "ping"}]
+        return [{"type": "message_start", "message": json_dict(self.message)}, {"type": "ping"}]
 
     def token(self, event: TokenEvent) -> list[dict]:
         self._from_draft = event.from_draft
@@ -70,7 +66,7 @@ class MessageBuilder:
         m.stats = Stats(**stats.to_dict())
         delta = {"type": "message_delta",
                  "delta": {"stop_reason": m.stop_reason, "stop_sequence": m.stop_sequence},
-                 "usage": _dump(m.usage), "stats": _dump(m.stats)}
+                 "usage": json_dict(m.usage), "stats": json_dict(m.stats)}
         return events + [delta, {"type": "message_stop"}]
 
     @property
@@ -85,7 +81,7 @@ class MessageBuilder:
             self._text = TextContent(text="")
             self.message.content.append(self._text)
             events.append({"type": "content_block_start", "index": self._index,
-                           "content_block": _dump(self._text)})
+                           "content_block": json_dict(self._text)})
         self._text.text += text
         return events + [{"type": "content_block_delta", "index": self._index,
                           "delta": {"type": "text_delta", "text": text},
@@ -106,7 +102,7 @@ class MessageBuilder:
             self.message.content.append(block)
             events += [
                 {"type": "content_block_start", "index": self._index,
-                 "content_block": {**_dump(block), "input": {}}},
+                 "content_block": {**json_dict(block), "input": {}}},
                 {"type": "content_block_delta", "index": self._index,
                  "delta": {"type": "input_json_delta", "partial_json": json.dumps(block.input)}},
                 {"type": "content_block_stop", "index": self._index},

@@ -24,11 +24,7 @@ from api_schemas.responses import (
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import OutputSplit
-from server.http.streaming import ResponseFormat
-
-
-def _dump(model) -> dict:
-    return model.model_dump(mode="json")
+from server.http.streaming import ResponseFormat, json_dict
 
 
 class ResponseBuilder:
@@ -44,7 +40,7 @@ class ResponseBuilder:
         return event
 
     def open(self) -> list[dict]:
-        snapshot = _dump(self.response)
+        snapshot = json_dict(self.response)
         return [self.event("response.created", response=snapshot),
                 self.event("response.in_progress", response=snapshot)]
 
@@ -67,7 +63,7 @@ class ResponseBuilder:
             total_tokens=stats.prompt_tokens + stats.generation_tokens)
         r.stats = Stats(**stats.to_dict())
         kind = "response.completed" if complete else "response.incomplete"
-        return events + [self.event(kind, response=_dump(r))]
+        return events + [self.event(kind, response=json_dict(r))]
 
     def _content(self, text: str) -> list[dict]:
         if not text:
@@ -87,11 +83,11 @@ class ResponseBuilder:
         self._message = OutputMessage()
         self.response.output.append(self._message)
         added = self.event("response.output_item.added", output_index=self._index,
-                            item=_dump(self._message))
+                            item=json_dict(self._message))
         self._message.content.append(OutputText(text=""))
         return [added, self.event("response.content_part.added", item_id=self._message.id,
                                    output_index=self._index, content_index=0,
-                                   part=_dump(self._message.content[0]))]
+                                   part=json_dict(self._message.content[0]))]
 
     def _close_message(self, status: str = "completed") -> list[dict]:
         message, self._message = self._message, None
@@ -101,9 +97,9 @@ class ResponseBuilder:
         index, part = self.response.output.index(message), message.content[0]
         where = {"item_id": message.id, "output_index": index, "content_index": 0}
         return [self.event("response.output_text.done", **where, text=part.text, logprobs=[]),
-                self.event("response.content_part.done", **where, part=_dump(part)),
+                self.event("response.content_part.done", **where, part=json_dict(part)),
                 self.event("response.output_item.done", output_index=index,
-                            item=_dump(message))]
+                            item=json_dict(message))]
 
     def _calls(self, calls: list[dict]) -> list[dict]:
         events = self._close_message() if calls else []
@@ -114,7 +110,7 @@ class ResponseBuilder:
             self.response.output.append(item)
             where = {"item_id": item.id, "output_index": self._index}
             events.append(self.event("response.output_item.added",
-                                      output_index=self._index, item=_dump(item)))
+                                      output_index=self._index, item=json_dict(item)))
             item.arguments, item.status = function["arguments"], "completed"
             events += [
                 self.event("response.function_call_arguments.delta", **where,
@@ -122,7 +118,7 @@ class ResponseBuilder:
                 self.event("response.function_call_arguments.done", **where,
                             name=item.name, arguments=item.arguments),
                 self.event("response.output_item.done", output_index=self._index,
-                            item=_dump(item)),
+                            item=json_dict(item)),
             ]
         return events
 

@@ -199,6 +199,11 @@ def _dump(model) -> str:
     return model.model_dump_json()
 
 
+def json_dict(model) -> dict:
+    """A wire model as the JSON-ready dict an event embeds (Responses, Messages)."""
+    return model.model_dump(mode="json")
+
+
 Observer = Callable[[Finished], None]
 
 
