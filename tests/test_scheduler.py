@@ -394,6 +394,44 @@ def test_a_burst_is_prefilled_in_large_steps_only_while_nothing_decodes(kit, mon
         assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
 
 
+def test_waiting_prompts_are_grouped_shortest_first_and_the_oldest_is_not_starved(
+        kit, monkeypatch):
+    """The prefill group takes the shortest waiting prompts (less padding), not the oldest;
+    once `MAX_PASSED_OVER` groups went before the oldest prompt, it goes next. Outputs are
+    those of each request alone."""
+    import server.engine.scheduler as scheduler_module
+
+    widths = []
+    real_rows, real_one = scheduler_module.prefill_rows, scheduler_module.prefill
+    monkeypatch.setattr(scheduler_module, "prefill_rows", lambda model, caches, chunks:
+                        widths.append(sorted(len(c) for c in chunks))
+                        or real_rows(model, caches, chunks))
+    monkeypatch.setattr(scheduler_module, "prefill", lambda model, cache, tokens:
+                        widths.append([len(tokens)]) or real_one(model, cache, tokens))
+    base = params(kit, 0, max_tokens=3)
+
+    def sized(n: int) -> GenerationParams:
+        return replace(base, prompt_tokens=(base.prompt_tokens * 20)[:n])
+
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=24, idle_prefill_chunk=24),
+                          SpeculationPolicy(4, 0))
+    requests = [sized(40), sized(12), sized(8), sized(30)]
+    seqs = [scheduler.submit(p, lambda e: None) for p in requests]
+    scheduler.step()
+    assert widths == [[8, 12]]  # not the 40-token prompt that came first
+    for _ in range(scheduler_module.MAX_PASSED_OVER):
+        seqs += [scheduler.submit(p, lambda e: None) for p in (sized(6), sized(7))]
+    while seqs[0].prefill_passed_over < scheduler_module.MAX_PASSED_OVER:
+        scheduler.step()
+    widths.clear()
+    scheduler.step()
+    assert widths[0] == [24]  # the oldest's first chunk, before the 30-token prompt and others
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for s in seqs:
+        assert_same_or_near_tie(kit, s.params, s.output, alone(kit, s.params))
+
+
 def test_unseeded_rows_draw_their_own_randomness(kit):
     p = params(kit, 1, temperature=1.0, max_tokens=24)
     events, _ = run_batch(kit, [p, p])

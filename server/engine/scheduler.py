@@ -51,6 +51,8 @@ DEFAULT_IDLE_PREFILL_CHUNK = 1024
 # A row that joins the draft late (`_catch_up_drafts`) prefills its whole context into the draft
 # first: not worth it for its last few tokens.
 CATCH_UP_MIN_REMAINING = 8
+# Prefill groups that may go before the oldest waiting prompt (shorter ones go first).
+MAX_PASSED_OVER = 4
 
 
 class QueueFull(Exception):
@@ -283,18 +285,18 @@ class Scheduler:
 
     def _prefill_step(self) -> bool:
         """One prefill forward (per model) of at most `prefill_chunk` prompt tokens, padding
-        included (`idle_prefill_chunk` unless `_protect_decoding`): the oldest prompts whose
-        rests fit together, in one group; or, when the oldest alone does not fit, the next
+        included (`idle_prefill_chunk` unless `_protect_decoding`): the shortest prompts whose
+        rests fit together, in one group; or, when the first alone does not fit, the next
         chunk of it."""
         if not self.prefilling:
             return False
         budget = self.config.prefill_chunk if self._protect_decoding() else \
             self.config.idle_prefill_chunk
-        group = self._whole_prompt_group(budget)
+        group, first = self._whole_prompt_group(budget)
         if group:
             self._prefill_group(group)
         else:
-            self._prefill_chunk(self.prefilling[0], budget)
+            self._prefill_chunk(first, budget)
         mx.clear_cache()
         return True
 
@@ -343,22 +345,37 @@ class Scheduler:
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
                                    hopeful_rate(0, 0, self.rates.prior("model")), self.costs)
 
-    def _whole_prompt_group(self, budget: int) -> list[Sequence]:
-        """The oldest prefilling requests, all drafting or none, whose prompts' rests fit in
+    def _whole_prompt_group(self, budget: int) -> tuple[list[Sequence], Sequence]:
+        """The shortest prefilling requests, all drafting or none, whose prompts' rests fit in
         `budget` together once padded to the longest: they are prefilled in one forward, each
-        from wherever it stands (nothing, a restored prefix, earlier chunks)."""
+        from wherever it stands (nothing, a restored prefix, earlier chunks). Also the first
+        candidate, which is chunked when even it does not fit alone.
+
+        Shortest first: rows of like lengths pad little (padding is computed like any token),
+        and short prompts reach their first token first. The oldest request goes first once
+        `MAX_PASSED_OVER` groups have gone before it, so a long prompt is never starved. A
+        request consults the prefix cache (`_begin`) only when it is about to be prefilled, so
+        it finds what the groups before it stored (a system prompt shared by a burst)."""
+        oldest = self.prefilling[0]
+        order = list(self.prefilling)
+        if oldest.prefill_passed_over < MAX_PASSED_OVER:
+            order.sort(key=lambda s: len(s.prompt) - s.prefilled)
         group, width = [], 0
-        for seq in self.prefilling:
+        for seq in order:
+            # the rest before `_begin` is an upper bound: a restored prefix only shortens it
+            if group and (len(group) + 1) * max(width, len(seq.prompt) - seq.prefilled) > budget:
+                break
             self._begin(seq)
-            drafting = seq.draft_cache is not None
-            if group and drafting != (group[0].draft_cache is not None):
+            if group and (seq.draft_cache is None) != (group[0].draft_cache is None):
                 break
             rest = len(seq.prompt) - seq.prefilled
             if (len(group) + 1) * max(width, rest) > budget:
                 break
             group.append(seq)
             width = max(width, rest)
-        return group
+        if all(seq is not oldest for seq in group) and order[0] is not oldest:
+            oldest.prefill_passed_over += 1
+        return group, order[0]
 
     def _prefill_group(self, group: list[Sequence]) -> None:
         """Prefill the rest of each prompt in `group` in one forward per model; each row takes

@@ -67,6 +67,7 @@ class Sequence:
         self.prefilled = 0
         self.cached_tokens = 0
         self.prefill_begun = False  # drafting decided and the prefix cache consulted
+        self.prefill_passed_over = 0  # prefill groups that went before this older request
         # Decoding state (decoder).
         self.pipeline = LogitsPipeline(params.sampling, vocab_size, _processors(params))
         self.key = request_key(params.sampling.seed)
