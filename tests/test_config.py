@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import yaml
+
 from server.config import Settings
 
 
@@ -46,3 +51,18 @@ def test_fuse_projections_reaches_the_engine(tmp_path):
     config.write_text("engine:\n  fuse_projections: true\n")
     assert build_engine(Settings.load(config)).fuse_projections is True  # not started
     assert build_engine(Settings.load(None)).fuse_projections is False
+
+
+def test_the_shipped_config_yaml_keeps_the_defaults_but_the_models_and_drafter(monkeypatch):
+    """`config.yaml` lists every setting a user may want to change; its values are the
+    defaults (one source of truth: `server/config.py`) except the default pair and its
+    drafter, which `make serve` chooses on purpose."""
+    for name in [k for k in os.environ if k.startswith("MLX_SPEC_")]:
+        monkeypatch.delenv(name)
+    shipped = yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text())
+    defaults = Settings().model_dump()
+    chosen = {("models", "model"), ("models", "draft_model"), ("defaults", "draft")}
+    differ = [(section, key, value) for section, values in shipped.items()
+              for key, value in values.items()
+              if (section, key) not in chosen and defaults[section][key] != value]
+    assert differ == []
