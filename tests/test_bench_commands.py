@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from conftest import free_port
-from fake_bench_server import PEAK_GB, PROMPT_TOKENS, fake_app
+from fake_bench_server import PEAK_GB, PROMPT_TOKENS, fake_app, synthetic_sweep
 
 from server import bench
 from server.bench import chat, held_out, load, report, sweep
@@ -59,10 +59,10 @@ def result(directory: Path, subcommand: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ dispatcher
-def test_a_flag_first_runs_the_sweep_and_subcommands_dispatch(tmp_path, capsys):
-    assert bench.main(["--dry-run", "--smoke", "--results-dir", str(tmp_path / "a")]) == 0
-    assert bench.main(["sweep", "--dry-run", "--smoke", "--results-dir",
-                       str(tmp_path / "b")]) == 0
+def test_a_flag_first_runs_the_sweep_and_subcommands_dispatch(tmp_path, capsys, monkeypatch):
+    synthetic_sweep(monkeypatch)
+    assert bench.main(["--smoke", "--results-dir", str(tmp_path / "a")]) == 0
+    assert bench.main(["sweep", "--smoke", "--results-dir", str(tmp_path / "b")]) == 0
     for d in ("a", "b"):
         doc = result(tmp_path / d, "sweep")
         assert [(r["kind"], r["k"]) for r in doc["rows"]] == [
@@ -275,9 +275,10 @@ def test_load_bad_arguments_exit_2(argv, capsys):
 
 
 # ------------------------------------------------------------------------------ report
-def example_tree(root: Path) -> None:
-    """The example manifest's files: a dry-run sweep, a note and the sweep's picture."""
-    assert sweep.main(["--dry-run", "--smoke", "--results-dir", str(root / "runs")]) == 0
+def example_tree(root: Path, monkeypatch) -> None:
+    """The example manifest's files: a synthetic sweep, a note and the sweep's picture."""
+    synthetic_sweep(monkeypatch)
+    assert sweep.main(["--smoke", "--results-dir", str(root / "runs")]) == 0
     (root / "RESULTS").mkdir()
     for path in (root / "runs").iterdir():
         if path.suffix in (".json", ".png"):
@@ -287,8 +288,8 @@ def example_tree(root: Path) -> None:
     shutil.copy(EXAMPLE_MANIFEST, root / "docs" / "benchmarks.yaml")
 
 
-def test_report_renders_the_manifest_and_checks_it(tmp_path, capsys):
-    example_tree(tmp_path)
+def test_report_renders_the_manifest_and_checks_it(tmp_path, capsys, monkeypatch):
+    example_tree(tmp_path, monkeypatch)
     root = ["--root", str(tmp_path)]
     assert report.main([*root, "--check"]) == 1  # nothing generated yet
     assert report.main(root) == 0
@@ -297,7 +298,7 @@ def test_report_renders_the_manifest_and_checks_it(tmp_path, capsys):
     doc = json.loads((tmp_path / "RESULTS" / "sweep-smoke.json").read_text())
     expected_table = report.markdown_table(sweep.table(doc["rows"]))
     for part in ("# Example benchmarks", "Methodology: medians.", "## Draft length",
-                 "```bash\nmlx-spec-bench sweep --dry-run --smoke\n```", expected_table,
+                 "```bash\nmlx-spec-bench sweep --smoke\n```", expected_table,
                  f"`{doc['command']}`: {doc['metadata']['date']}",
                  "![sweep-smoke](../RESULTS/sweep-smoke.png)",
                  "`RESULTS/notes.txt`:\n\n```\na b\n  c\n```",

@@ -1,7 +1,7 @@
 """`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks.
 
-Each writes its results into `--results-dir` (see `results`); `report` renders them into
-`docs/benchmarks.md`. Plots need the `bench` extra. A flag first (`--smoke ...`) runs `sweep`.
+Each writes its results into `--results-dir`; `report` renders them into `docs/benchmarks.md`.
+Plots need the `bench` extra. A flag first (`--smoke ...`) runs `sweep`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = {
+SUBCOMMANDS = {  # the module, or module:function; its docstring's first line is the usage's
     "sweep": "server.bench.sweep",  # draft length k: speedup, P1-P3, plot
     "load": "server.bench.load",  # concurrent streams, ours vs others; or in process
     "chat": "server.bench.chat",  # multi-turn TTFT, the prefix cache
@@ -30,10 +30,9 @@ def entry(name: str):
 
 def usage() -> str:
     lines = ["usage: mlx-spec-bench SUBCOMMAND [--help] [options]", "", "subcommands:"]
-    for name in SUBCOMMANDS:
-        doc = entry(name).__doc__ if ":" in SUBCOMMANDS[name] else \
-            importlib.import_module(SUBCOMMANDS[name]).__doc__
-        lines.append(f"  {name:<11} {(doc or '').split(':', 1)[-1].split(chr(10))[0].strip()}")
+    for name, where in SUBCOMMANDS.items():
+        doc = entry(name).__doc__ if ":" in where else importlib.import_module(where).__doc__
+        lines.append(f"  {name:<11} {doc.split(':', 1)[-1].splitlines()[0].strip()}")
     return "\n".join(lines)
 
 

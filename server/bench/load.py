@@ -1,16 +1,13 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-At each concurrency level C, C clients stream one distinct greedy request each, at once; the
-servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
-the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the
-draft's share (`from_draft`), errors, and with `--pid` the peak RSS (VmHWM). Ratios: ours (the
-`--server`) over each other server's. `--in-process`: our scheduler with and without the draft
-against `mlx_lm`'s `BatchGenerator`, no HTTP.
+At each level C, C clients stream one distinct greedy request each, at once; the servers take
+`--runs` turns (the first rotating), a row keeps the medians: aggregate tok/s, TTFT, ITL, the
+`from_draft` share, errors, with `--pid` the peak RSS. Ratios: ours (`--server`) over each other.
+`--in-process`: our scheduler with and without the draft against `BatchGenerator`, no HTTP.
 
-`mlx-spec-bench distributed` (`distributed_main`, no HTTP): the target sharded over `--ranks`
-processes (`mlx.launch --backend ring`, loopback) against one process, same pair and engine:
-decode tok/s with and without the draft, one target forward of 1 and k + 1 tokens, and each
-rank's memory.
+`mlx-spec-bench distributed` (`distributed_main`): the target sharded over `--ranks` processes
+(`mlx.launch --backend ring`) against one process: decode tok/s with and without the draft, one
+forward of 1 and k + 1 tokens, each rank's memory.
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
@@ -33,13 +30,9 @@ import httpx
 from server.bench import results
 from server.bench.report import num
 from server.bench.results import percentile, ratio, summarize
-from server.bench.runners import Stream, request_body, server_health, stream_async
+from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
 
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
-DEFAULT_MAX_TOKENS = 96
 WARMUP_MAX_TOKENS = 8
-CONNECT_TIMEOUT_S = 10.0
-
 _TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
                                                                     "context"))
 
@@ -67,9 +60,8 @@ async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
             streams.append(Stream(start=clock(), end=clock(),
                                   error=f"timeout after {args.timeout:g}s"))
 
-    timeout = httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S)
     async with httpx.AsyncClient(
-            timeout=timeout, headers=results.auth(args.api_key),
+            timeout=httpx.Timeout(args.timeout, connect=10.0), headers=results.auth(args.api_key),
             limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
         await asyncio.gather(*(one_client(c) for c in range(concurrency)))
     return streams
@@ -267,9 +259,9 @@ def _pid(text: str) -> tuple[str, int]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = results.parser("load", __doc__, api=True, servers="optional")
     a = p.add_argument
-    a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
+    a("--concurrency", type=results.int_list, default=[1, 2, 4, 8, 16, 32], metavar="C,...",
       help="Concurrent streams per level (default 1,2,4,8,16,32).")
-    a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
+    a("--max-tokens", type=int, default=96, help="Tokens per request (96).")
     a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
@@ -323,64 +315,29 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 def distributed_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlx-spec-bench distributed",
                                 description="A sharded target against one process.")
-    p.add_argument("--target-model", required=True, help="Target model folder (sharded).")
-    p.add_argument("--draft-model", default=None, help="Draft model folder (rank 0 only).")
-    p.add_argument("--ranks", type=int, default=2, help="Processes to shard over (default 2).")
-    p.add_argument("--mode", choices=["tensor", "pipeline"], default="tensor")
-    p.add_argument("--num-draft-tokens", type=int, default=4, help="k (default 4).")
-    p.add_argument("--max-tokens", type=int, default=64, help="Tokens per request (64).")
-    p.add_argument("--context", type=int, default=128, help="Context before the timed forwards.")
-    p.add_argument("--reps", type=int, default=3, help="Requests / forwards per cell (median).")
-    p.add_argument("--out", type=Path, default=None, help="Write the results here as JSON.")
-    p.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)
+    a = p.add_argument
+    a("--target-model", required=True, help="Target model folder (sharded).")
+    a("--draft-model", default=None, help="Draft model folder (rank 0 only).")
+    a("--ranks", type=int, default=2, help="Processes to shard over (default 2).")
+    a("--mode", choices=["tensor", "pipeline"], default="tensor")
+    a("--num-draft-tokens", type=int, default=4, help="k (default 4).")
+    a("--max-tokens", type=int, default=64, help="Tokens per request (64).")
+    a("--context", type=int, default=128, help="Context before the timed forwards.")
+    a("--reps", type=int, default=3, help="Requests / forwards per cell (median).")
+    a("--out", type=Path, default=None, help="Write the results here as JSON.")
+    a("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # set: under mlx.launch
     return p.parse_args(argv)
-
-
-# -- one layout --------------------------------------------------------------------------------
 
 
 def _on_engine(engine, fn):
     """Run `fn` on the engine's MLX thread (where every MLX call, and so every collective, runs)."""
-    box, done = {}, threading.Event()
-
-    def settle(result, error):
-        box.update(result=result, error=error)
-        done.set()
-
-    engine.scheduler.call(fn, settle)
-    done.wait()
-    if box["error"] is not None:
-        raise box["error"]
-    return box["result"]
+    future: Future = Future()
+    engine.scheduler.call(fn, lambda result, error: future.set_exception(error) if error
+                          else future.set_result(result))
+    return future.result()
 
 
-def _generate(engine, ids: list[int], max_tokens: int, k: int) -> dict:
-    from server.engine.events import Finished
-    from server.engine.params import GenerationParams, SpeculationParams
-
-    finished, done = {}, threading.Event()
-
-    def sink(event):
-        if isinstance(event, Finished):
-            finished["stats"] = event.stats
-            done.set()
-        elif isinstance(event, BaseException):
-            finished["error"] = event
-            done.set()
-
-    params = GenerationParams(tuple(ids), max_tokens, ignore_eos=True, cache_prompt=False,
-                              speculation=SpeculationParams(num_draft_tokens=k, required=k > 0))
-    engine.scheduler.submit(params, sink)
-    done.wait()
-    if "error" in finished:
-        raise finished["error"]
-    stats = finished["stats"]
-    return {"tps": stats.generation_tps, "accepted": stats.draft_tokens_accepted,
-            "proposed": stats.draft_tokens_proposed}
-
-
-def _forward_times(model, context: list[int], widths: list[int], reps: int) -> dict[int, float]:
+def _forward_times(model, context: list[int], widths: list[int], reps: int) -> dict[str, float]:
     """Median seconds of one forward of each width over a one-row cache holding `context`."""
     import mlx.core as mx
 
@@ -389,65 +346,57 @@ def _forward_times(model, context: list[int], widths: list[int], reps: int) -> d
 
     row = new_cache(model)
     prefill(model, row, context)
-    cache = [RaggedKVCache.merge([c]) for c in row]
-    out = {}
+    cache, out = [RaggedKVCache.merge([c]) for c in row], {}
     for width in widths:
         times = []
-        for rep in range(reps + 1):
-            inputs = mx.array([context[:width]], mx.uint32)
+        for _ in range(reps + 1):  # the first is a warm-up
             start = time.perf_counter()
-            mx.eval(model(inputs, cache=cache))
-            if rep:  # the first is a warm-up
-                times.append(time.perf_counter() - start)
+            mx.eval(model(mx.array([context[:width]], mx.uint32), cache=cache))
+            times.append(time.perf_counter() - start)
             for c in cache:
                 c.trim(width)
-        out[width] = statistics.median(times)
+        out[str(width)] = statistics.median(times[1:])
     return out
 
 
-def layout_figures(engine, args: argparse.Namespace) -> dict:
-    """Every figure of one layout, from a started engine."""
+def layout_figures(args: argparse.Namespace, layout=None) -> dict:
+    """Every figure of one layout (one process when `layout` is None), on a started engine."""
     import mlx.core as mx
 
-    tokenizer = engine.tokenizer
-    ids = list(tokenizer.encode(PROMPT))
-    context = (ids * (args.context // len(ids) + 1))[: args.context]
-    k = args.num_draft_tokens
-    cells = [("plain", 0)] + ([("draft", k)] if engine.draft is not None else [])
-    result = {"tps": {}, "accepted": {}}
-    _generate(engine, ids, 8, 0)  # warm-up
-    for name, draft_k in cells:
-        runs = [_generate(engine, ids, args.max_tokens, draft_k) for _ in range(args.reps)]
-        result["tps"][name] = statistics.median(r["tps"] for r in runs)
-        result["accepted"][name] = sum(r["accepted"] for r in runs) / max(
-            1, sum(r["proposed"] for r in runs))
-    times = _on_engine(engine, lambda: _forward_times(engine.kit.target.model, context,
-                                                      [1, k + 1], args.reps * 3))
-    result["forward_s"] = {str(w): t for w, t in times.items()}
-    layout = engine.distributed
-    result["rank_memory_gb"] = (layout["rank_memory_gb"] if layout else
-                                [round(_on_engine(engine, mx.get_active_memory) / 1e9, 4)])
-    config = engine.target.config
-    result["layers"] = config.get("num_hidden_layers")
-    result["hidden_size"] = config.get("hidden_size")
-    return result
-
-
-def _engine(args: argparse.Namespace, layout=None):
     from server.engine.distributed import DistributedEngine
+    from server.engine.params import GenerationParams, SpeculationParams
     from server.engine.service import InferenceEngine
 
     kwargs = {"model": args.target_model, "draft_model": args.draft_model,
               "num_draft_tokens": args.num_draft_tokens, "prefix_cache_bytes": 0}
-    if layout is None:
-        return InferenceEngine(**kwargs)
-    return DistributedEngine(layout=layout, **kwargs)
-
-
-def _run(engine, args) -> dict:
+    engine = InferenceEngine(**kwargs) if layout is None else \
+        DistributedEngine(layout=layout, **kwargs)
     engine.start()
     try:
-        return layout_figures(engine, args)
+        ids, k = list(engine.tokenizer.encode(PROMPT)), args.num_draft_tokens
+        context = (ids * (args.context // len(ids) + 1))[: args.context]
+
+        def run(max_tokens: int, draft_k: int):
+            spec = SpeculationParams(num_draft_tokens=draft_k, required=draft_k > 0)
+            return engine_stats(engine, GenerationParams(
+                tuple(ids), max_tokens, ignore_eos=True, cache_prompt=False, speculation=spec))
+
+        run(8, 0)  # warm-up
+        result: dict = {"tps": {}, "accepted": {}}
+        for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else []):
+            runs = [run(args.max_tokens, draft_k) for _ in range(args.reps)]
+            result["tps"][name] = statistics.median(r.generation_tps for r in runs)
+            result["accepted"][name] = sum(r.draft_tokens_accepted for r in runs) / max(
+                1, sum(r.draft_tokens_proposed for r in runs))
+        result["forward_s"] = _on_engine(engine, lambda: _forward_times(
+            engine.kit.target.model, context, [1, k + 1], args.reps * 3))
+        shards = engine.distributed
+        result["rank_memory_gb"] = shards["rank_memory_gb"] if shards else \
+            [round(_on_engine(engine, mx.get_active_memory) / 1e9, 4)]
+        config = engine.target.config
+        result.update(layers=config.get("num_hidden_layers"),
+                      hidden_size=config.get("hidden_size"))
+        return result
     finally:
         engine.stop()
 
@@ -459,32 +408,13 @@ def launched(args: argparse.Namespace) -> None:
 
     layout = launched_layout(args.mode)
     if layout is None:
-        raise SystemExit("--launched needs mlx.launch")
+        raise SystemExit("--result-file: only under mlx.launch")
     if layout.rank > 0:
         run_follower(layout, args.target_model, timeout_s=600, drain_timeout_s=10)
         return
-    result = _run(_engine(args, layout), args)
+    result = layout_figures(args, layout)
     result.update(world_size=layout.world_size, backend=layout.backend, mode=layout.mode)
     args.result_file.write_text(json.dumps(result))
-
-
-# -- both layouts ------------------------------------------------------------------------------
-
-
-def distributed(args: argparse.Namespace) -> dict:
-    launcher = Path(sys.executable).parent / "mlx.launch"
-    with tempfile.TemporaryDirectory() as folder:
-        result_file = Path(folder) / "result.json"
-        cmd = [str(launcher), "--backend", "ring", "-n", str(args.ranks), "--",
-               sys.executable, "-m", "server.bench", "distributed", "--launched",
-               "--result-file", str(result_file), "--target-model", args.target_model,
-               "--mode", args.mode, "--num-draft-tokens", str(args.num_draft_tokens),
-               "--max-tokens", str(args.max_tokens), "--context", str(args.context),
-               "--reps", str(args.reps)]
-        if args.draft_model:
-            cmd += ["--draft-model", args.draft_model]
-        subprocess.run(cmd, check=True, env=os.environ.copy())
-        return json.loads(result_file.read_text())
 
 
 def distributed_report(single: dict, dist: dict, k: int) -> str:
@@ -499,13 +429,12 @@ def distributed_report(single: dict, dist: dict, k: int) -> str:
     for width in (one, block):
         row(f"forward of {width} token(s), ms", single["forward_s"][width] * 1e3,
             dist["forward_s"][width] * 1e3, "{:12.3f}")
-    for name, layout in (("1 process", single), ("ranks", dist)):
-        lines.append(f"{name:34}{'k+1 / 1 forward time':>24}"
-                     f"{layout['forward_s'][block] / layout['forward_s'][one]:8.2f}")
+    quotients = [("k+1 / 1 forward time", lambda f: f["forward_s"][block] / f["forward_s"][one])]
     if "draft" in single["tps"]:
-        for name, layout in (("1 process", single), ("ranks", dist)):
-            lines.append(f"{name:34}{'draft / plain tok/s':>24}"
-                         f"{layout['tps']['draft'] / layout['tps']['plain']:8.2f}")
+        quotients.append(("draft / plain tok/s", lambda f: f["tps"]["draft"] / f["tps"]["plain"]))
+    for what, quotient in quotients:
+        for name, figures in (("1 process", single), ("ranks", dist)):
+            lines.append(f"{name:34}{what:>24}{quotient(figures):8.2f}")
     lines.append(f"rank memory GB: 1 process {single['rank_memory_gb']},"
                  f" ranks {dist['rank_memory_gb']}")
     lines.append(f"all_sums per distributed forward: {2 * dist['layers']} (2 per layer);"
@@ -513,16 +442,21 @@ def distributed_report(single: dict, dist: dict, k: int) -> str:
     return "\n".join(lines)
 
 
-def distributed_main(argv: list[str] | None = None) -> None:
+def distributed_main(argv: list[str]) -> None:
     """`mlx-spec-bench distributed`: a target sharded with mlx.launch against one process."""
     args = distributed_args(argv)
-    if args.launched:
+    if args.result_file is not None:
         launched(args)
         return
-    single = _run(_engine(args), args)
-    dist = distributed(args)
+    single = layout_figures(args)
+    with tempfile.TemporaryDirectory() as folder:  # the same command on each rank
+        result_file = Path(folder) / "result.json"
+        subprocess.run([str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring",
+                        "-n", str(args.ranks), "--", sys.executable, "-m", "server.bench",
+                        "distributed", *argv, "--result-file", str(result_file)],
+                       check=True, env=os.environ.copy())
+        dist = json.loads(result_file.read_text())
     print(distributed_report(single, dist, args.num_draft_tokens))
     if args.out is not None:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                         "single": single, "distributed": dist}, indent=1))
-

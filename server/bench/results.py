@@ -33,8 +33,8 @@ def int_list(text: str) -> list[int]:
     """`1,2,4` -> [1, 2, 4]: positive, in the order given, repeats dropped."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4: {text!r}") from e
+    except ValueError:
+        values = []
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4: {text!r}")
     return list(dict.fromkeys(values))
@@ -86,9 +86,7 @@ def auth(api_key: str | None) -> dict:
 def command_line(subcommand: str, argv: Sequence[str]) -> str:
     """The command as `mlx-spec-bench` takes it, with any `--api-key` value hidden."""
     words = ["--api-key=***" if w.startswith("--api-key=") else w for w in argv]
-    for i, word in enumerate(words[:-1]):
-        if word == "--api-key":
-            words[i + 1] = "***"
+    words = ["***" if i and words[i - 1] == "--api-key" else w for i, w in enumerate(words)]
     return shlex.join(["mlx-spec-bench", subcommand, *words])
 
 
@@ -109,12 +107,6 @@ def environment(**models) -> dict:
             "mlx_device": str(mx.default_device()), "git_commit": commit, **models}
 
 
-def results_name(prefix: str, tag: str | None, now: float | None = None) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", tag).strip("-") if tag else ""
-    return f"{prefix}-{stamp}" + (f"-{safe}" if safe else "")
-
-
 def csv_value(value):
     """Lists become `;`-joined, None an empty field, dicts JSON; everything else as is."""
     if isinstance(value, (list, tuple)):
@@ -127,7 +119,9 @@ class ResultsWriter:
 
     def __init__(self, results_dir: Path, subcommand: str, tag: str | None = None):
         Path(results_dir).mkdir(parents=True, exist_ok=True)
-        self.subcommand, self.name = subcommand, results_name(subcommand, tag)
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", tag).strip("-") if tag else ""
+        self.subcommand = subcommand
+        self.name = f"{subcommand}-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-{safe}" if safe else "")
         self.paths = {ext: Path(results_dir) / f"{self.name}.{ext}"
                       for ext in ("jsonl", "csv", "json", "png")}
         self._jsonl = open(self.paths["jsonl"], "a", encoding="utf-8")  # noqa: SIM115
@@ -142,7 +136,11 @@ class ResultsWriter:
         """The `.csv`, the plot (`plot(rows, path, title=...)`: a failed one costs only the
         picture) and the `.json`."""
         self._jsonl.close()
-        self._write_csv(rows)
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        with open(self.paths["csv"], "w", newline="", encoding="utf-8") as f:
+            out = csv.DictWriter(f, fieldnames=columns)
+            out.writeheader()
+            out.writerows({k: csv_value(row.get(k)) for k in columns} for row in rows)
         written = {ext: self.paths[ext] for ext in ("jsonl", "csv")}
         if plot is not None:
             try:
@@ -153,18 +151,7 @@ class ResultsWriter:
         doc = {"subcommand": self.subcommand, "command": command, "metadata": metadata,
                "rows": rows, **extra}
         self.paths["json"].write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        written["json"] = self.paths["json"]
-        return written
-
-    def _write_csv(self, rows: list[dict]) -> None:
-        columns: list[str] = []
-        for row in rows:
-            columns += [k for k in row if k not in columns]
-        with open(self.paths["csv"], "w", newline="", encoding="utf-8") as f:
-            out = csv.DictWriter(f, fieldnames=columns)
-            out.writeheader()
-            for row in rows:
-                out.writerow({k: csv_value(row.get(k)) for k in columns})
+        return {**written, "json": self.paths["json"]}
 
 
 def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[dict],

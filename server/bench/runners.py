@@ -1,17 +1,15 @@
-"""Who runs a generation: the engine in this process, synthetic numbers (`--dry-run`), or a
-server over HTTP (`--api chat|responses|messages`); and how a server's token stream is read.
+"""Who runs a generation (the engine in this process, or a server over HTTP through one of
+three APIs) and how a server's token stream is read.
 
-tok/s is measured on the client alike for every server: (n - 1) / (t_last - t_first) over the
-token arrivals. Ours flags each token with `from_draft` and ends with `stats`; `mlx_lm.server`
-sends a chunk when text is ready (n from its usage; acceptance and memory unknown), and its
-baseline asks for `"draft_model": null`.
+tok/s is measured on the client alike for every server: (n - 1) / (t_last - t_first). Ours flags
+each token `from_draft` and ends with `stats`; `mlx_lm.server` sends a chunk when text is ready
+(n from its usage), and its baseline asks for `"draft_model": null`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -240,6 +238,18 @@ class EngineRunner:
         self.kit.unload_draft()
 
 
+def engine_stats(engine, params):
+    """One request through a started `InferenceEngine`, to its end: its `GenerationStats`."""
+    from server.engine.events import Finished
+
+    async def run():
+        async for event in engine.submit(params):  # raises what the request raised
+            if isinstance(event, Finished):
+                return event.stats
+
+    return asyncio.run(run())
+
+
 def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
     """c: a draft forward token's time over the target's; decode steps after a short prefill,
     the models alternating (the same machine load), medians, the first two steps dropped."""
@@ -260,44 +270,6 @@ def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> 
     return statistics.median(times[1]) / statistics.median(times[0])
 
 
-# Dry run: plausible numbers from the speedup model itself, so the files look like a real run.
-SYNTHETIC_COST_RATIO = 0.1
-SYNTHETIC_BASE_TPS = 50.0
-SYNTHETIC_ACCEPTANCE = {"structured": 0.8, "open_ended": 0.55, "repeat_edit": 0.9}
-
-
-class SyntheticRunner:
-    """`--dry-run`: no models; numbers from the speedup model with 2% noise, seeded."""
-
-    def __init__(self, label: str = "dry-run"):
-        self.label = label
-
-    def describe(self) -> dict:
-        return {"label": self.label, "kind": "synthetic",
-                "acceptance": SYNTHETIC_ACCEPTANCE, "cost_ratio": SYNTHETIC_COST_RATIO}
-
-    def cost_ratio(self) -> float:
-        return SYNTHETIC_COST_RATIO
-
-    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
-        from server.bench.sweep import theoretical_speedup
-
-        k = cell.k
-        rng = random.Random(f"{self.label}/{cell.kind}/{k}/{seed}")
-        a = SYNTHETIC_ACCEPTANCE.get(cell.kind, 0.6)
-        tps = SYNTHETIC_BASE_TPS * theoretical_speedup(a, k, SYNTHETIC_COST_RATIO)
-        rounds = round(max_tokens / theoretical_speedup(a, k, 0.0)) if k else 0
-        accepted = max_tokens - rounds if k else 0
-        return run_result(
-            tokens=max_tokens, tps=tps * (1 + rng.gauss(0, 0.02)),
-            ttft_s=0.05 + rng.random() * 0.01, peak_gb=0.40 + 0.002 * k, prompt_tokens=64,
-            from_draft=accepted, proposed=rounds * k, accepted=accepted, rounds=rounds or None,
-            finish_reason="length")
-
-    def close(self) -> None:
-        pass
-
-
 class HttpRunner:
     """Runs through an OpenAI-compatible server (ours or `mlx_lm.server`), one API of three."""
 
@@ -309,18 +281,14 @@ class HttpRunner:
         self.loop = asyncio.new_event_loop()  # one client, its connection kept alive
         self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth(api_key))
         try:  # a server that does not answer is an error, not an mlx_lm.server
-            self.health = self._get("/health")
+            r = self.loop.run_until_complete(self.client.get(self.url + "/health"))
+            self.health = r.json() if r.status_code == 200 else {}
         except httpx.HTTPError as e:
             raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
+        except ValueError:
+            self.health = {}
         # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.
         self.flavor = "ours" if "target" in self.health else "mlx_lm"
-
-    def _get(self, path: str) -> dict:
-        r = self.loop.run_until_complete(self.client.get(self.url + path))
-        try:
-            return r.json() if r.status_code == 200 else {}
-        except ValueError:
-            return {}
 
     def describe(self) -> dict:  # our /health names the target and the draft
         return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,

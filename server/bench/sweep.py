@@ -22,12 +22,6 @@ from server.bench.results import ratio, summarize
 from server.bench.runners import TIMEOUT_S, ServerUnreachable
 from server.engine.params import DraftSource, SpeculationParams
 
-DEFAULT_MAX_TOKENS = 320
-DEFAULT_REPS = 5
-DEFAULT_WARMUP = 1
-DEFAULT_DRAFT_TOKENS = (1, 2, 4, 8, 16)
-DEFAULT_PROMPT_KINDS = ("structured", "open_ended")
-
 _PROMPTS = results.PROMPTS["sweep"]
 STRUCTURED, OPEN_ENDED = _PROMPTS["structured"], _PROMPTS["open_ended"]
 REPEAT_EDIT = (f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n"
@@ -130,31 +124,25 @@ def verdict_interior_maximum(rows: list[dict]) -> Verdict:
 
 def verdict_structured_accepts_more(rows: list[dict]) -> Verdict:
     """P3: accepted/proposed, pooled over every k, is higher on `structured` than `open_ended`."""
-    claim = "acceptance on structured > open_ended"
-    pooled = {}
+    claim, pooled = "acceptance on structured > open_ended", {}
     for kind in ("structured", "open_ended"):
         cells = [r for r in _ok(rows, baseline=False) if r["kind"] == kind]
-        accepted, proposed = (sum(r.get(key) or 0 for r in cells) for key in ("accepted",
-                                                                             "proposed"))
-        if proposed:
-            pooled[kind] = (accepted / proposed, accepted, proposed)
+        acc, prop = (sum(r.get(key) or 0 for r in cells) for key in ("accepted", "proposed"))
+        if prop:
+            pooled[kind] = f"{kind} {acc / prop:.3f} ({acc}/{prop})", acc / prop
     if len(pooled) < 2:
         return Verdict("P3", claim, "N-A", "needs accepted/proposed on both kinds")
-    s, o = pooled["structured"], pooled["open_ended"]
-    detail = f"structured {s[0]:.3f} ({s[1]}/{s[2]}) vs open_ended {o[0]:.3f} ({o[1]}/{o[2]})"
-    return Verdict("P3", claim, "PASS" if s[0] > o[0] else "FAIL", detail)
+    (s, s_rate), (o, o_rate) = pooled["structured"], pooled["open_ended"]
+    return Verdict("P3", claim, "PASS" if s_rate > o_rate else "FAIL", f"{s} vs {o}")
 
 
 def verdicts(rows: list[dict]) -> list[Verdict]:
     """P1-P3, for each server separately when a sweep compared two."""
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    out = []
-    for server in servers or [None]:
-        mine = [r for r in rows if r["server"] == server]
-        for v in (verdict_beats_baseline(mine), verdict_interior_maximum(mine),
-                  verdict_structured_accepts_more(mine)):
-            out.append(replace(v, server=server) if len(servers) > 1 else v)
-    return out
+    checks = (verdict_beats_baseline, verdict_interior_maximum, verdict_structured_accepts_more)
+    found = [(server, check([r for r in rows if r["server"] == server]))
+             for server in servers or [None] for check in checks]
+    return [replace(v, server=server) if len(servers) > 1 else v for server, v in found]
 
 
 def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
@@ -299,10 +287,9 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
 
 def _kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in PROMPT_KINDS]
-    if not kinds or unknown:
+    if not kinds or any(k not in PROMPT_KINDS for k in kinds):
         raise argparse.ArgumentTypeError(
-            f"unknown prompt kind(s) {unknown}; choose from {', '.join(PROMPT_KINDS)}")
+            f"unknown prompt kind(s) {text!r}; choose from {', '.join(PROMPT_KINDS)}")
     return list(dict.fromkeys(kinds))
 
 
@@ -311,13 +298,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a = p.add_argument
     a("--target-model", help="Target (default: models/demo/target, else the generated pair).")
     a("--draft-model", help="Draft model (default: the target's pair).")
-    a("--draft-tokens", type=results.int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
+    a("--draft-tokens", type=results.int_list, default=[1, 2, 4, 8, 16], metavar="K,...",
       help="Draft lengths to sweep (default 1,2,4,8,16).")
-    a("--prompt-kinds", type=_kinds, default=list(DEFAULT_PROMPT_KINDS), metavar="KIND,...",
+    a("--prompt-kinds", type=_kinds, default=["structured", "open_ended"], metavar="KIND,...",
       help=f"Of {', '.join(PROMPT_KINDS)} (default structured,open_ended).")
-    a("--reps", type=int, default=DEFAULT_REPS, help="Measured runs per cell (default 5).")
-    a("--warmup", type=int, default=DEFAULT_WARMUP, help="Discarded runs first (default 1).")
-    a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per run (default 320).")
+    a("--reps", type=int, default=5, help="Measured runs per cell (default 5).")
+    a("--warmup", type=int, default=1, help="Discarded runs first (default 1).")
+    a("--max-tokens", type=int, default=320, help="Tokens per run (default 320).")
     a("--temp", type=float, default=0.0, help="Sampling temperature (default 0: greedy).")
     a("--seed", type=int, default=0, help="Seed of the first rep.")
     a("--smoke", action="store_true", help="1 rep, no warm-up, the first kind, the first 2 k.")
@@ -337,7 +324,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
     a("--timeout", type=float, default=TIMEOUT_S,
       help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
-    a("--dry-run", action="store_true", help="Synthetic rows through the same writer.")
     args = p.parse_args(argv)
     results.check(p, [
         (args.reps < 1, "--reps must be >= 1"), (args.warmup < 0, "--warmup must be >= 0"),
@@ -346,9 +332,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (args.compare and not args.server, "--compare URL2 needs --server URL"),
         (args.draft == "prompt_lookup" and args.draft_model,
          "--draft prompt_lookup drafts from the prompt: drop --draft-model"),
-        (not (args.server or args.dry_run) and args.draft != "prompt_lookup"
-         and args.target_model and not args.draft_model,
-         "--target-model needs --draft-model (or --draft prompt_lookup)"),
+        (not args.server and args.draft != "prompt_lookup" and args.target_model
+         and not args.draft_model, "--target-model needs --draft-model (or --draft prompt_lookup)"),
     ])
     if args.smoke:
         args.reps, args.warmup = 1, 0
@@ -374,33 +359,20 @@ def speculation_of(args: argparse.Namespace) -> SpeculationParams:
 
 def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
     """The runners and the models they loaded (for the metadata)."""
-    from server.bench import runners as r
+    from server.bench.runners import EngineRunner, HttpRunner
 
-    urls = [u for u in (args.server, args.compare) if u]
-    if args.dry_run:
-        made = [r.SyntheticRunner(label) for label in urls or ["dry-run"]]
-    elif urls:
-        made = [r.HttpRunner(u, speculation=speculation_of(args), temperature=args.temp,
-                             api=args.api, api_key=args.api_key, timeout=args.timeout)
-                for u in urls]
-    else:
-        target, draft = resolve_models(args)
-        print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
-        runner = r.EngineRunner(target, draft, speculation=speculation_of(args),
-                                temperature=args.temp)
-        return [runner], {"target_model": target, "draft_model": draft}
-    if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
-        made[1].label += " (again)"
-    return made, {"target_model": args.target_model, "draft_model": args.draft_model}
-
-
-def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
-    """c for the theory column: given, measured on the loaded models, or N/A (servers)."""
-    if args.cost_ratio is not None:
-        return args.cost_ratio
-    if args.draft == "prompt_lookup":
-        return 0.0
-    return runners[0].cost_ratio() if hasattr(runners[0], "cost_ratio") else None
+    spec = speculation_of(args)
+    if args.server:
+        made = [HttpRunner(url, speculation=spec, temperature=args.temp, api=args.api,
+                           api_key=args.api_key, timeout=args.timeout)
+                for url in (args.server, args.compare) if url]
+        if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
+            made[1].label += " (again)"
+        return made, {}
+    target, draft = resolve_models(args)
+    print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
+    runner = EngineRunner(target, draft, speculation=spec, temperature=args.temp)
+    return [runner], {"target_model": target, "draft_model": draft}
 
 
 def main(argv: list[str]) -> int:
@@ -412,10 +384,14 @@ def main(argv: list[str]) -> int:
     except (ModelLoadError, IncompatibleDraft, ServerUnreachable) as e:
         print(f"error: {e}", file=log)
         return 1
-    c = cost_ratio(args, runners)
+    c = args.cost_ratio  # for the theory column: given, 0 for lookup, measured, or N/A
+    if c is None and args.draft == "prompt_lookup":
+        c = 0.0
+    elif c is None and not args.server:
+        c = runners[0].cost_ratio()
     cells = plan_cells(args.prompt_kinds, args.draft_tokens)
     writer, started = results.ResultsWriter(args.results_dir, "sweep", args.tag), time.time()
-    meta = {**results.environment(**models), "dry_run": args.dry_run, "cost_ratio": c,
+    meta = {**results.environment(**models), "cost_ratio": c,
             "runners": [r.describe() for r in runners]}
     print(f"{len(cells)} cells x {len(runners)} runner(s), {args.warmup} warm-up + {args.reps} "
           f"reps, {args.max_tokens} tokens; c = {num(c, '.3f', 'n/a')}", file=log)
