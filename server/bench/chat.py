@@ -1,13 +1,12 @@
 """`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
 
-1. A multi-turn chat under a long system prompt, the history resent each turn, the servers
-   taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and ours over this one's.
-2. Ours only (`--clients 0` skips it): `--clients` concurrent requests sharing that prompt,
-   `cache_prompt: false`, then with the cache (emptied by `DELETE /v1/cache`).
+1. A chat under a long system prompt, the history resent each turn, the servers taking turns:
+   prompt and cached tokens, TTFT, its ratio to turn 1 and ours over this one's.
+2. Ours only: `--clients` concurrent requests sharing that prompt, `cache_prompt: false`, then
+   with the cache (emptied by `DELETE /v1/cache`).
 
-`mlx-spec-bench restart` (`restart_main`, in process, no HTTP): time to first token of a long
-prompt after a restart, served from the disk prefix cache (`cache.disk_dir`), against a cold
-prefill.
+`mlx-spec-bench restart` (`restart_main`, in process): time to first token of a long prompt
+after a restart, from the disk prefix cache (`cache.disk_dir`), against a cold prefill.
 """
 
 from __future__ import annotations
@@ -101,38 +100,34 @@ def table(rows: list[dict]) -> list[list[str]]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = results.parser("chat", __doc__, api=True, servers="required")
     a = p.add_argument
     a("--system-chars", type=int, default=4500, help="System prompt length in chars (4500).")
     a("--turns", type=int, default=3, help="Chat turns (3).")
     a("--max-tokens", type=int, default=32, help="Tokens per answer (32).")
-    a("--clients", type=int, default=8, help="Concurrent clients sharing the prompt (8; 0: "
-      "skip that part).")
-    return p
-
-
-async def run(args) -> list[dict]:
+    a("--clients", type=int, default=8,
+      help="Concurrent clients sharing the prompt (8; 0: skip that part).")
+    args = p.parse_args(argv)
     servers = [args.server, *args.compare]
+    health = [runners.server_health(*s) for s in servers]
+    args.models = {s["name"]: s["target"] for s in health}
     system = ("You answer questions about this Python module.\n\n"
               + inspect.getsource(json.decoder)[:args.system_chars])
-    async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
-        rows = await turns(client, servers, system, args)
-        if args.clients:
-            rows += await shared_prompt(client, *servers[0], system, args)
-    return rows
 
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
+            rows = await turns(client, servers, system, args)
+            if args.clients:
+                rows += await shared_prompt(client, *servers[0], system, args)
+            return rows
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    servers = [runners.server_health(*s) for s in [args.server, *args.compare]]
-    args.models = {s["name"]: s["target"] for s in servers}
     try:
-        rows = asyncio.run(run(args))
+        rows = asyncio.run(run())
     except (httpx.HTTPError, StreamFailed) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    results.save("chat", argv, args, results.environment(servers=servers), rows, table,
+    results.save("chat", argv, args, results.environment(servers=health), rows, table,
                  system_chars=args.system_chars)
     return 0
 

@@ -50,15 +50,6 @@ def held_out_by_family(path: Path, count: int, model: str) -> dict[str, list[lis
     return {name: prompts for name, prompts in families.items() if prompts}
 
 
-def run(client: httpx.Client, prompt: list[int], fields: dict, max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "cache_prompt": False, **fields}
-    r = client.post("/v1/completions", json=body)
-    r.raise_for_status()
-    answer = r.json()
-    return {"text": answer["choices"][0]["text"], **answer["stats"]}
-
-
 def setting_rows(family: str, names: list[str], answers: dict[str, list[dict]]) -> list[dict]:
     """One row per setting: tokens, decode seconds, tok/s and over the first, acceptance."""
     rows = []
@@ -105,17 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     names, fields = [name for name, _ in args.setting], dict(args.setting)
-    families = held_out_by_family(args.answers, args.count, args.model)
     rows, same = [], True
-    with httpx.Client(base_url=args.server, timeout=600, headers=results.auth(args.api_key)) \
-            as client:
-        for family, prompts in families.items():
+    client = httpx.Client(base_url=args.server, timeout=600, headers=results.auth(args.api_key))
+    with client:
+        for family, prompts in held_out_by_family(args.answers, args.count, args.model).items():
             answers: dict[str, list[dict]] = {name: [] for name in names}
             for i, prompt in enumerate(prompts):
                 texts = set()
-                for name in names[i % len(names):] + names[:i % len(names)]:
-                    answers[name].append(run(client, prompt, fields[name], args.max_tokens))
-                    texts.add(answers[name][-1]["text"])
+                for name in names[i % len(names):] + names[:i % len(names)]:  # rotating
+                    r = client.post("/v1/completions", json={
+                        "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.0,
+                        "cache_prompt": False, **fields[name]})
+                    r.raise_for_status()
+                    answers[name].append(r.json()["stats"])
+                    texts.add(r.json()["choices"][0]["text"])
                 same &= len(texts) == 1
             rows += setting_rows(family, names, answers)
     results.save("held-out", argv, args, results.environment(model=args.model), rows, table,

@@ -44,15 +44,17 @@ def prompt(i: int) -> str:
     return " ".join([task, *extra, f"(Request {i}.)"])
 
 
-async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
-                    transport=None, clock=time.perf_counter) -> list[Stream]:
-    """C clients at once, one request each."""
+async def run_level(name: str, url: str, concurrency: int, first: int, args,
+                    max_tokens: int | None = None, *, transport=None,
+                    clock=time.perf_counter) -> list[Stream]:
+    """C clients at once, one request each (of `max_tokens`, default `args.max_tokens`)."""
     streams: list[Stream] = []
     model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
     async def one_client(c: int) -> None:
         body = request_body(args.api, [{"role": "user", "content": prompt(first + c)}],
-                            max_tokens=args.max_tokens, temperature=0.0, model=model)
+                            max_tokens=max_tokens or args.max_tokens, temperature=0.0,
+                            model=model)
         task = stream_async(client, url, args.api, body, clock=clock)
         try:
             streams.append(await asyncio.wait_for(task, args.timeout))
@@ -91,12 +93,11 @@ def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
         if reset:
             Path(f"/proc/{pid}/clear_refs").write_text("5")
             return None
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1e6  # kB -> GB
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return None
-    return None
+    return next((int(line.split()[1]) / 1e6 for line in status  # kB -> GB
+                 if line.startswith("VmHWM:")), None)
 
 
 MEDIANS = ("aggregate_tps", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "from_draft_fraction")
@@ -124,8 +125,11 @@ def add_ratios(rows: list[dict]) -> None:
 
 async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
                       log=None) -> list[dict]:
-    """Per level, `args.runs` runs of every server (`measure(name, c, first_prompt)`), the first
-    rotating; then a row per server with the medians and ratios."""
+    """`args.warmup` short unmeasured requests per server, then per level `args.runs` runs of
+    every server (`measure(name, c, first_prompt)`), the first rotating; a row per server."""
+    for i in range(args.warmup):
+        for name in names:
+            await measure(name, 1, i, WARMUP_MAX_TOKENS)
     pids, first, rows = getattr(args, "pids", {}), args.warmup, []
     for level, concurrency in enumerate(args.concurrency):
         runs: dict[str, list[dict]] = {name: [] for name in names}
@@ -149,16 +153,13 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
 
 async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
                    clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
-    """Every level on every server over HTTP, after `args.warmup` short requests each."""
+    """Every level on every server over HTTP."""
     urls, transports = dict(servers), transports or {}
-    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS})
-    for name, url in servers:
-        for i in range(args.warmup):
-            await run_level(name, url, 1, i, short, transport=transports.get(name))
 
-    async def measure(name: str, concurrency: int, first: int) -> dict:
+    async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
         return level_figures(await run_level(name, urls[name], concurrency, first, args,
-                                             transport=transports.get(name), clock=clock))
+                                             max_tokens, transport=transports.get(name),
+                                             clock=clock))
 
     return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
 
@@ -180,15 +181,11 @@ def in_process(args, on_row, log) -> list[dict]:
                "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
                "mlx_lm": _batch_generator(model, args.max_tokens)}
 
-    async def measure(name: str, concurrency: int, first: int) -> dict:
+    async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
         ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
                                              add_generation_prompt=True)
                for i in range(concurrency)]
-        return engines[name](ids)
-
-    for i in range(args.warmup):
-        for name in engines:
-            asyncio.run(measure(name, 1, i))
+        return engines[name](ids)  # the warm-up's too: of the engines' max_tokens
 
     return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
 
@@ -289,21 +286,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    args, log = parse_args(argv), sys.stderr
+    args = parse_args(argv)
     writer = results.ResultsWriter(args.results_dir, "load", args.tag)
-    rows: list[dict] = []
-
-    def on_row(row):
-        writer.write_row(row)
-        rows.append(row)
-
     meta = results.environment(target_model=args.target_model, draft_model=args.draft_model)
     if args.in_process:
-        in_process(args, on_row, log)
+        rows = in_process(args, writer.write_row, sys.stderr)
     else:
         meta["servers"] = [server_health(*s) for s in args.servers]
         args.models = {s["name"]: s["target"] for s in meta["servers"]}
-        asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
+        rows = asyncio.run(run_load(args.servers, args, on_row=writer.write_row, log=sys.stderr))
     results.save("load", argv, args, meta, rows, table, writer=writer)
     return 0
 
@@ -382,12 +373,10 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
                 tuple(ids), max_tokens, ignore_eos=True, cache_prompt=False, speculation=spec))
 
         run(8, 0)  # warm-up
-        result: dict = {"tps": {}, "accepted": {}}
-        for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else []):
-            runs = [run(args.max_tokens, draft_k) for _ in range(args.reps)]
-            result["tps"][name] = statistics.median(r.generation_tps for r in runs)
-            result["accepted"][name] = sum(r.draft_tokens_accepted for r in runs) / max(
-                1, sum(r.draft_tokens_proposed for r in runs))
+        result: dict = {"tps": {
+            name: statistics.median(run(args.max_tokens, draft_k).generation_tps
+                                    for _ in range(args.reps))
+            for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}}
         result["forward_s"] = _on_engine(engine, lambda: _forward_times(
             engine.kit.target.model, context, [1, k + 1], args.reps * 3))
         shards = engine.distributed

@@ -1,11 +1,9 @@
 """`mlx-spec-bench report`: `docs/benchmarks.md`, generated from the manifest `docs/benchmarks.yaml`
 and the result files it cites; and the tables every subcommand prints.
 
-The manifest (YAML, paths relative to `--root`) has `title`, `intro` (markdown), `sections`
-(each `title`, `text`, `command`, `files`) and `tried` (each `what`, `figure`: what did not pay).
-A cited `.json` result becomes its subcommand's table, its verdicts and a line with its command
-and machine; `.txt`/`.md` are embedded in a code block; `.png` becomes an image link. `--check`
-writes nothing and exits 1 when the page is out of date or a cited file is missing.
+The manifest (paths relative to `--root`) has `title`, `intro`, `sections` (each `title`, `text`,
+`command`, `files`) and `tried` (each `what`, `figure`). A cited `.json` result becomes its
+subcommand's table, verdicts and command line; `.txt`/`.md` a code block; `.png` an image.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ def render_json(path: Path) -> str:
         raise ValueError(f"{path}: not a result of mlx-spec-bench (no known 'subcommand')")
     module = importlib.import_module(SUBCOMMANDS[doc["subcommand"]])
     parts = [markdown_table(module.table(doc["rows"]))]
-    verdicts = doc.get("verdicts") or []
-    if verdicts:
+    if verdicts := doc.get("verdicts"):
         parts.append("\n".join(f"- **{v['id']} {v['verdict']}** {v['claim']}"
                                + (f" [{v['server']}]" if v.get("server") else "")
                                + f": {v['detail']}" for v in verdicts))
@@ -99,24 +96,17 @@ def render(manifest: dict, *, root: Path, out_dir: Path, manifest_name: str) -> 
     return "\n\n".join(parts) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench report",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--manifest", type=Path, default=Path("docs/benchmarks.yaml"),
-                   help="The manifest (default docs/benchmarks.yaml).")
-    p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"),
-                   help="The page written (default docs/benchmarks.md).")
-    p.add_argument("--root", type=Path, default=Path("."),
-                   help="What the manifest's paths are relative to (default: here).")
-    p.add_argument("--check", action="store_true",
-                   help="Write nothing; exit 1 if the page is not what it would be.")
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     import yaml
 
-    args = build_parser().parse_args(argv)
+    p = argparse.ArgumentParser(prog="mlx-spec-bench report", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--manifest", type=Path, default=Path("docs/benchmarks.yaml"), help="The manifest.")
+    a("--out", type=Path, default=Path("docs/benchmarks.md"), help="The page to write.")
+    a("--root", type=Path, default=Path("."), help="What the manifest's paths are relative to.")
+    a("--check", action="store_true", help="Write nothing; exit 1 if the page is out of date.")
+    args = p.parse_args(argv)
     manifest_path, out = args.root / args.manifest, args.root / args.out
     try:
         manifest = yaml.safe_load(manifest_path.read_text(encoding="utf-8"))

@@ -56,13 +56,13 @@ def parser(subcommand: str, doc: str, *, api: bool = False,
     from server.bench.runners import API_PATHS
 
     p = argparse.ArgumentParser(prog=f"mlx-spec-bench {subcommand}",
-                                description=doc.split("\n")[0])
+                                description=doc.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
-    a("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
-      help=f"Where the files go (default {DEFAULT_RESULTS_DIR}/, ignored by git).")
+    a("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="Where the files go.")
     a("--tag", help="Appended to the results' file name.")
     if api:
-        a("--api", choices=list(API_PATHS), default="chat", help="The streaming API (chat).")
+        a("--api", choices=list(API_PATHS), default="chat", help="The streaming API.")
         a("--api-key", help="Bearer key for the server(s).")
     if servers:
         a("--server", type=named_url, metavar="[NAME=]URL", required=servers == "required",

@@ -32,19 +32,18 @@ class ServerUnreachable(StreamFailed):
     """The server does not answer at all."""
 
 
+FROM_STATS = {"tokens": "generation_tokens", "tps": "generation_tps", "ttft_s": "ttft_s",
+              "peak_gb": "peak_memory_gb", "prompt_tokens": "prompt_tokens",
+              "from_draft": "draft_tokens_accepted", "proposed": "draft_tokens_proposed",
+              "accepted": "draft_tokens_accepted"}
+
+
 def run_result(stats: dict | None = None, **measured) -> dict:
     """One generation as measured, from our `stats` where given (None: unknown)."""
-    out = dict.fromkeys(("tokens", "tps", "ttft_s", "peak_gb", "prompt_tokens", "from_draft",
-                         "proposed", "accepted", "rounds", "finish_reason"))
-    if stats is not None:
-        histogram = stats.get("k_histogram")
-        out.update(tokens=stats["generation_tokens"], tps=stats["generation_tps"],
-                   ttft_s=stats["ttft_s"], peak_gb=stats["peak_memory_gb"],
-                   prompt_tokens=stats["prompt_tokens"], from_draft=stats["draft_tokens_accepted"],
-                   proposed=stats["draft_tokens_proposed"],
-                   accepted=stats["draft_tokens_accepted"],
-                   rounds=sum(histogram.values()) if histogram else None)
-    return {**out, **measured}
+    stats, histogram = stats or {}, (stats or {}).get("k_histogram")
+    return {**{key: stats.get(name) for key, name in FROM_STATS.items()},
+            "rounds": sum(histogram.values()) if histogram else None, "finish_reason": None,
+            **measured}
 
 
 def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature: float,
@@ -154,14 +153,6 @@ class Stream:
                               "prompt_tokens")}))
 
 
-def error_message(response: httpx.Response) -> str:
-    try:
-        err = response.json().get("error")
-        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
-    except (ValueError, AttributeError):
-        return response.text[:300]
-
-
 def server_health(name: str, url: str) -> dict:
     """GET /health; ours names the target (the model id the Responses and Messages APIs want)."""
     out: dict = {"name": name, "url": url}
@@ -181,7 +172,12 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
         async with client.stream("POST", url + API_PATHS[api], json=body) as r:
             if r.status_code != 200:
                 await r.aread()
-                stream.error = f"HTTP {r.status_code}: {error_message(r)}"[:300]
+                try:
+                    err = r.json().get("error")
+                    err = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                except (ValueError, AttributeError):
+                    err = r.text
+                stream.error = f"HTTP {r.status_code}: {err}"[:300]
                 return stream
             async for line in r.aiter_lines():
                 if line.startswith("data:") and not stream.feed(line, clock()):
@@ -230,9 +226,8 @@ class EngineRunner:
         return run_result(done.stats.to_dict(), finish_reason=done.finish_reason)
 
     def cost_ratio(self) -> float | None:
-        if self.kit.draft is None:
-            return 0.0 if self.speculation.source == "prompt_lookup" else None
-        return measure_cost_ratio(self.kit.target.model, self.kit.draft.model)
+        draft = self.kit.draft
+        return measure_cost_ratio(self.kit.target.model, draft.model) if draft else None
 
     def close(self) -> None:
         self.kit.unload_draft()

@@ -8,7 +8,6 @@ lookup), or the demo pair when SmolLM2 is missing.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 from pathlib import Path
@@ -36,21 +35,18 @@ def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None,
     return target, draft, "model"
 
 
-def body(max_tokens: int, *, schema: bool, drafter: str | None, k: int, **extra) -> dict:
-    out = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-           "temperature": 0, **extra}
-    if schema:
-        out["response_format"] = {"type": "json_schema",
-                                  "json_schema": {"name": "scientists", "schema": SCHEMA}}
-    if drafter is None:
-        out["use_draft"] = False
-    else:
-        out.update(draft=drafter, num_draft_tokens=k, use_draft=True)
-    return out
-
-
-async def measure(client, request: dict, reps: int) -> dict:
+async def measure(client, max_tokens: int, reps: int, *, schema: bool, drafter: str | None = None,
+                  k: int = 0) -> dict:
     """Median generation tok/s over `reps` runs, and the last run's text and stats."""
+    request = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+               "temperature": 0, "use_draft": drafter is not None}
+    if schema:
+        request["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"name": "scientists", "schema": SCHEMA}}
+    else:  # free text as long as the schema's answer
+        request["ignore_eos"] = True
+    if drafter is not None:
+        request.update(draft=drafter, num_draft_tokens=k)
     runs = []
     for _ in range(reps):
         r = await client.post("/v1/chat/completions", json=request)
@@ -62,17 +58,13 @@ async def measure(client, request: dict, reps: int) -> dict:
 
 
 async def measure_all(client, args, drafter: str) -> list[dict]:
-    await measure(client, body(8, schema=True, drafter=None, k=0), 1)  # warm-up
-    plain = {True: await measure(client, body(args.max_tokens, schema=True, drafter=None, k=0),
-                                 args.reps)}
+    await measure(client, 8, 1, schema=True)  # warm-up
+    plain = {True: await measure(client, args.max_tokens, args.reps, schema=True)}
     n = plain[True]["tokens"]
-    plain[False] = await measure(client, body(n, schema=False, drafter=None, k=0,
-                                              ignore_eos=True), args.reps)
+    plain[False] = await measure(client, n, args.reps, schema=False)
     rows = []
     for schema in (False, True):
-        extra = {} if schema else {"ignore_eos": True}
-        spec = await measure(client, body(n, schema=schema, drafter=drafter, k=args.k, **extra),
-                             args.reps)
+        spec = await measure(client, n, args.reps, schema=schema, drafter=drafter, k=args.k)
         output = "JSON schema" if schema else "free text"
         rows.append({"output": output, "drafts": "none", "tokens": plain[schema]["tokens"],
                      "tps": plain[schema]["tps"],
@@ -122,7 +114,7 @@ def table(rows: list[dict]) -> list[list[str]]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = results.parser("structured", __doc__)
     a = p.add_argument
     a("--target-model", help="Target (default: SmolLM2, else the demo target).")
@@ -132,11 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--k", type=int, default=4, help="Draft tokens per round (4).")
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
     a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     rows, models = asyncio.run(run(args))
     results.save("structured", argv, args, results.environment(**models), rows, table)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import get_args
@@ -191,29 +191,22 @@ def add_speedups(row: dict, baseline: dict | None, cost_ratio: float | None) -> 
         row["theory"] = theoretical_speedup(row["alpha"], row["k_mean"], cost_ratio)
 
 
-def run_cell(runner, cell: Cell, args) -> dict:
-    """Warm-up runs (discarded), then the reps; any exception makes an error row."""
-    runs: list[dict] = []
-    try:
-        for i in range(args.warmup):
-            runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + args.reps + i)
-        for i in range(args.reps):
-            runs.append(runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i))
-    except Exception as e:  # a failed cell is data: record it, go on with the sweep
-        return cell_row(cell, [], server=runner.label, args=args, error=f"{type(e).__name__}: {e}")
-    return cell_row(cell, runs, server=runner.label, args=args)
-
-
-def sweep(runners: list, cells: list[Cell], args, *, cost_ratio: float | None,
-          on_row, on_cell=lambda cell, label: None) -> list[dict]:
-    """Each cell on each runner in turn; rows go to `on_row` as soon as a cell is done."""
-    rows: list[dict] = []
+def sweep(runners: list, cells: list[Cell], args, cost_ratio: float | None, log) -> Iterator:
+    """Each cell on each runner in turn; yields the cell's rows as soon as it is done."""
     baselines: dict[tuple[str, str], dict] = {}
     for cell in cells:
         cell_rows = []
         for runner in runners:
-            on_cell(cell, runner.label)
-            row = run_cell(runner, cell, args)
+            print(f"  {cell.label()} @ {runner.label}", file=log)
+            runs, error = [], None
+            try:
+                for i in range(args.warmup):  # discarded
+                    runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + args.reps + i)
+                runs = [runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i)
+                        for i in range(args.reps)]
+            except Exception as e:  # a failed cell is data: record it, go on with the sweep
+                error = f"{type(e).__name__}: {e}"
+            row = cell_row(cell, runs, server=runner.label, args=args, error=error)
             if cell.k == 0:
                 baselines[(runner.label, cell.kind)] = row
             add_speedups(row, baselines.get((runner.label, cell.kind)), cost_ratio)
@@ -223,10 +216,7 @@ def sweep(runners: list, cells: list[Cell], args, *, cost_ratio: float | None,
             r = ratio(first["tps_median"], second["tps_median"])
             for row, other in ((first, second), (second, first)):
                 row["compare_with"], row["compare_ratio"] = other["server"], r
-        for row in cell_rows:
-            on_row(row)
-            rows.append(row)
-    return rows
+        yield from cell_rows
 
 
 def table(rows: list[dict]) -> list[list[str]]:
@@ -295,35 +285,31 @@ def _kinds(text: str) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = results.parser("sweep", __doc__, api=True)
-    a = p.add_argument
+    a, spec = p.add_argument, SpeculationParams()
     a("--target-model", help="Target (default: models/demo/target, else the generated pair).")
     a("--draft-model", help="Draft model (default: the target's pair).")
     a("--draft-tokens", type=results.int_list, default=[1, 2, 4, 8, 16], metavar="K,...",
-      help="Draft lengths to sweep (default 1,2,4,8,16).")
+      help="Draft lengths to sweep.")
     a("--prompt-kinds", type=_kinds, default=["structured", "open_ended"], metavar="KIND,...",
-      help=f"Of {', '.join(PROMPT_KINDS)} (default structured,open_ended).")
-    a("--reps", type=int, default=5, help="Measured runs per cell (default 5).")
-    a("--warmup", type=int, default=1, help="Discarded runs first (default 1).")
-    a("--max-tokens", type=int, default=320, help="Tokens per run (default 320).")
-    a("--temp", type=float, default=0.0, help="Sampling temperature (default 0: greedy).")
+      help=f"Of {', '.join(PROMPT_KINDS)}.")
+    a("--reps", type=int, default=5, help="Measured runs per cell.")
+    a("--warmup", type=int, default=1, help="Discarded runs first.")
+    a("--max-tokens", type=int, default=320, help="Tokens per run.")
+    a("--temp", type=float, default=0.0, help="Sampling temperature (0: greedy).")
     a("--seed", type=int, default=0, help="Seed of the first rep.")
     a("--smoke", action="store_true", help="1 rep, no warm-up, the first kind, the first 2 k.")
     a("--draft", choices=get_args(DraftSource), default="model",
       help="Draft with the draft model, by prompt lookup, or hybrid (lookup when it matches).")
-    a("--acceptance", choices=["exact", "rejection"], default=SpeculationParams().acceptance,
+    a("--acceptance", choices=["exact", "rejection"], default=spec.acceptance,
       help="Acceptance rule at --temp > 0.")
-    a("--adaptive", action=argparse.BooleanOptionalAction, default=False,
-      help="Adapt k per round (default off: the sweep measures a fixed k).")
-    a("--draft-p-min", type=float, default=0.0,
-      help="End a round's drafting below this draft probability (the request's draft_p_min).")
-    a("--hybrid-min-match", type=int, choices=(1, 2, 3),
-      default=SpeculationParams().hybrid_min_match,
+    a("--adaptive", action=argparse.BooleanOptionalAction, default=False, help="Adapt k per round.")
+    a("--draft-p-min", type=float, default=0.0, help="The requests' draft_p_min.")
+    a("--hybrid-min-match", type=int, choices=(1, 2, 3), default=spec.hybrid_min_match,
       help="--draft hybrid: look up only after this many matching tokens.")
     a("--cost-ratio", type=float, help="Draft/target cost per token, c (default: measured).")
     a("--server", metavar="URL", help="Run the cells through this OpenAI-compatible server.")
     a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
-    a("--timeout", type=float, default=TIMEOUT_S,
-      help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
+    a("--timeout", type=float, default=TIMEOUT_S, help="Seconds a server may stay silent.")
     args = p.parse_args(argv)
     results.check(p, [
         (args.reps < 1, "--reps must be >= 1"), (args.warmup < 0, "--warmup must be >= 0"),
@@ -397,9 +383,9 @@ def main(argv: list[str]) -> int:
           f"reps, {args.max_tokens} tokens; c = {num(c, '.3f', 'n/a')}", file=log)
     rows: list[dict] = []
     try:
-        sweep(runners, cells, args, cost_ratio=c,
-              on_row=lambda row: (writer.write_row(row), rows.append(row)),
-              on_cell=lambda cell, label: print(f"  {cell.label()} @ {label}", file=log))
+        for row in sweep(runners, cells, args, c, log):
+            writer.write_row(row)
+            rows.append(row)
     except KeyboardInterrupt:
         print("\ninterrupted: writing what was done", file=log)
         meta["interrupted"] = True
