@@ -26,11 +26,24 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
+import mlx.core as mx
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import BatchGenerator
 
 from server.bench import results
 from server.bench.report import num
 from server.bench.results import percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
+from server.engine.batch import new_cache, prefill
+from server.engine.distributed import DistributedEngine, launched_layout
+from server.engine.follower import run_follower
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SpeculationParams
+from server.engine.ragged_cache import RaggedKVCache
+from server.engine.scheduler import Scheduler, SchedulerConfig
+from server.engine.sequence import Phase
+from server.engine.service import InferenceEngine
+from server.model_files.bundled import generated_pair
 
 WARMUP_MAX_TOKENS = 8
 _TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
@@ -166,11 +179,6 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
 
 def in_process(args, on_row, log) -> list[dict]:
     """Ours with and without the draft against `BatchGenerator`, C requests at once."""
-    from mlx_lm import load as mlx_load
-
-    from server.engine.model_kit import ModelKit, load_model
-    from server.model_files.bundled import generated_pair
-
     target, draft = (args.target_model, args.draft_model) if args.target_model else \
         generated_pair()
     with_draft = ModelKit(load_model(target))
@@ -196,10 +204,6 @@ def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dic
 
 
 def _ours(kit, batch: int, max_tokens: int):
-    from server.engine.params import GenerationParams, SpeculationParams
-    from server.engine.scheduler import Scheduler, SchedulerConfig
-    from server.engine.sequence import Phase
-
     scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
     spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
 
@@ -217,8 +221,6 @@ def _ours(kit, batch: int, max_tokens: int):
 
 
 def _batch_generator(model, max_tokens: int):
-    from mlx_lm.generate import BatchGenerator
-
     def run(ids: list[list[int]]) -> dict:
         gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
         start = time.perf_counter()
@@ -330,11 +332,6 @@ def _on_engine(engine, fn):
 
 def _forward_times(model, context: list[int], widths: list[int], reps: int) -> dict[str, float]:
     """Median seconds of one forward of each width over a one-row cache holding `context`."""
-    import mlx.core as mx
-
-    from server.engine.batch import new_cache, prefill
-    from server.engine.ragged_cache import RaggedKVCache
-
     row = new_cache(model)
     prefill(model, row, context)
     cache, out = [RaggedKVCache.merge([c]) for c in row], {}
@@ -352,12 +349,6 @@ def _forward_times(model, context: list[int], widths: list[int], reps: int) -> d
 
 def layout_figures(args: argparse.Namespace, layout=None) -> dict:
     """Every figure of one layout (one process when `layout` is None), on a started engine."""
-    import mlx.core as mx
-
-    from server.engine.distributed import DistributedEngine
-    from server.engine.params import GenerationParams, SpeculationParams
-    from server.engine.service import InferenceEngine
-
     kwargs = {"model": args.target_model, "draft_model": args.draft_model,
               "num_draft_tokens": args.num_draft_tokens, "prefix_cache_bytes": 0}
     engine = InferenceEngine(**kwargs) if layout is None else \
@@ -392,9 +383,6 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
 
 def launched(args: argparse.Namespace) -> None:
     """Inside `mlx.launch`: rank 0 measures, the others follow."""
-    from server.engine.distributed import launched_layout
-    from server.engine.follower import run_follower
-
     layout = launched_layout(args.mode)
     if layout is None:
         raise SystemExit("--result-file: only under mlx.launch")

@@ -1,9 +1,7 @@
-"""Who runs a generation (the engine in this process, or a server over HTTP through one of
-three APIs) and how a server's token stream is read.
-
-tok/s is measured on the client alike for every server: (n - 1) / (t_last - t_first). Ours flags
-each token `from_draft` and ends with `stats`; `mlx_lm.server` sends a chunk when text is ready
-(n from its usage), and its baseline asks for `"draft_model": null`.
+"""Who runs a generation (the engine in this process, or a server over one of three HTTP APIs)
+and how a token stream is read: tok/s is (n - 1) / (t_last - t_first) on the client for every
+server. Ours flags each token `from_draft` and ends with `stats`; `mlx_lm.server` sends a chunk
+when text is ready (n from its usage).
 """
 
 from __future__ import annotations
@@ -15,9 +13,15 @@ import time
 from dataclasses import dataclass, field, replace
 
 import httpx
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 from server.bench.results import auth
-from server.engine.params import SpeculationParams
+from server.demo import encode_prompt
+from server.engine.events import Finished
+from server.engine.generation import generate_events
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
              "messages": "/v1/messages"}
@@ -93,9 +97,7 @@ class Stream:
         """Generated tokens: from our `stats`, else the usage, else the arrivals counted."""
         if self.stats is not None:
             return self.stats["generation_tokens"]
-        if self.usage and self.usage["completion_tokens"] is not None:
-            return self.usage["completion_tokens"]
-        return len(self.arrivals)
+        return ((self.usage or {}).get("completion_tokens")) or len(self.arrivals)
 
     def feed(self, line: str, now: float) -> bool:
         """Take one SSE line; False once the stream has ended. An error event raises."""
@@ -198,8 +200,6 @@ class EngineRunner:
 
     def __init__(self, target: str, draft: str | None, *, speculation: SpeculationParams,
                  temperature: float):
-        from server.engine.model_kit import ModelKit, load_model
-
         self.kit = ModelKit(load_model(target))
         if draft is not None and speculation.source != "prompt_lookup":
             self.kit.load_draft(draft)
@@ -212,11 +212,6 @@ class EngineRunner:
             for role, m in models.items() if m is not None}}
 
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
-        from server.demo import encode_prompt
-        from server.engine.events import Finished
-        from server.engine.generation import generate_events
-        from server.engine.params import GenerationParams, SamplingParams
-
         params = GenerationParams(
             prompt_tokens=tuple(encode_prompt(self.kit.target.tokenizer, cell.prompt, chat=True)),
             max_tokens=max_tokens,
@@ -235,8 +230,6 @@ class EngineRunner:
 
 def engine_stats(engine, params):
     """One request through a started `InferenceEngine`, to its end: its `GenerationStats`."""
-    from server.engine.events import Finished
-
     async def run():
         async for event in engine.submit(params):  # raises what the request raised
             if isinstance(event, Finished):
@@ -248,9 +241,6 @@ def engine_stats(engine, params):
 def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
     """c: a draft forward token's time over the target's; decode steps after a short prefill,
     the models alternating (the same machine load), medians, the first two steps dropped."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
     models = (target, draft)
     caches = [make_prompt_cache(m) for m in models]
     for model, cache in zip(models, caches, strict=True):
@@ -292,17 +282,14 @@ class HttpRunner:
     def request_body(self, cell, *, max_tokens: int, seed: int) -> dict:
         extra: dict = {"seed": seed} if self.temperature > 0 else {}
         spec = self.speculation
-        if self.flavor == "ours":
-            extra["num_draft_tokens"] = cell.k
-            if cell.k:
-                extra.update(draft=spec.source, acceptance=spec.acceptance,
-                             adaptive=spec.adaptive, draft_p_min=spec.draft_p_min,
-                             hybrid_min_match=spec.hybrid_min_match)
-        elif cell.k == 0:
-            extra["draft_model"] = None
-        elif spec.source != "model":
+        if self.flavor == "ours" and cell.k:
+            extra.update(draft=spec.source, acceptance=spec.acceptance, adaptive=spec.adaptive,
+                         draft_p_min=spec.draft_p_min, hybrid_min_match=spec.hybrid_min_match)
+        elif self.flavor != "ours" and cell.k == 0:
+            extra["draft_model"] = None  # mlx_lm.server: its baseline unloads the draft
+        elif self.flavor != "ours" and spec.source != "model":
             raise StreamFailed(f"draft={spec.source} is an extension of our server only")
-        else:
+        if self.flavor == "ours" or cell.k:
             extra["num_draft_tokens"] = cell.k
         model = self.health.get("target") if self.api != "chat" else None
         return request_body(self.api, [{"role": "user", "content": cell.prompt}], model=model,
@@ -310,8 +297,7 @@ class HttpRunner:
 
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
         body = self.request_body(cell, max_tokens=max_tokens, seed=seed)
-        stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api,
-                                                           body))
+        stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api, body))
         if stream.error:
             raise StreamFailed(stream.error)
         return stream.result()

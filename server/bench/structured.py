@@ -13,9 +13,13 @@ import statistics
 from pathlib import Path
 from typing import get_args
 
+import httpx
+
 from server.bench import results
 from server.bench.report import num
+from server.config import Settings
 from server.engine.params import DraftSource
+from server.http.app import build_engine, create_app
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
 DEFAULT_DRAFT = Path("models/smollm2-draft")
@@ -79,11 +83,6 @@ async def measure_all(client, args, drafter: str) -> list[dict]:
 
 
 async def run(args) -> tuple[list[dict], dict]:
-    import httpx
-
-    from server.config import Settings
-    from server.http.app import build_engine, create_app
-
     target, draft, drafter = pick_models(args.target_model, args.draft_model)
     if args.drafter is not None:
         if draft is None and args.drafter != "prompt_lookup":

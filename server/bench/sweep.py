@@ -19,8 +19,10 @@ from typing import get_args
 from server.bench import results
 from server.bench.report import num
 from server.bench.results import ratio, summarize
-from server.bench.runners import TIMEOUT_S, ServerUnreachable
+from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, ServerUnreachable
+from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 from server.engine.params import DraftSource, SpeculationParams
+from server.model_files.bundled import demo_or_generated_pair
 
 _PROMPTS = results.PROMPTS["sweep"]
 STRUCTURED, OPEN_ENDED = _PROMPTS["structured"], _PROMPTS["open_ended"]
@@ -330,8 +332,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
     target, draft = args.target_model, args.draft_model
     if target is None:
-        from server.model_files.bundled import demo_or_generated_pair
-
         target, paired = demo_or_generated_pair()
         draft = draft or paired
     return target, (None if args.draft == "prompt_lookup" else draft)
@@ -345,8 +345,6 @@ def speculation_of(args: argparse.Namespace) -> SpeculationParams:
 
 def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
     """The runners and the models they loaded (for the metadata)."""
-    from server.bench.runners import EngineRunner, HttpRunner
-
     spec = speculation_of(args)
     if args.server:
         made = [HttpRunner(url, speculation=spec, temperature=args.temp, api=args.api,
@@ -362,8 +360,6 @@ def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
 
 
 def main(argv: list[str]) -> int:
-    from server.engine.model_kit import IncompatibleDraft, ModelLoadError
-
     args, log = parse_args(argv), sys.stderr
     try:
         runners, models = make_runners(args, log)
