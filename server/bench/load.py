@@ -259,15 +259,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = results.parser("load", __doc__, api=True, servers="optional")
     a = p.add_argument
     a("--concurrency", type=results.int_list, default=[1, 2, 4, 8, 16, 32], metavar="C,...",
-      help="Concurrent streams per level (default 1,2,4,8,16,32).")
-    a("--max-tokens", type=int, default=96, help="Tokens per request (96).")
-    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
+      help="Concurrent streams per level.")
+    a("--max-tokens", type=int, default=96, help="Tokens per request.")
+    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians.")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
-    a("--timeout", type=float, default=300.0, help="Seconds one request may take (300).")
-    a("--warmup", type=int, default=1, help="Unmeasured short requests per server first (1).")
-    a("--in-process", action="store_true",
-      help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
+    a("--timeout", type=float, default=300.0, help="Seconds one request may take.")
+    a("--warmup", type=int, default=1, help="Unmeasured short requests per server first.")
+    a("--in-process", action="store_true", help="Our scheduler against BatchGenerator, no HTTP.")
     a("--target-model", help="--in-process: the target (default: the generated pair's).")
     a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
     args = p.parse_args(argv)
@@ -303,23 +302,6 @@ def main(argv: list[str]) -> int:
 
 # -- distributed --------------------------------------------------------------------------------
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-
-
-def distributed_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench distributed",
-                                description="A sharded target against one process.")
-    a = p.add_argument
-    a("--target-model", required=True, help="Target model folder (sharded).")
-    a("--draft-model", default=None, help="Draft model folder (rank 0 only).")
-    a("--ranks", type=int, default=2, help="Processes to shard over (default 2).")
-    a("--mode", choices=["tensor", "pipeline"], default="tensor")
-    a("--num-draft-tokens", type=int, default=4, help="k (default 4).")
-    a("--max-tokens", type=int, default=64, help="Tokens per request (64).")
-    a("--context", type=int, default=128, help="Context before the timed forwards.")
-    a("--reps", type=int, default=3, help="Requests / forwards per cell (median).")
-    a("--out", type=Path, default=None, help="Write the results here as JSON.")
-    a("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # set: under mlx.launch
-    return p.parse_args(argv)
 
 
 def _on_engine(engine, fn):
@@ -370,28 +352,13 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
             for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}}
         result["forward_s"] = _on_engine(engine, lambda: _forward_times(
             engine.kit.target.model, context, [1, k + 1], args.reps * 3))
-        shards = engine.distributed
-        result["rank_memory_gb"] = shards["rank_memory_gb"] if shards else \
-            [round(_on_engine(engine, mx.get_active_memory) / 1e9, 4)]
-        config = engine.target.config
-        result.update(layers=config.get("num_hidden_layers"),
-                      hidden_size=config.get("hidden_size"))
-        return result
+        config, shards = engine.target.config, engine.distributed
+        return {**result, "layers": config.get("num_hidden_layers"),
+                "hidden_size": config.get("hidden_size"),
+                "rank_memory_gb": shards["rank_memory_gb"] if shards else
+                [round(_on_engine(engine, mx.get_active_memory) / 1e9, 4)]}
     finally:
         engine.stop()
-
-
-def launched(args: argparse.Namespace) -> None:
-    """Inside `mlx.launch`: rank 0 measures, the others follow."""
-    layout = launched_layout(args.mode)
-    if layout is None:
-        raise SystemExit("--result-file: only under mlx.launch")
-    if layout.rank > 0:
-        run_follower(layout, args.target_model, timeout_s=600, drain_timeout_s=10)
-        return
-    result = layout_figures(args, layout)
-    result.update(world_size=layout.world_size, backend=layout.backend, mode=layout.mode)
-    args.result_file.write_text(json.dumps(result))
 
 
 def distributed_report(single: dict, dist: dict, k: int) -> str:
@@ -421,9 +388,29 @@ def distributed_report(single: dict, dist: dict, k: int) -> str:
 
 def distributed_main(argv: list[str]) -> None:
     """`mlx-spec-bench distributed`: a target sharded with mlx.launch against one process."""
-    args = distributed_args(argv)
-    if args.result_file is not None:
-        launched(args)
+    p = argparse.ArgumentParser(prog="mlx-spec-bench distributed",
+                                description="A sharded target against one process.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--target-model", required=True, help="Target model folder (sharded).")
+    a("--draft-model", default=None, help="Draft model folder (rank 0 only).")
+    a("--ranks", type=int, default=2, help="Processes to shard over.")
+    a("--mode", choices=["tensor", "pipeline"], default="tensor", help="How to shard.")
+    a("--num-draft-tokens", type=int, default=4, help="k.")
+    a("--max-tokens", type=int, default=64, help="Tokens per request.")
+    a("--context", type=int, default=128, help="Context before the timed forwards.")
+    a("--reps", type=int, default=3, help="Requests / forwards per cell (median).")
+    a("--out", type=Path, default=None, help="Write the results here as JSON.")
+    a("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # set: under mlx.launch
+    args = p.parse_args(argv)
+    if args.result_file is not None:  # inside mlx.launch: rank 0 measures, the others follow
+        layout = launched_layout(args.mode)
+        if layout.rank > 0:
+            run_follower(layout, args.target_model, timeout_s=600, drain_timeout_s=10)
+            return
+        args.result_file.write_text(json.dumps({
+            **layout_figures(args, layout), "world_size": layout.world_size,
+            "backend": layout.backend, "mode": layout.mode}))
         return
     single = layout_figures(args)
     with tempfile.TemporaryDirectory() as folder:  # the same command on each rank
