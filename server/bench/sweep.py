@@ -1,9 +1,9 @@
 """`mlx-spec-bench sweep`: sweep the draft length k and see whether speculation pays.
 
-Per prompt kind: a baseline (no draft) and a cell per k, `--warmup` then `--reps` runs each,
-greedy by default; in this process, through a server (`--server`), or two interleaved
-(`--compare`). Verdicts: P1 some k beats the baseline (IQRs apart), P2 tok/s vs k peaks inside
-the k swept, P3 acceptance is higher on `structured` than on `open_ended`.
+Per prompt kind a baseline (no draft) and a cell per k, `--warmup` then `--reps` runs each; in
+this process, through a server (`--server`), or two interleaved (`--compare`). Verdicts: P1 some
+k beats the baseline (IQRs apart), P2 tok/s peaks inside the k swept, P3 acceptance is higher on
+`structured` than on `open_ended`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ class Cell:
     @property
     def prompt(self) -> str:
         return PROMPT_KINDS[self.kind]
-
-    def label(self) -> str:
-        return f"{self.kind} {'baseline' if self.k == 0 else f'k={self.k}'}"
 
 
 def plan_cells(kinds: list[str], draft_tokens: list[int]) -> list[Cell]:
@@ -155,11 +152,9 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
         s = summarize(values)
         return {f"{name}_median": s.median, f"{name}_iqr": s.iqr}
 
-    def total(key: str) -> int | None:
-        vals = [r[key] for r in runs]
-        return sum(vals) if vals and all(v is not None for v in vals) else None
-
-    proposed, accepted, rounds = total("proposed"), total("accepted"), total("rounds")
+    proposed, accepted, rounds = (
+        sum(vals) if vals and None not in vals else None
+        for vals in ([r[key] for r in runs] for key in ("proposed", "accepted", "rounds")))
     spec = cell.k > 0
     return {
         "server": server, "kind": cell.kind, "k": cell.k, "drafter": args.draft if spec else None,
@@ -199,7 +194,7 @@ def sweep(runners: list, cells: list[Cell], args, cost_ratio: float | None, log)
     for cell in cells:
         cell_rows = []
         for runner in runners:
-            print(f"  {cell.label()} @ {runner.label}", file=log)
+            print(f"  {cell.kind} k={cell.k} @ {runner.label}", file=log)
             runs, error = [], None
             try:
                 for i in range(args.warmup):  # discarded
