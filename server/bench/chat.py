@@ -55,11 +55,10 @@ async def turns(client, servers: list[tuple[str, str]], system: str, args) -> li
             stream = await stream_async(client, url, args.api, body)
             history.append({"role": "assistant", "content": "".join(stream.text)})
             rows.append({"part": "turns", "server": name, "turn": turn, **_figures(stream)})
-    for row in rows:
-        first = next(r for r in rows if r["server"] == row["server"] and r["turn"] == 1)
-        ours = next(r for r in rows if r["server"] == servers[0][0] and r["turn"] == row["turn"])
-        row["vs_first"], row["ours_over_this"] = (ratio(row["ttft_s"], first["ttft_s"]),
-                                                  ratio(ours["ttft_s"], row["ttft_s"]))
+    ttft = {(r["server"], r["turn"]): r["ttft_s"] for r in rows}
+    for r in rows:
+        r["vs_first"] = ratio(r["ttft_s"], ttft[r["server"], 1])
+        r["ours_over_this"] = ratio(ttft[servers[0][0], r["turn"]], r["ttft_s"])
     return rows
 
 
@@ -75,7 +74,7 @@ async def shared_prompt(client, name: str, url: str, system: str, args) -> list[
         figures = [_figures(s) for s in streams]
         ttfts = [f["ttft_s"] for f in figures]
         rows.append({"part": "shared", "server": name, "clients": args.clients,
-                     "cache_prompt": cache_prompt, "ttft_s": sum(ttfts) / len(ttfts),
+                     "cache_prompt": cache_prompt, "ttft_s": statistics.mean(ttfts),
                      "ttft_max_s": max(ttfts),
                      "total_s": max(s.end for s in streams) - min(s.start for s in streams),
                      "prompt_tokens": sum(f["prompt_tokens"] or 0 for f in figures),

@@ -34,12 +34,11 @@ from server.bench import results
 from server.bench.report import num
 from server.bench.results import percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
-from server.engine.batch import new_cache, prefill
+from server.engine.cost_model import measure_forward_times
 from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.follower import run_follower
 from server.engine.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.ragged_cache import RaggedKVCache
 from server.engine.scheduler import Scheduler, SchedulerConfig
 from server.engine.sequence import Phase
 from server.engine.service import InferenceEngine
@@ -312,23 +311,6 @@ def _on_engine(engine, fn):
     return future.result()
 
 
-def _forward_times(model, context: list[int], widths: list[int], reps: int) -> dict[str, float]:
-    """Median seconds of one forward of each width over a one-row cache holding `context`."""
-    row = new_cache(model)
-    prefill(model, row, context)
-    cache, out = [RaggedKVCache.merge([c]) for c in row], {}
-    for width in widths:
-        times = []
-        for _ in range(reps + 1):  # the first is a warm-up
-            start = time.perf_counter()
-            mx.eval(model(mx.array([context[:width]], mx.uint32), cache=cache))
-            times.append(time.perf_counter() - start)
-            for c in cache:
-                c.trim(width)
-        out[str(width)] = statistics.median(times[1:])
-    return out
-
-
 def layout_figures(args: argparse.Namespace, layout=None) -> dict:
     """Every figure of one layout (one process when `layout` is None), on a started engine."""
     kwargs = {"model": args.target_model, "draft_model": args.draft_model,
@@ -338,7 +320,6 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
     engine.start()
     try:
         ids, k = list(engine.tokenizer.encode(PROMPT)), args.num_draft_tokens
-        context = (ids * (args.context // len(ids) + 1))[: args.context]
 
         def run(max_tokens: int, draft_k: int):
             spec = SpeculationParams(num_draft_tokens=draft_k, required=draft_k > 0)
@@ -350,8 +331,10 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
             name: statistics.median(run(args.max_tokens, draft_k).generation_tps
                                     for _ in range(args.reps))
             for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}}
-        result["forward_s"] = _on_engine(engine, lambda: _forward_times(
-            engine.kit.target.model, context, [1, k + 1], args.reps * 3))
+        times = _on_engine(engine, lambda: measure_forward_times(  # collectives: on its thread
+            engine.kit.target.model, rows=(1,), tokens=(1, k + 1), context=args.context,
+            reps=args.reps * 3))
+        result["forward_s"] = dict(zip(map(str, times.tokens), times.seconds[0], strict=True))
         config, shards = engine.target.config, engine.distributed
         return {**result, "layers": config.get("num_hidden_layers"),
                 "hidden_size": config.get("hidden_size"),

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 
 import httpx
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from server.bench.results import auth
 from server.demo import encode_prompt
+from server.engine.cost_model import measure_forward_times
 from server.engine.events import Finished
 from server.engine.generation import generate_events
 from server.engine.model_kit import ModelKit, load_model
@@ -29,11 +27,7 @@ TIMEOUT_S = 600.0
 
 
 class StreamFailed(RuntimeError):
-    """The server refused or broke off a request."""
-
-
-class ServerUnreachable(StreamFailed):
-    """The server does not answer at all."""
+    """The server refused or broke off a request, or does not answer at all."""
 
 
 FROM_STATS = {"tokens": "generation_tokens", "tps": "generation_tps", "ttft_s": "ttft_s",
@@ -62,9 +56,8 @@ def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature
         system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
         body = {"messages": [m for m in messages if m["role"] != "system"],
                 "max_tokens": max_tokens, **({"system": system} if system else {})}
-    if model is not None:
-        body["model"] = model
-    return {**body, "temperature": temperature, "stream": True, **extra}
+    return {**body, **({"model": model} if model else {}), "temperature": temperature,
+            "stream": True, **extra}
 
 
 def _usage(usage: dict | None) -> dict | None:
@@ -221,8 +214,12 @@ class EngineRunner:
         return run_result(done.stats.to_dict(), finish_reason=done.finish_reason)
 
     def cost_ratio(self) -> float | None:
-        draft = self.kit.draft
-        return measure_cost_ratio(self.kit.target.model, draft.model) if draft else None
+        """c: a draft forward's time over the target's (one token, the fastest of 32)."""
+        if self.kit.draft is None:
+            return None
+        target, draft = (measure_forward_times(m.model, rows=(1,), tokens=(1,), reps=32)
+                         for m in (self.kit.target, self.kit.draft))
+        return draft.seconds[0][0] / target.seconds[0][0]
 
     def close(self) -> None:
         self.kit.unload_draft()
@@ -236,23 +233,6 @@ def engine_stats(engine, params):
                 return event.stats
 
     return asyncio.run(run())
-
-
-def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
-    """c: a draft forward token's time over the target's; decode steps after a short prefill,
-    the models alternating (the same machine load), medians, the first two steps dropped."""
-    models = (target, draft)
-    caches = [make_prompt_cache(m) for m in models]
-    for model, cache in zip(models, caches, strict=True):
-        mx.eval(model(mx.arange(1, context + 1)[None], cache=cache))
-    times: tuple[list[float], list[float]] = ([], [])
-    for i in range(steps + 2):
-        for model, cache, out in zip(models, caches, times, strict=True):
-            start = time.perf_counter()
-            mx.eval(model(mx.array([[1]]), cache=cache))
-            if i >= 2:
-                out.append(time.perf_counter() - start)
-    return statistics.median(times[1]) / statistics.median(times[0])
 
 
 class HttpRunner:
@@ -269,7 +249,7 @@ class HttpRunner:
             r = self.loop.run_until_complete(self.client.get(self.url + "/health"))
             self.health = r.json() if r.status_code == 200 else {}
         except httpx.HTTPError as e:
-            raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
+            raise StreamFailed(f"{self.url} does not answer GET /health: {e!r}") from e
         except ValueError:
             self.health = {}
         # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.

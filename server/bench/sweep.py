@@ -19,7 +19,7 @@ from typing import get_args
 from server.bench import results
 from server.bench.report import num
 from server.bench.results import ratio, summarize
-from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, ServerUnreachable
+from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, StreamFailed
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 from server.engine.params import DraftSource, SpeculationParams
 from server.model_files.bundled import demo_or_generated_pair
@@ -358,7 +358,7 @@ def main(argv: list[str]) -> int:
     args, log = parse_args(argv), sys.stderr
     try:
         runners, models = make_runners(args, log)
-    except (ModelLoadError, IncompatibleDraft, ServerUnreachable) as e:
+    except (ModelLoadError, IncompatibleDraft, StreamFailed) as e:
         print(f"error: {e}", file=log)
         return 1
     c = args.cost_ratio  # for the theory column: given, 0 for lookup, measured, or N/A
