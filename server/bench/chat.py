@@ -1,12 +1,9 @@
-"""`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
+"""`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt: a
+chat under a long system prompt, the servers taking turns (TTFT, over turn 1, ours over this),
+then `--clients` requests sharing the prompt on ours, uncached and cached.
 
-1. A chat under a long system prompt, the history resent each turn, the servers taking turns:
-   prompt and cached tokens, TTFT, its ratio to turn 1 and ours over this one's.
-2. Ours only: `--clients` concurrent requests sharing that prompt, `cache_prompt: false`, then
-   with the cache (emptied by `DELETE /v1/cache`).
-
-`mlx-spec-bench restart` (`restart_main`, in process): time to first token of a long prompt
-after a restart, from the disk prefix cache (`cache.disk_dir`), against a cold prefill.
+`mlx-spec-bench restart` (`restart_main`): TTFT of a long prompt after a restart, from the disk
+prefix cache (`cache.disk_dir`), against a cold prefill.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ from server.engine.events import GenerationStats
 from server.engine.params import GenerationParams
 from server.engine.service import InferenceEngine
 from server.model_files.default_model import DEFAULT_TARGET_DIR
+from server.model_files.synthetic import build_pair
 
 QUESTIONS = results.PROMPTS["chat"]["questions"]
 
@@ -161,18 +159,17 @@ def serve_once(args, folder: Path) -> GenerationStats:
 def restart_main(argv: list[str]) -> list[dict]:
     """`mlx-spec-bench restart`: time to first token after a restart, from the disk cache."""
     p = argparse.ArgumentParser(prog="mlx-spec-bench restart",
-                                description="TTFT after a restart, from the disk prefix cache.")
-    p.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="target model folder")
-    p.add_argument("--draft-model", default=None, help="draft model folder (default: none)")
-    p.add_argument("--tiny", action="store_true",
-                   help="a tiny generated pair instead (target and draft; seconds)")
-    p.add_argument("--prompt-tokens", type=int, default=2048)
-    p.add_argument("--reps", type=int, default=1)
+                                description="TTFT after a restart, from the disk prefix cache.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--model", default=str(DEFAULT_TARGET_DIR), help="Target model folder.")
+    a("--draft-model", default=None, help="Draft model folder.")
+    a("--tiny", action="store_true", help="A tiny generated pair instead (seconds).")
+    a("--prompt-tokens", type=int, default=2048, help="The long prompt's length.")
+    a("--reps", type=int, default=1, help="Restarts measured; the median.")
     args, rows = p.parse_args(argv), []
     with tempfile.TemporaryDirectory(prefix="restart-bench-") as folder:
         if args.tiny:
-            from server.model_files.synthetic import build_pair
-
             args.model, args.draft_model = map(str, build_pair(Path(folder) / "pair", "tiny"))
         for rep in range(args.reps):
             cache = Path(folder) / f"cache-{rep}"

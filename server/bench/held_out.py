@@ -1,9 +1,6 @@
-"""`mlx-spec-bench held-out`: drafting settings compared through our server on requests that no
-draft trained on (`--setting NAME='{request fields}'`, repeated; the first is the baseline).
-
-The first `--count` held-out code and prose requests of the target's answers (and the prose kept
-for measuring) as token ids to `/v1/completions`, greedy, uncached, under every setting in turn.
-Exits 1 unless every setting gave the first setting's text.
+"""`mlx-spec-bench held-out`: drafting settings (`--setting NAME='{request fields}'`, the first the
+baseline) through our server on held-out code and prose requests no draft trained on, as token
+ids to `/v1/completions`, greedy, uncached, each in turn. Exits 1 unless every text is the same.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-At each level C, C clients stream one distinct greedy request each, at once; the servers take
-`--runs` turns (the first rotating), a row keeps the medians: aggregate tok/s, TTFT, ITL, the
-`from_draft` share, errors, with `--pid` the peak RSS. Ratios: ours (`--server`) over each other.
-`--in-process`: our scheduler with and without the draft against `BatchGenerator`, no HTTP.
+At each level C, C clients stream a distinct greedy request each, the servers taking `--runs`
+turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, the `from_draft` share, errors, peak
+RSS) and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP.
 
 `mlx-spec-bench distributed` (`distributed_main`): the target sharded over `--ranks` processes
-(`mlx.launch --backend ring`) against one process: decode tok/s with and without the draft, one
-forward of 1 and k + 1 tokens, each rank's memory.
+(`mlx.launch --backend ring`) against one process.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
 from server.bench import results
-from server.bench.report import num
+from server.bench.report import aligned, num
 from server.bench.results import percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
 from server.engine.cost_model import measure_forward_times
@@ -345,28 +343,23 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
 
 
 def distributed_report(single: dict, dist: dict, k: int) -> str:
+    """The figures of both layouts side by side, ranks over one process."""
     one, block = "1", str(k + 1)
-    lines = [f"{'':34}{'1 process':>12}{str(dist['world_size']) + ' ranks':>12}{'ratio':>8}"]
-
-    def row(name, a, b, fmt="{:12.2f}"):
-        lines.append(f"{name:34}" + fmt.format(a) + fmt.format(b) + f"{b / a:8.2f}")
-
-    for cell in single["tps"]:
-        row(f"decode tok/s, {cell}", single["tps"][cell], dist["tps"][cell])
-    for width in (one, block):
-        row(f"forward of {width} token(s), ms", single["forward_s"][width] * 1e3,
-            dist["forward_s"][width] * 1e3, "{:12.3f}")
-    quotients = [("k+1 / 1 forward time", lambda f: f["forward_s"][block] / f["forward_s"][one])]
+    rows = [(f"decode tok/s, {cell}", single["tps"][cell], dist["tps"][cell])
+            for cell in single["tps"]]
+    rows += [(f"forward of {width} token(s), ms", single["forward_s"][width] * 1e3,
+              dist["forward_s"][width] * 1e3) for width in (one, block)]
+    rows.append(("k+1 / 1 forward time", *(f["forward_s"][block] / f["forward_s"][one]
+                                           for f in (single, dist))))
     if "draft" in single["tps"]:
-        quotients.append(("draft / plain tok/s", lambda f: f["tps"]["draft"] / f["tps"]["plain"]))
-    for what, quotient in quotients:
-        for name, figures in (("1 process", single), ("ranks", dist)):
-            lines.append(f"{name:34}{what:>24}{quotient(figures):8.2f}")
-    lines.append(f"rank memory GB: 1 process {single['rank_memory_gb']},"
-                 f" ranks {dist['rank_memory_gb']}")
-    lines.append(f"all_sums per distributed forward: {2 * dist['layers']} (2 per layer);"
-                 f" bytes each: rows * tokens * {dist['hidden_size']} * bytes per value")
-    return "\n".join(lines)
+        rows.append(("draft / plain tok/s", *(f["tps"]["draft"] / f["tps"]["plain"]
+                                              for f in (single, dist))))
+    return "\n".join([
+        aligned([["", "1 process", f"{dist['world_size']} ranks", "ratio"]]
+                + [[name, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"] for name, a, b in rows]),
+        f"rank memory GB: 1 process {single['rank_memory_gb']}, ranks {dist['rank_memory_gb']}",
+        f"all_sums per distributed forward: {2 * dist['layers']} (2 per layer); bytes each: "
+        f"rows * tokens * {dist['hidden_size']} * bytes per value"])
 
 
 def distributed_main(argv: list[str]) -> None:

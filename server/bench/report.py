@@ -1,9 +1,6 @@
-"""`mlx-spec-bench report`: `docs/benchmarks.md`, generated from the manifest `docs/benchmarks.yaml`
-and the result files it cites; and the tables every subcommand prints.
-
-The manifest (paths relative to `--root`) has `title`, `intro`, `sections` (each `title`, `text`,
-`command`, `files`) and `tried` (each `what`, `figure`). A cited `.json` result becomes its
-subcommand's table, verdicts and command line; `.txt`/`.md` a code block; `.png` an image.
+"""`mlx-spec-bench report`: `docs/benchmarks.md` from the manifest `docs/benchmarks.yaml` (`title`,
+`intro`, `sections` of `title`, `text`, `command`, `files`; `tried`) and the files it cites: a
+`.json` result as its subcommand's table, `.txt`/`.md` as code, `.png` as an image.
 """
 
 from __future__ import annotations

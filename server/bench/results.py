@@ -1,8 +1,6 @@
-"""What every subcommand shares: result files and their metadata, summaries, small parsers.
-
-Files `<subcommand>-<stamp>[-<tag>]` in `--results-dir`: `.jsonl` row by row as measured, then
-`.csv`, `.png` where drawn, and the `.json` that `report` renders (subcommand, command,
-metadata, rows).
+"""What every subcommand shares: result files `<subcommand>-<stamp>[-<tag>]` in `--results-dir`
+(`.jsonl` as measured, `.csv`, `.png` where drawn, and the `.json` that `report` renders), their
+metadata, summaries and small parsers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """`mlx-spec-bench structured`: what a grammar costs, and whether speculation pays under one.
 
 Through an in-process app, greedy, medians of `--reps` runs: tok/s under a JSON schema against
-free text of the same length (`ignore_eos`), then tok/s with drafts over without, acceptance
-and whether the text is the same. Defaults: SmolLM2 with `models/smollm2-draft` (else prompt
-lookup), or the demo pair when SmolLM2 is missing.
+free text as long, then with drafts over without, acceptance and whether the text is the same.
 """
 
 from __future__ import annotations
@@ -28,7 +26,8 @@ PROMPT, SCHEMA = results.PROMPTS["structured"]["prompt"], results.PROMPTS["struc
 
 
 def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None, str]:
-    """(target, draft model or None, drafter) with the defaults described above."""
+    """(target, draft or None, drafter): SmolLM2 with `models/smollm2-draft` (else lookup), or
+    the demo pair when SmolLM2 is missing."""
     if target is None:
         target = str(DEFAULT_TARGET if DEFAULT_TARGET.exists() else DEMO / "target")
         if draft is None and Path(target) == DEFAULT_TARGET:
