@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
-import mlx.core as mx
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
@@ -58,25 +56,22 @@ async def run_level(name: str, url: str, concurrency: int, first: int, args,
                     max_tokens: int | None = None, *, transport=None,
                     clock=time.perf_counter) -> list[Stream]:
     """C clients at once, one request each (of `max_tokens`, default `args.max_tokens`)."""
-    streams: list[Stream] = []
     model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
-    async def one_client(c: int) -> None:
+    async def one_client(c: int) -> Stream:
         body = request_body(args.api, [{"role": "user", "content": prompt(first + c)}],
                             max_tokens=max_tokens or args.max_tokens, temperature=0.0,
                             model=model)
         task = stream_async(client, url, args.api, body, clock=clock)
         try:
-            streams.append(await asyncio.wait_for(task, args.timeout))
+            return await asyncio.wait_for(task, args.timeout)
         except asyncio.TimeoutError:
-            streams.append(Stream(start=clock(), end=clock(),
-                                  error=f"timeout after {args.timeout:g}s"))
+            return Stream(start=clock(), end=clock(), error=f"timeout after {args.timeout:g}s")
 
     async with httpx.AsyncClient(
             timeout=httpx.Timeout(args.timeout, connect=10.0), headers=results.auth(args.api_key),
             limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
-        await asyncio.gather(*(one_client(c) for c in range(concurrency)))
-    return streams
+        return list(await asyncio.gather(*(one_client(c) for c in range(concurrency))))
 
 
 def level_figures(streams: list[Stream]) -> dict:
@@ -134,7 +129,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
-                      log=None) -> list[dict]:
+                      log=sys.stderr) -> list[dict]:
     """`args.warmup` short unmeasured requests per server, then per level `args.runs` runs of
     every server (`measure(name, c, first_prompt)`), the first rotating; a row per server."""
     for i in range(args.warmup):
@@ -148,8 +143,7 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
         for r in range(args.runs):
             shift = (level + r) % len(names)
             for name in names[shift:] + names[:shift]:
-                if log:
-                    print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
+                print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
                 runs[name].append(await measure(name, concurrency, first))
             first += concurrency
         level_rows = [level_row(name, concurrency, runs[name], peak_rss_gb(pids[name])
@@ -162,7 +156,7 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
 
 
 async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
-                   clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
+                   clock=time.perf_counter, on_row=lambda row: None, log=sys.stderr) -> list[dict]:
     """Every level on every server over HTTP."""
     urls, transports = dict(servers), transports or {}
 
@@ -337,7 +331,7 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
         return {**result, "layers": config.get("num_hidden_layers"),
                 "hidden_size": config.get("hidden_size"),
                 "rank_memory_gb": shards["rank_memory_gb"] if shards else
-                [round(_on_engine(engine, mx.get_active_memory) / 1e9, 4)]}
+                [round(asyncio.run(engine.memory())["active_gb"], 4)]}
     finally:
         engine.stop()
 
@@ -393,8 +387,7 @@ def distributed_main(argv: list[str]) -> None:
         result_file = Path(folder) / "result.json"
         subprocess.run([str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring",
                         "-n", str(args.ranks), "--", sys.executable, "-m", "server.bench",
-                        "distributed", *argv, "--result-file", str(result_file)],
-                       check=True, env=os.environ.copy())
+                        "distributed", *argv, "--result-file", str(result_file)], check=True)
         dist = json.loads(result_file.read_text())
     print(distributed_report(single, dist, args.num_draft_tokens))
     if args.out is not None:

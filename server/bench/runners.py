@@ -166,13 +166,7 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
     try:
         async with client.stream("POST", url + API_PATHS[api], json=body) as r:
             if r.status_code != 200:
-                await r.aread()
-                try:
-                    err = r.json().get("error")
-                    err = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                except (ValueError, AttributeError):
-                    err = r.text
-                stream.error = f"HTTP {r.status_code}: {err}"[:300]
+                stream.error = f"HTTP {r.status_code}: {(await r.aread()).decode()}"[:300]
                 return stream
             async for line in r.aiter_lines():
                 if line.startswith("data:") and not stream.feed(line, clock()):
