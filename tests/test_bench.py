@@ -340,7 +340,7 @@ def test_the_server_runs_without_matplotlib(tmp_path):
         "import json, sys\n"
         "sys.modules['matplotlib'] = None  # any import of it now fails\n"
         "import server.__main__, server.http.app, server.demo, server.bench\n"
-        "from server.bench import chat, held_out, load, report, structured, sweep\n"
+        "from server.bench import chat, held_out, load, results, structured, sweep\n"
         "from server.bench.results import ResultsWriter\n"
         "w = ResultsWriter(sys.argv[1], 'x')\n"
         "w.write_row({'a': 1})\n"

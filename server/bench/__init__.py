@@ -18,7 +18,7 @@ SUBCOMMANDS = {  # the module, or module:function; its docstring's first line is
     "structured": "server.bench.structured",  # a grammar's cost, speculation under it
     "restart": "server.bench.chat:restart_main",  # TTFT after a restart, from disk
     "distributed": "server.bench.load:distributed_main",  # a sharded target vs one process
-    "report": "server.bench.report",  # docs/benchmarks.md from docs/benchmarks.yaml
+    "report": "server.bench.results:report_main",  # docs/benchmarks.md from docs/benchmarks.yaml
 }
 
 

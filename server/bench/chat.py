@@ -1,9 +1,8 @@
-"""`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt: a
-chat under a long system prompt, the servers taking turns (TTFT, over turn 1, ours over this),
-then `--clients` requests sharing the prompt on ours, uncached and cached.
+"""`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
 
-`mlx-spec-bench restart` (`restart_main`): TTFT of a long prompt after a restart, from the disk
-prefix cache (`cache.disk_dir`), against a cold prefill.
+A chat under a long system prompt, the servers taking turns (TTFT, over turn 1, ours over this),
+then `--clients` requests sharing the prompt on ours, uncached and cached. `mlx-spec-bench
+restart` (`restart_main`): TTFT of a long prompt after a restart, from the disk prefix cache.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from pathlib import Path
 import httpx
 
 from server.bench import results, runners
-from server.bench.report import num
-from server.bench.results import ratio
+from server.bench.results import num, ratio
 from server.bench.runners import Stream, StreamFailed, engine_stats, request_body, stream_async
 from server.engine.events import GenerationStats
 from server.engine.params import GenerationParams

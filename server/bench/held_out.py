@@ -1,6 +1,8 @@
-"""`mlx-spec-bench held-out`: drafting settings (`--setting NAME='{request fields}'`, the first the
-baseline) through our server on held-out code and prose requests no draft trained on, as token
-ids to `/v1/completions`, greedy, uncached, each in turn. Exits 1 unless every text is the same.
+"""`mlx-spec-bench held-out`: drafting settings through our server on requests no draft trained on.
+
+Each `--setting NAME='{request fields}'` (the first the baseline) in turn on held-out code and
+prose requests as token ids to `/v1/completions`, greedy, uncached; exits 1 unless every text is
+the same.
 """
 
 from __future__ import annotations

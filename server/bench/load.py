@@ -27,8 +27,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
 from server.bench import results
-from server.bench.report import aligned, num
-from server.bench.results import percentile, ratio, summarize
+from server.bench.results import aligned, num, percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
 from server.engine.cost_model import measure_forward_times
 from server.engine.distributed import DistributedEngine, launched_layout

@@ -150,13 +150,13 @@ class Stream:
 
 def server_health(name: str, url: str) -> dict:
     """GET /health; ours names the target (the model id the Responses and Messages APIs want)."""
-    out: dict = {"name": name, "url": url}
     try:
-        health = httpx.get(f"{url}/health", timeout=10)
-        out["health"] = health.json() if health.status_code == 200 else None
+        r = httpx.get(f"{url}/health", timeout=10)
+        health = r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError) as e:
-        out["health_error"] = f"{type(e).__name__}: {e}"
-    return {**out, "target": (out.get("health") or {}).get("target")}
+        return {"name": name, "url": url, "health_error": f"{type(e).__name__}: {e}",
+                "target": None}
+    return {"name": name, "url": url, "health": health, "target": (health or {}).get("target")}
 
 
 async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict, *,

@@ -14,7 +14,7 @@ from typing import get_args
 import httpx
 
 from server.bench import results
-from server.bench.report import num
+from server.bench.results import num
 from server.config import Settings
 from server.engine.params import DraftSource
 from server.http.app import build_engine, create_app

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import get_args
 
 from server.bench import results
-from server.bench.report import num
-from server.bench.results import ratio, summarize
+from server.bench.results import num, ratio, summarize
 from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, StreamFailed
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 from server.engine.params import DraftSource, SpeculationParams
@@ -78,10 +77,6 @@ class Verdict:
     verdict: str  # PASS | FAIL | N-A
     detail: str
     server: str | None = None  # set when a sweep compared two servers
-
-    def line(self) -> str:
-        where = f" [{self.server}]" if self.server else ""
-        return f"{self.id} {self.verdict:<4}  {self.claim}{where}: {self.detail}"
 
 
 def _ok(rows: list[dict], *, baseline: bool | None = None) -> list[dict]:
@@ -238,7 +233,7 @@ def table(rows: list[dict]) -> list[list[str]]:
 
 
 def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
-    """tok/s vs k per prompt kind (the baseline a dashed line), acceptance on the right axis."""
+    """tok/s vs k per prompt kind (the baseline dashed, the IQR shaded), acceptance on the right."""
     from matplotlib.figure import Figure
 
     kinds = list(dict.fromkeys(r["kind"] for r in rows)) or [""]
@@ -248,18 +243,19 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
     for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds, strict=True):
         acc_ax = ax.twinx()
         for i, server in enumerate(servers):
-            mine = [r for r in _ok(rows) if r["kind"] == kind and r["server"] == server]
-            name = f"{server}: " if len(servers) > 1 else ""
+            mine = sorted((r for r in _ok(rows) if r["kind"] == kind and r["server"] == server),
+                          key=lambda r: r["k"])
+            name, style = f"{server}: " if len(servers) > 1 else "", {"color": f"C{i}"}
             for r in (r for r in mine if r["k"] == 0):
-                ax.axhline(r["tps_median"], color=f"C{i}", ls="--", label=f"{name}baseline")
-            if spec := sorted((r for r in mine if r["k"]), key=lambda r: r["k"]):
-                ks, med = [r["k"] for r in spec], [r["tps_median"] for r in spec]
-                err = [[m - r["tps_q1"] for m, r in zip(med, spec, strict=True)],
-                       [r["tps_q3"] - m for m, r in zip(med, spec, strict=True)]]
-                ax.errorbar(ks, med, yerr=err, color=f"C{i}", marker="o", capsize=3,
-                            label=f"{name}speculative")
-                acc_ax.plot(ks, [r["accept_rate_median"] for r in spec], color=f"C{i}",
-                            marker="s", ls=":", label=f"{name}acceptance")
+                ax.axhline(r["tps_median"], ls="--", label=f"{name}baseline", **style)
+            if spec := [r for r in mine if r["k"]]:
+                ks = [r["k"] for r in spec]
+                ax.plot(ks, [r["tps_median"] for r in spec], marker="o",
+                        label=f"{name}speculative", **style)
+                ax.fill_between(ks, [r["tps_q1"] for r in spec], [r["tps_q3"] for r in spec],
+                                alpha=0.2, **style)
+                acc_ax.plot(ks, [r["accept_rate_median"] for r in spec], marker="s", ls=":",
+                            label=f"{name}acceptance", **style)
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(ks, [str(k) for k in ks])
         ax.set(title=kind, xlabel="draft tokens per round (k)",
@@ -362,10 +358,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=log)
         return 1
     c = args.cost_ratio  # for the theory column: given, 0 for lookup, measured, or N/A
-    if c is None and args.draft == "prompt_lookup":
-        c = 0.0
-    elif c is None and not args.server:
-        c = runners[0].cost_ratio()
+    if c is None and (args.draft == "prompt_lookup" or not args.server):
+        c = 0.0 if args.draft == "prompt_lookup" else runners[0].cost_ratio()
     cells = plan_cells(args.prompt_kinds, args.draft_tokens)
     writer, started = results.ResultsWriter(args.results_dir, "sweep", args.tag), time.time()
     meta = {**results.environment(**models), "cost_ratio": c,
@@ -386,6 +380,8 @@ def main(argv: list[str]) -> int:
     found = verdicts(rows)
     meta["elapsed_s"] = round(time.time() - started, 2)
     results.save("sweep", argv, args, meta, rows, table, writer=writer, plot=plot,
-                 footer="\n\n" + "\n".join(v.line() for v in found),
+                 footer="\n\n" + "\n".join(f"{v.id} {v.verdict:<4}  {v.claim}"
+                                + (f" [{v.server}]" if v.server else "") + f": {v.detail}"
+                                for v in found),
                  verdicts=[asdict(v) for v in found])
     return 130 if meta.get("interrupted") else 0
