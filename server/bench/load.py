@@ -294,14 +294,6 @@ def main(argv: list[str]) -> int:
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def _on_engine(engine, fn):
-    """Run `fn` on the engine's MLX thread (where every MLX call, and so every collective, runs)."""
-    future: Future = Future()
-    engine.scheduler.call(fn, lambda result, error: future.set_exception(error) if error
-                          else future.set_result(result))
-    return future.result()
-
-
 def layout_figures(args: argparse.Namespace, layout=None) -> dict:
     """Every figure of one layout (one process when `layout` is None), on a started engine."""
     kwargs = {"model": args.target_model, "draft_model": args.draft_model,
@@ -318,17 +310,18 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
                 tuple(ids), max_tokens, ignore_eos=True, cache_prompt=False, speculation=spec))
 
         run(8, 0)  # warm-up
-        result: dict = {"tps": {
-            name: statistics.median(run(args.max_tokens, draft_k).generation_tps
-                                    for _ in range(args.reps))
-            for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}}
-        times = _on_engine(engine, lambda: measure_forward_times(  # collectives: on its thread
+        tps = {name: statistics.median(run(args.max_tokens, draft_k).generation_tps
+                                       for _ in range(args.reps))
+               for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}
+        timed: Future = Future()  # on the engine's MLX thread, where every collective runs
+        engine.scheduler.call(lambda: measure_forward_times(
             engine.kit.target.model, rows=(1,), tokens=(1, k + 1), context=args.context,
-            reps=args.reps * 3))
-        result["forward_s"] = dict(zip(map(str, times.tokens), times.seconds[0], strict=True))
-        config, shards = engine.target.config, engine.distributed
-        return {**result, "layers": config.get("num_hidden_layers"),
-                "hidden_size": config.get("hidden_size"),
+            reps=args.reps * 3), lambda times, error: timed.set_exception(error) if error
+            else timed.set_result(times))
+        times = timed.result()
+        shards = engine.distributed
+        return {"tps": tps, "forward_s": dict(zip(map(str, times.tokens), times.seconds[0],
+                                                  strict=True)),
                 "rank_memory_gb": shards["rank_memory_gb"] if shards else
                 [round(asyncio.run(engine.memory())["active_gb"], 4)]}
     finally:
@@ -350,9 +343,7 @@ def distributed_report(single: dict, dist: dict, k: int) -> str:
     return "\n".join([
         aligned([["", "1 process", f"{dist['world_size']} ranks", "ratio"]]
                 + [[name, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"] for name, a, b in rows]),
-        f"rank memory GB: 1 process {single['rank_memory_gb']}, ranks {dist['rank_memory_gb']}",
-        f"all_sums per distributed forward: {2 * dist['layers']} (2 per layer); bytes each: "
-        f"rows * tokens * {dist['hidden_size']} * bytes per value"])
+        f"rank memory GB: 1 process {single['rank_memory_gb']}, ranks {dist['rank_memory_gb']}"])
 
 
 def distributed_main(argv: list[str]) -> None:

@@ -107,13 +107,6 @@ def environment(**models) -> dict:
             "mlx_device": str(mx.default_device()), "git_commit": commit, **models}
 
 
-def csv_value(value):
-    """Lists become `;`-joined, None an empty field, dicts JSON; everything else as is."""
-    if isinstance(value, (list, tuple)):
-        return ";".join("" if v is None else repr(v) for v in value)
-    return "" if value is None else json.dumps(value) if isinstance(value, dict) else value
-
-
 class ResultsWriter:
     """Appends each row to the `.jsonl` and flushes it; `finish` writes the rest."""
 
@@ -136,11 +129,16 @@ class ResultsWriter:
         """The `.csv`, the plot (`plot(rows, path, title=...)`: a failed one costs only the
         picture) and the `.json`."""
         self._jsonl.close()
+        def cell(value):  # lists `;`-joined, None an empty field, dicts as JSON
+            if isinstance(value, (list, tuple)):
+                return ";".join("" if v is None else repr(v) for v in value)
+            return "" if value is None else json.dumps(value) if isinstance(value, dict) else value
+
         columns = list(dict.fromkeys(k for row in rows for k in row))
         with open(self.paths["csv"], "w", newline="", encoding="utf-8") as f:
             out = csv.DictWriter(f, fieldnames=columns)
             out.writeheader()
-            out.writerows({k: csv_value(row.get(k)) for k in columns} for row in rows)
+            out.writerows({k: cell(row.get(k)) for k in columns} for row in rows)
         written = {ext: self.paths[ext] for ext in ("jsonl", "csv")}
         if plot is not None:
             try:

@@ -18,9 +18,8 @@ from server.bench.results import num
 from server.config import Settings
 from server.engine.params import DraftSource
 from server.http.app import build_engine, create_app
+from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
 
-DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
-DEFAULT_DRAFT = Path("models/smollm2-draft")
 DEMO = Path("models/demo")
 PROMPT, SCHEMA = results.PROMPTS["structured"]["prompt"], results.PROMPTS["structured"]["schema"]
 
@@ -29,9 +28,9 @@ def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None,
     """(target, draft or None, drafter): SmolLM2 with `models/smollm2-draft` (else lookup), or
     the demo pair when SmolLM2 is missing."""
     if target is None:
-        target = str(DEFAULT_TARGET if DEFAULT_TARGET.exists() else DEMO / "target")
-        if draft is None and Path(target) == DEFAULT_TARGET:
-            draft = str(DEFAULT_DRAFT) if DEFAULT_DRAFT.exists() else "lookup"
+        target = str(DEFAULT_TARGET_DIR if DEFAULT_TARGET_DIR.exists() else DEMO / "target")
+        if draft is None and Path(target) == DEFAULT_TARGET_DIR:
+            draft = str(DEFAULT_DRAFT_DIR) if DEFAULT_DRAFT_DIR.exists() else "lookup"
         draft = draft or str(DEMO / "draft")
     if (draft or "lookup") == "lookup":
         return target, None, "prompt_lookup"
@@ -60,43 +59,34 @@ async def measure(client, max_tokens: int, reps: int, *, schema: bool, drafter: 
             "tokens": runs[-1]["usage"]["completion_tokens"], "stats": runs[-1]["stats"]}
 
 
-async def measure_all(client, args, drafter: str) -> list[dict]:
-    await measure(client, 8, 1, schema=True)  # warm-up
-    plain = {True: await measure(client, args.max_tokens, args.reps, schema=True)}
-    n = plain[True]["tokens"]
-    plain[False] = await measure(client, n, args.reps, schema=False)
-    rows = []
-    for schema in (False, True):
-        spec = await measure(client, n, args.reps, schema=schema, drafter=drafter, k=args.k)
-        output = "JSON schema" if schema else "free text"
-        rows.append({"output": output, "drafts": "none", "tokens": plain[schema]["tokens"],
-                     "tps": plain[schema]["tps"],
-                     "vs_free_text": plain[schema]["tps"] / plain[False]["tps"]})
-        rows.append({"output": output, "drafts": f"{drafter} k={args.k}",
-                     "tokens": spec["tokens"], "tps": spec["tps"],
-                     "speedup": spec["tps"] / plain[schema]["tps"],
-                     "acceptance": spec["stats"]["acceptance_rate"],
-                     "mean_accepted_length": spec["stats"].get("mean_accepted_length"),
-                     "same_text": spec["text"] == plain[schema]["text"]})
-    return rows
-
-
-async def run(args) -> tuple[list[dict], dict]:
-    target, draft, drafter = pick_models(args.target_model, args.draft_model)
-    if args.drafter is not None:
-        if draft is None and args.drafter != "prompt_lookup":
-            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
-        drafter = args.drafter
-    settings = Settings.load(None, models={"model": target, "draft_model": draft})
+async def run(args, settings: Settings, drafter: str) -> list[dict]:
+    """Every measurement through an in-process app: plain with and without the schema, then
+    drafted, each against plain."""
     engine = build_engine(settings)
     engine.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
                 settings, engine)), base_url="http://bench", timeout=600) as client:
-            rows = await measure_all(client, args, drafter)
+            await measure(client, 8, 1, schema=True)  # warm-up
+            plain = {True: await measure(client, args.max_tokens, args.reps, schema=True)}
+            n = plain[True]["tokens"]
+            plain[False] = await measure(client, n, args.reps, schema=False)
+            rows = []
+            for schema in (False, True):
+                spec = await measure(client, n, args.reps, schema=schema, drafter=drafter,
+                                     k=args.k)
+                output, base = "JSON schema" if schema else "free text", plain[schema]
+                rows.append({"output": output, "drafts": "none", "tokens": base["tokens"],
+                             "tps": base["tps"], "vs_free_text": base["tps"] / plain[False]["tps"]})
+                rows.append({"output": output, "drafts": f"{drafter} k={args.k}",
+                             "tokens": spec["tokens"], "tps": spec["tps"],
+                             "speedup": spec["tps"] / base["tps"],
+                             "acceptance": spec["stats"]["acceptance_rate"],
+                             "mean_accepted_length": spec["stats"].get("mean_accepted_length"),
+                             "same_text": spec["text"] == base["text"]})
+            return rows
     finally:
         engine.stop()
-    return rows, {"target_model": target, "draft_model": draft, "drafter": drafter}
 
 
 def table(rows: list[dict]) -> list[list[str]]:
@@ -123,6 +113,13 @@ def main(argv: list[str]) -> int:
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
     a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
     args = p.parse_args(argv)
-    rows, models = asyncio.run(run(args))
-    results.save("structured", argv, args, results.environment(**models), rows, table)
+    target, draft, drafter = pick_models(args.target_model, args.draft_model)
+    if args.drafter is not None:
+        if draft is None and args.drafter != "prompt_lookup":
+            p.error(f"--drafter {args.drafter} needs a draft model")
+        drafter = args.drafter
+    settings = Settings.load(None, models={"model": target, "draft_model": draft})
+    rows = asyncio.run(run(args, settings, drafter))
+    results.save("structured", argv, args, results.environment(
+        target_model=target, draft_model=draft, drafter=drafter), rows, table)
     return 0

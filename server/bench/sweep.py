@@ -171,18 +171,6 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
     }
 
 
-def add_speedups(row: dict, baseline: dict | None, cost_ratio: float | None) -> None:
-    """Measured speedup over the kind's baseline, and what the speedup model predicts."""
-    row["cost_ratio"] = cost_ratio
-    if row["error"] is None and baseline is not None and baseline["error"] is None:
-        row["speedup"] = ratio(row["tps_median"], baseline["tps_median"])
-    if row["k"] == 0:
-        row["theory"] = 1.0 if row["error"] is None else None
-    elif row["proposed"] and cost_ratio is not None:
-        row["alpha"] = per_token_acceptance(row["accepted"] / row["proposed"], row["k_mean"])
-        row["theory"] = theoretical_speedup(row["alpha"], row["k_mean"], cost_ratio)
-
-
 def sweep(runners: list, cells: list[Cell], args, cost_ratio: float | None, log) -> Iterator:
     """Each cell on each runner in turn; yields the cell's rows as soon as it is done."""
     baselines: dict[tuple[str, str], dict] = {}
@@ -193,15 +181,22 @@ def sweep(runners: list, cells: list[Cell], args, cost_ratio: float | None, log)
             runs, error = [], None
             try:
                 for i in range(args.warmup):  # discarded
-                    runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + args.reps + i)
-                runs = [runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i)
+                    runner.run(cell, max_tokens=args.max_tokens, seed=args.reps + i)
+                runs = [runner.run(cell, max_tokens=args.max_tokens, seed=i)
                         for i in range(args.reps)]
             except Exception as e:  # a failed cell is data: record it, go on with the sweep
                 error = f"{type(e).__name__}: {e}"
             row = cell_row(cell, runs, server=runner.label, args=args, error=error)
+            base = baselines.setdefault((runner.label, cell.kind), row)  # k = 0 comes first
+            row["cost_ratio"] = cost_ratio  # measured speedup, and the speedup model's
+            if row["error"] is None and base["error"] is None:
+                row["speedup"] = ratio(row["tps_median"], base["tps_median"])
             if cell.k == 0:
-                baselines[(runner.label, cell.kind)] = row
-            add_speedups(row, baselines.get((runner.label, cell.kind)), cost_ratio)
+                row["theory"] = 1.0 if row["error"] is None else None
+            elif row["proposed"] and cost_ratio is not None:
+                k = row["k_mean"]
+                row["alpha"] = per_token_acceptance(row["accepted"] / row["proposed"], k)
+                row["theory"] = theoretical_speedup(row["alpha"], k, cost_ratio)
             cell_rows.append(row)
         if len(cell_rows) == 2:
             first, second = cell_rows
@@ -289,7 +284,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a("--warmup", type=int, default=1, help="Discarded runs first.")
     a("--max-tokens", type=int, default=320, help="Tokens per run.")
     a("--temp", type=float, default=0.0, help="Sampling temperature (0: greedy).")
-    a("--seed", type=int, default=0, help="Seed of the first rep.")
     a("--smoke", action="store_true", help="1 rep, no warm-up, the first kind, the first 2 k.")
     a("--draft", choices=get_args(DraftSource), default="model",
       help="Draft with the draft model, by prompt lookup, or hybrid (lookup when it matches).")
