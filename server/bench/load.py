@@ -171,13 +171,43 @@ def in_process(args, on_row, log) -> list[dict]:
     """Ours with and without the draft against `BatchGenerator`, C requests at once."""
     target, draft = (args.target_model, args.draft_model) if args.target_model else \
         generated_pair()
+    model, tokenizer = mlx_load(target)
+    batch, n = max(args.concurrency), args.max_tokens
+
+    def figures(ids: list, tokens: int, start: float, from_draft: int | None) -> dict:
+        return {"requests": len(ids), "completed": len(ids), "errors": 0, "error_messages": [],
+                "tokens": tokens, "aggregate_tps": tokens / (time.perf_counter() - start),
+                "from_draft_fraction": ratio(from_draft, tokens)}
+
+    def ours(kit, k: int):
+        scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
+
+        def run(ids: list[list[int]]) -> dict:
+            seqs = [scheduler.submit(GenerationParams(tuple(p), n, speculation=SpeculationParams(
+                num_draft_tokens=k)), lambda event: None) for p in ids]
+            start = time.perf_counter()
+            while any(s.phase is not Phase.DONE for s in seqs):
+                scheduler.step()
+            stats = [s.stats() for s in seqs]
+            return figures(ids, sum(s.generation_tokens for s in stats), start,
+                           sum(s.draft_tokens_accepted for s in stats))
+
+        return run
+
+    def batch_generator(ids: list[list[int]]) -> dict:
+        gen = BatchGenerator(model, max_tokens=n, stop_tokens=[[-1]])
+        start, tokens, done = time.perf_counter(), 0, 0
+        gen.insert(ids, [n] * len(ids))
+        while done < len(ids):
+            for r in gen.next_generated():
+                tokens += 1
+                done += r.finish_reason is not None
+        return figures(ids, tokens, start, None)
+
     with_draft = ModelKit(load_model(target))
     with_draft.load_draft(draft)
-    model, tokenizer = mlx_load(target)
-    batch = max(args.concurrency)
-    engines = {"ours+draft": _ours(with_draft, batch, args.max_tokens),
-               "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
-               "mlx_lm": _batch_generator(model, args.max_tokens)}
+    engines = {"ours+draft": ours(with_draft, 4), "ours": ours(ModelKit(load_model(target)), 0),
+               "mlx_lm": batch_generator}
 
     async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
         ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
@@ -186,43 +216,6 @@ def in_process(args, on_row, log) -> list[dict]:
         return engines[name](ids)  # the warm-up's too: of the engines' max_tokens
 
     return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
-
-
-def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dict:
-    return {"requests": n, "completed": n, "errors": 0, "error_messages": [], "tokens": tokens,
-            "aggregate_tps": tokens / seconds, "from_draft_fraction": ratio(from_draft, tokens)}
-
-
-def _ours(kit, batch: int, max_tokens: int):
-    scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
-    spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
-
-    def run(ids: list[list[int]]) -> dict:
-        seqs = [scheduler.submit(GenerationParams(tuple(p), max_tokens, speculation=spec),
-                                 lambda event: None) for p in ids]
-        start = time.perf_counter()
-        while any(s.phase is not Phase.DONE for s in seqs):
-            scheduler.step()
-        seconds, stats = time.perf_counter() - start, [s.stats() for s in seqs]
-        return _figures(len(ids), sum(s.generation_tokens for s in stats), seconds,
-                        sum(s.draft_tokens_accepted for s in stats))
-
-    return run
-
-
-def _batch_generator(model, max_tokens: int):
-    def run(ids: list[list[int]]) -> dict:
-        gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
-        start = time.perf_counter()
-        gen.insert(ids, [max_tokens] * len(ids))
-        tokens = done = 0
-        while done < len(ids):
-            for r in gen.next_generated():
-                tokens += 1
-                done += r.finish_reason is not None
-        return _figures(len(ids), tokens, time.perf_counter() - start, None)
-
-    return run
 
 
 def table(rows: list[dict]) -> list[list[str]]:

@@ -282,9 +282,8 @@ def render(manifest: dict, *, root: Path, out_dir: Path, manifest_name: str) -> 
 def report_main(argv: Sequence[str] | None = None) -> int:
     """`mlx-spec-bench report`: docs/benchmarks.md from its manifest and the files it cites.
 
-    The manifest (`docs/benchmarks.yaml`) has `title`, `intro`, `sections` (each `title`, `text`,
-    `command`, `files`) and `tried`; a cited `.json` result becomes its subcommand's table,
-    `.txt`/`.md` a code block, `.png` an image."""
+    The manifest: `title`, `intro`, `sections` (each `title`, `text`, `command`, `files`) and
+    `tried`; a `.json` result becomes its table, `.txt`/`.md` a code block, `.png` an image."""
     p = argparse.ArgumentParser(prog="mlx-spec-bench report",
                                 description=report_main.__doc__.split(": ", 1)[1].split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -93,10 +93,8 @@ class Stream:
         return ((self.usage or {}).get("completion_tokens")) or len(self.arrivals)
 
     def feed(self, line: str, now: float) -> bool:
-        """Take one SSE line; False once the stream has ended. An error event raises."""
-        if not line.startswith("data:"):
-            return True
-        data = line[len("data:"):].strip()
+        """Take one SSE `data:` line; False once the stream has ended. An error event raises."""
+        data = line.removeprefix("data:").strip()
         if data == "[DONE]":
             self.done = True
             return False

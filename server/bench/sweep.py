@@ -25,9 +25,8 @@ from server.model_files.bundled import demo_or_generated_pair
 
 _PROMPTS = results.PROMPTS["sweep"]
 STRUCTURED, OPEN_ENDED = _PROMPTS["structured"], _PROMPTS["open_ended"]
-REPEAT_EDIT = (f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n"
-               f"{_PROMPTS['repeat_edit_code']}```")
-PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": REPEAT_EDIT}
+PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": (
+    f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n{_PROMPTS['repeat_edit_code']}```")}
 
 
 @dataclass(frozen=True)
