@@ -52,7 +52,7 @@ def result(directory: Path, subcommand: str) -> dict:
         assert key in doc["metadata"]
     lines = path.with_suffix(".jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == doc["rows"]
-    module = importlib.import_module(bench.SUBCOMMANDS[subcommand])
+    module = importlib.import_module(bench.SUBCOMMANDS[subcommand][0])
     rendered = report.render_json(path)
     assert rendered.startswith(report.markdown_table(module.table(doc["rows"])))
     assert f"`{doc['command']}`" in rendered

@@ -39,7 +39,6 @@ from server.engine.sequence import Phase
 from server.engine.service import InferenceEngine
 from server.model_files.bundled import generated_pair
 
-WARMUP_MAX_TOKENS = 8
 _TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
                                                                     "context"))
 
@@ -133,7 +132,7 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
     every server (`measure(name, c, first_prompt)`), the first rotating; a row per server."""
     for i in range(args.warmup):
         for name in names:
-            await measure(name, 1, i, WARMUP_MAX_TOKENS)
+            await measure(name, 1, i, 8)  # 8 tokens
     pids, first, rows = getattr(args, "pids", {}), args.warmup, []
     for level, concurrency in enumerate(args.concurrency):
         runs: dict[str, list[dict]] = {name: [] for name in names}

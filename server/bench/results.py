@@ -74,9 +74,8 @@ def parser(subcommand: str, doc: str, *, api: bool = False,
 
 def check(p: argparse.ArgumentParser, rules: list[tuple[object, str]]) -> None:
     """Exit through `p.error` with the message of the first rule that is true."""
-    for bad, message in rules:
-        if bad:
-            p.error(message)
+    if failed := [message for bad, message in rules if bad]:
+        p.error(failed[0])
 
 
 def auth(api_key: str | None) -> dict:
@@ -231,7 +230,7 @@ def render_json(path: Path) -> str:
     doc = json.loads(path.read_text(encoding="utf-8"))
     if doc.get("subcommand") not in SUBCOMMANDS:
         raise ValueError(f"{path}: not a result of mlx-spec-bench (no known 'subcommand')")
-    module = importlib.import_module(SUBCOMMANDS[doc["subcommand"]])
+    module = importlib.import_module(SUBCOMMANDS[doc["subcommand"]][0])
     parts = [markdown_table(module.table(doc["rows"]))]
     if verdicts := doc.get("verdicts"):
         parts.append("\n".join(f"- **{v['id']} {v['verdict']}** {v['claim']}"

@@ -51,8 +51,7 @@ def theoretical_speedup(a: float, k: float, c: float) -> float:
     acceptance, `c` a draft forward's cost over the target's: (1 - a^(k+1)) / (1 - a) / (1 + kc)."""
     if not 0.0 <= a <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {a}")
-    tokens_per_round = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens_per_round / (1 + k * c)
+    return (k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)) / (1 + k * c)  # tokens/round
 
 
 def per_token_acceptance(rate: float, k: float) -> float:
