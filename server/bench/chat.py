@@ -88,8 +88,7 @@ def table(rows: list[dict]) -> list[list[str]]:
         ttft = num(r["ttft_s"], ".3f") + (f" (max {r['ttft_max_s']:.3f})"
                                            if r["part"] == "shared" else "")
         lines.append([what, r["server"], num(r["prompt_tokens"], "d"),
-                      num(r["cached_tokens"], "d"), ttft,
-                      num(r.get("vs_first"), ".3f", suffix="x"),
+                      num(r["cached_tokens"], "d"), ttft, num(r.get("vs_first"), ".3f", suffix="x"),
                       num(r.get("ours_over_this"), ".3f", suffix="x"),
                       num(r.get("total_s"), ".2f")])
     return lines

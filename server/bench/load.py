@@ -58,8 +58,7 @@ async def run_level(name: str, url: str, concurrency: int, first: int, args,
 
     async def one_client(c: int) -> Stream:
         body = request_body(args.api, [{"role": "user", "content": prompt(first + c)}],
-                            max_tokens=max_tokens or args.max_tokens, temperature=0.0,
-                            model=model)
+                            max_tokens=max_tokens or args.max_tokens, temperature=0.0, model=model)
         task = stream_async(client, url, args.api, body, clock=clock)
         try:
             return await asyncio.wait_for(task, args.timeout)
@@ -86,8 +85,7 @@ def level_figures(streams: list[Stream]) -> dict:
         "aggregate_tps": tokens / span if span > 0 and ok else None,
         "ttft_p50_s": percentile([s.arrivals[0] - s.start for s in ok if s.arrivals], 50),
         "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
-        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None,
-    }
+        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None}
 
 
 def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
@@ -114,8 +112,7 @@ def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | No
             **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
             **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
-            "peak_rss_gb": peak_gb,
-            "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
+            "peak_rss_gb": peak_gb, "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
 
@@ -168,8 +165,7 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
 
 def in_process(args, on_row, log) -> list[dict]:
     """Ours with and without the draft against `BatchGenerator`, C requests at once."""
-    target, draft = (args.target_model, args.draft_model) if args.target_model else \
-        generated_pair()
+    target, draft = (args.target_model, args.draft_model) if args.target_model else generated_pair()
     model, tokenizer = mlx_load(target)
     batch, n = max(args.concurrency), args.max_tokens
 
@@ -262,8 +258,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
-        (any(n not in names for n, _ in args.pid), "--pid NAME must name a server"),
-    ])
+        (any(n not in names for n, _ in args.pid), "--pid NAME must name a server")])
     args.servers, args.pids = servers, dict(args.pid)
     return args
 
@@ -332,10 +327,10 @@ def distributed_report(single: dict, dist: dict, k: int) -> str:
     if "draft" in single["tps"]:
         rows.append(("draft / plain tok/s", *(f["tps"]["draft"] / f["tps"]["plain"]
                                               for f in (single, dist))))
-    return "\n".join([
-        aligned([["", "1 process", f"{dist['world_size']} ranks", "ratio"]]
-                + [[name, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"] for name, a, b in rows]),
-        f"rank memory GB: 1 process {single['rank_memory_gb']}, ranks {dist['rank_memory_gb']}"])
+    lines = [["", "1 process", f"{dist['world_size']} ranks", "ratio"]] + [
+        [name, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"] for name, a, b in rows]
+    return aligned(lines) + f"\nrank memory GB: 1 process {single['rank_memory_gb']}, ranks " \
+        f"{dist['rank_memory_gb']}"
 
 
 def distributed_main(argv: list[str]) -> None:

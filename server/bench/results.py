@@ -55,8 +55,7 @@ def parser(subcommand: str, doc: str, *, api: bool = False,
     --api and --api-key; with `servers` ("optional" or "required") named --server/--compare."""
     from server.bench.runners import API_PATHS
 
-    p = argparse.ArgumentParser(prog=f"mlx-spec-bench {subcommand}",
-                                description=doc.split("\n")[0],
+    p = argparse.ArgumentParser(prog=f"mlx-spec-bench {subcommand}", description=doc.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="Where the files go.")

@@ -199,8 +199,7 @@ class EngineRunner:
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
         params = GenerationParams(
             prompt_tokens=tuple(encode_prompt(self.kit.target.tokenizer, cell.prompt, chat=True)),
-            max_tokens=max_tokens,
-            sampling=SamplingParams(temperature=self.temperature, seed=seed),
+            max_tokens=max_tokens, sampling=SamplingParams(temperature=self.temperature, seed=seed),
             speculation=replace(self.speculation, num_draft_tokens=cell.k))
         done = [e for e in generate_events(self.kit, params) if isinstance(e, Finished)][-1]
         return run_result(done.stats.to_dict(), finish_reason=done.finish_reason)

@@ -73,8 +73,7 @@ async def run(args, settings: Settings, drafter: str) -> list[dict]:
             plain[False] = await measure(client, n, args.reps, schema=False)
             rows = []
             for schema in (False, True):
-                spec = await measure(client, n, args.reps, schema=schema, drafter=drafter,
-                                     k=args.k)
+                spec = await measure(client, n, args.reps, schema=schema, drafter=drafter, k=args.k)
                 output, base = "JSON schema" if schema else "free text", plain[schema]
                 rows.append({"output": output, "drafts": "none", "tokens": base["tokens"],
                              "tps": base["tps"], "vs_free_text": base["tps"] / plain[False]["tps"]})

@@ -165,8 +165,7 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
         "ttft_median": summarize([r["ttft_s"] for r in runs]).median,
         "proposed": proposed, "accepted": accepted, "rounds": rounds,
         "k_mean": ratio(proposed, rounds) if rounds else (cell.k or None),
-        "compare_with": None, "compare_ratio": None, "tps_reps": [r["tps"] for r in runs],
-    }
+        "compare_with": None, "compare_ratio": None, "tps_reps": [r["tps"] for r in runs]}
 
 
 def sweep(runners: list, cells: list[Cell], args, cost_ratio: float | None, log) -> Iterator:
@@ -374,6 +373,5 @@ def main(argv: list[str]) -> int:
     results.save("sweep", argv, args, meta, rows, table, writer=writer, plot=plot,
                  footer="\n\n" + "\n".join(f"{v.id} {v.verdict:<4}  {v.claim}"
                                 + (f" [{v.server}]" if v.server else "") + f": {v.detail}"
-                                for v in found),
-                 verdicts=[asdict(v) for v in found])
+                                for v in found), verdicts=[asdict(v) for v in found])
     return 130 if meta.get("interrupted") else 0
