@@ -131,14 +131,6 @@ WORDS = ("the model reads a long shared system prompt with tools and rules befor
          "so a cache that survives restarts saves its prefill").split()
 
 
-def prompt_tokens(tokenizer, n: int) -> list[int]:
-    """`n` token ids of varied English text (deterministic)."""
-    text = " ".join(f"{WORDS[i % len(WORDS)]} {i}" for i in range(n // 2 + 8))
-    tokens = tokenizer.encode(text)
-    assert len(tokens) >= n, "the text is too short for the tokenizer"
-    return tokens[:n]
-
-
 def serve_once(args, folder: Path) -> GenerationStats:
     """Start an engine on `folder`, warm it up, answer the long prompt, stop it."""
     engine = InferenceEngine(model=args.model, draft_model=args.draft_model,
@@ -146,7 +138,10 @@ def serve_once(args, folder: Path) -> GenerationStats:
                              disk_cache_bytes=4 * 10**9)
     engine.start()
     try:
-        tokens = prompt_tokens(engine.tokenizer, args.prompt_tokens)
+        n = args.prompt_tokens  # of varied English text, the same each time
+        text = " ".join(f"{WORDS[i % len(WORDS)]} {i}" for i in range(n // 2 + 8))
+        tokens = engine.tokenizer.encode(text)[:n]
+        assert len(tokens) == n, "the text is too short for the tokenizer"
         engine_stats(engine, GenerationParams(tuple(tokens[63::-1]), 1, cache_prompt=False))
         return engine_stats(engine, GenerationParams(tuple(tokens), 1))
     finally:

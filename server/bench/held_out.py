@@ -1,8 +1,7 @@
 """`mlx-spec-bench held-out`: drafting settings through our server on requests no draft trained on.
 
 Each `--setting NAME='{request fields}'` (the first the baseline) in turn on held-out code and
-prose requests as token ids to `/v1/completions`, greedy, uncached; exits 1 unless every text is
-the same.
+prose requests to `/v1/completions`, greedy, uncached; exits 1 unless every text is the same.
 """
 
 from __future__ import annotations

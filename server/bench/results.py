@@ -272,8 +272,8 @@ def render(manifest: dict, *, root: Path, out_dir: Path, manifest_name: str) -> 
             parts.append(f"```bash\n{section['command'].strip()}\n```")
         parts += [render_file(name, root, out_dir) for name in section.get("files") or []]
     if manifest.get("tried"):
-        parts.append("## Tried, and did not pay")
-        parts.append("\n".join(f"- {t['what']}: {t['figure']}" for t in manifest["tried"]))
+        parts += ["## Tried, and did not pay",
+                  "\n".join(f"- {t['what']}: {t['figure']}" for t in manifest["tried"])]
     return "\n\n".join(parts) + "\n"
 
 

@@ -12,9 +12,8 @@ import argparse
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import get_args
+from typing import NamedTuple, get_args
 
 from server.bench import results
 from server.bench.results import num, ratio, summarize
@@ -29,8 +28,7 @@ PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit
     f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n{_PROMPTS['repeat_edit_code']}```")}
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(NamedTuple):
     """One point of the sweep: a prompt kind and a draft length (0 = the baseline)."""
 
     kind: str
@@ -68,8 +66,7 @@ def per_token_acceptance(rate: float, k: float) -> float:
     return (lo + hi) / 2
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     id: str
     claim: str
     verdict: str  # PASS | FAIL | N-A
@@ -134,7 +131,7 @@ def verdicts(rows: list[dict]) -> list[Verdict]:
     checks = (verdict_beats_baseline, verdict_interior_maximum, verdict_structured_accepts_more)
     found = [(server, check([r for r in rows if r["server"] == server]))
              for server in servers or [None] for check in checks]
-    return [replace(v, server=server) if len(servers) > 1 else v for server, v in found]
+    return [v._replace(server=server) if len(servers) > 1 else v for server, v in found]
 
 
 def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
@@ -373,5 +370,5 @@ def main(argv: list[str]) -> int:
     results.save("sweep", argv, args, meta, rows, table, writer=writer, plot=plot,
                  footer="\n\n" + "\n".join(f"{v.id} {v.verdict:<4}  {v.claim}"
                                 + (f" [{v.server}]" if v.server else "") + f": {v.detail}"
-                                for v in found), verdicts=[asdict(v) for v in found])
+                                for v in found), verdicts=[v._asdict() for v in found])
     return 130 if meta.get("interrupted") else 0
