@@ -1,7 +1,5 @@
-"""`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks.
-
-Each writes its results into `--results-dir`; `report` renders them into `docs/benchmarks.md`.
-Plots need the `bench` extra. A flag first (`--smoke ...`) runs `sweep`.
+"""`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks,
+their results in `--results-dir` (plots need the `bench` extra). A flag first runs `sweep`.
 """
 
 from __future__ import annotations

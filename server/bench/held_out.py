@@ -90,12 +90,11 @@ def main(argv: list[str]) -> int:
             for i, prompt in enumerate(prompts):
                 texts = set()
                 for name in names[i % len(names):] + names[:i % len(names)]:  # rotating
-                    r = client.post("/v1/completions", json={
+                    answer = client.post("/v1/completions", json={
                         "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.0,
-                        "cache_prompt": False, **fields[name]})
-                    r.raise_for_status()
-                    answers[name].append(r.json()["stats"])
-                    texts.add(r.json()["choices"][0]["text"])
+                        "cache_prompt": False, **fields[name]}).raise_for_status().json()
+                    answers[name].append(answer["stats"])
+                    texts.add(answer["choices"][0]["text"])
                 same &= len(texts) == 1
             rows += setting_rows(family, names, answers)
     results.save("held-out", argv, args, results.environment(model=args.model), rows, table,

@@ -1,11 +1,9 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
 At each level C, C clients stream a distinct greedy request each, the servers taking `--runs`
-turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, the `from_draft` share, errors, peak
-RSS) and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP.
-
-`mlx-spec-bench distributed` (`distributed_main`): the target sharded over `--ranks` processes
-(`mlx.launch --backend ring`) against one process.
+turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, `from_draft` share, errors, peak RSS)
+and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP. And
+`mlx-spec-bench distributed`: the target sharded over `--ranks` processes against one process.
 """
 
 from __future__ import annotations
@@ -156,9 +154,8 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
     urls, transports = dict(servers), transports or {}
 
     async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
-        return level_figures(await run_level(name, urls[name], concurrency, first, args,
-                                             max_tokens, transport=transports.get(name),
-                                             clock=clock))
+        return level_figures(await run_level(name, urls[name], concurrency, first, args, max_tokens,
+                                             transport=transports.get(name), clock=clock))
 
     return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
 

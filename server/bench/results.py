@@ -17,13 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import yaml
 
-DEFAULT_RESULTS_DIR = Path("bench-results")
 PROMPTS = yaml.safe_load(Path(__file__).with_name("prompts.yaml").read_text(encoding="utf-8"))
 IQR_TO_SIGMA = 1.349  # IQR / 1.349 estimates a normal distribution's standard deviation
 NOISY_CV = 0.10
@@ -58,7 +57,7 @@ def parser(subcommand: str, doc: str, *, api: bool = False,
     p = argparse.ArgumentParser(prog=f"mlx-spec-bench {subcommand}", description=doc.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
-    a("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="Where the files go.")
+    a("--results-dir", type=Path, default=Path("bench-results"), help="Where the files go.")
     a("--tag", help="Appended to the results' file name.")
     if api:
         a("--api", choices=list(API_PATHS), default="chat", help="The streaming API.")
@@ -159,14 +158,12 @@ def save(subcommand: str, argv: Sequence[str], args, metadata: dict, rows: list[
         for row in rows:
             writer.write_row(row)
     written = writer.finish(command_line(subcommand, argv), metadata, rows, **extra)
-    print(f"\n{aligned(table(rows))}{footer}\n")
-    for path in written.values():
-        print(f"wrote {path}")
+    print(f"\n{aligned(table(rows))}{footer}\n", *(f"wrote {p}" for p in written.values()),
+          sep="\n")
     return written
 
 
-@dataclass(frozen=True)
-class Summary:
+class Summary(NamedTuple):
     median: float | None
     iqr: float | None
     cv: float | None  # robust coefficient of variation: IQR / median / 1.349
@@ -300,8 +297,7 @@ def report_main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.check:
-        current = out.read_text(encoding="utf-8") if out.is_file() else None
-        if current != text:
+        if (out.read_text(encoding="utf-8") if out.is_file() else None) != text:
             print(f"{out} is out of date: run `mlx-spec-bench report`", file=sys.stderr)
             return 1
         print(f"{out} is up to date")

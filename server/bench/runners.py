@@ -181,14 +181,12 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
 class EngineRunner:
     """The server's engine in this process: `ModelKit` + `generate_events`, no HTTP."""
 
-    label = "local"
-
     def __init__(self, target: str, draft: str | None, *, speculation: SpeculationParams,
                  temperature: float):
         self.kit = ModelKit(load_model(target))
         if draft is not None and speculation.source != "prompt_lookup":
             self.kit.load_draft(draft)
-        self.speculation, self.temperature = speculation, temperature
+        self.speculation, self.temperature, self.label = speculation, temperature, "local"
 
     def describe(self) -> dict:
         models = {"target": self.kit.target, "draft": self.kit.draft}
@@ -243,8 +241,7 @@ class HttpRunner:
             raise StreamFailed(f"{self.url} does not answer GET /health: {e!r}") from e
         except ValueError:
             self.health = {}
-        # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.
-        self.flavor = "ours" if "target" in self.health else "mlx_lm"
+        self.flavor = "ours" if "target" in self.health else "mlx_lm"  # its /health: status only
 
     def describe(self) -> dict:  # our /health names the target and the draft
         return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,

@@ -49,11 +49,8 @@ async def measure(client, max_tokens: int, reps: int, *, schema: bool, drafter: 
         request["ignore_eos"] = True
     if drafter is not None:
         request.update(draft=drafter, num_draft_tokens=k)
-    runs = []
-    for _ in range(reps):
-        r = await client.post("/v1/chat/completions", json=request)
-        r.raise_for_status()
-        runs.append(r.json())
+    runs = [(await client.post("/v1/chat/completions", json=request)).raise_for_status().json()
+            for _ in range(reps)]
     return {"tps": statistics.median(run["stats"]["generation_tps"] for run in runs),
             "text": runs[-1]["choices"][0]["message"]["content"],
             "tokens": runs[-1]["usage"]["completion_tokens"], "stats": runs[-1]["stats"]}

@@ -1,9 +1,8 @@
 """`mlx-spec-bench sweep`: sweep the draft length k and see whether speculation pays.
 
-Per prompt kind a baseline (no draft) and a cell per k, `--warmup` then `--reps` runs each; in
-this process, through a server (`--server`), or two interleaved (`--compare`). Verdicts: P1 some
-k beats the baseline (IQRs apart), P2 tok/s peaks inside the k swept, P3 acceptance is higher on
-`structured` than on `open_ended`.
+Per prompt kind a baseline and a cell per k, `--warmup` then `--reps` runs each, in this process,
+through `--server`, or two interleaved (`--compare`). Verdicts: P1 some k beats the baseline
+(IQRs apart), P2 tok/s peaks inside the k swept, P3 `structured` accepts more than `open_ended`.
 """
 
 from __future__ import annotations
