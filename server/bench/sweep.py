@@ -286,7 +286,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a("--draft-p-min", type=float, default=0.0, help="The requests' draft_p_min.")
     a("--hybrid-min-match", type=int, choices=(1, 2, 3), default=spec.hybrid_min_match,
       help="--draft hybrid: look up only after this many matching tokens.")
-    a("--cost-ratio", type=float, help="Draft/target cost per token, c (default: measured).")
+    a("--cost-ratio", type=float, help="Draft/target cost per token, c; measured when not given.")
     a("--server", metavar="URL", help="Run the cells through this OpenAI-compatible server.")
     a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
     a("--timeout", type=float, default=TIMEOUT_S, help="Seconds a server may stay silent.")
