@@ -9,6 +9,7 @@ request says `cache_prompt: false`."""
 from __future__ import annotations
 
 import json
+import random
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -112,3 +113,49 @@ def fake_app() -> FastAPI:
         return {"choices": [{"text": text, "finish_reason": "length"}], "stats": stats}
 
     return app
+
+
+# A runner for `sweep` without models: plausible numbers from the speedup model itself, so the
+# files look like a real run (`synthetic_sweep` puts it in place of the real runners).
+SYNTHETIC_COST_RATIO = 0.1
+SYNTHETIC_BASE_TPS = 50.0
+SYNTHETIC_ACCEPTANCE = {"structured": 0.8, "open_ended": 0.55, "repeat_edit": 0.9}
+
+
+class SyntheticRunner:
+    """No models; numbers from the speedup model with 2% noise, seeded."""
+
+    label = "synthetic"
+
+    def describe(self) -> dict:
+        return {"label": self.label, "kind": "synthetic",
+                "acceptance": SYNTHETIC_ACCEPTANCE, "cost_ratio": SYNTHETIC_COST_RATIO}
+
+    def cost_ratio(self) -> float:
+        return SYNTHETIC_COST_RATIO
+
+    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
+        from server.bench.runners import run_result
+        from server.bench.sweep import theoretical_speedup
+
+        k = cell.k
+        rng = random.Random(f"{self.label}/{cell.kind}/{k}/{seed}")
+        a = SYNTHETIC_ACCEPTANCE.get(cell.kind, 0.6)
+        tps = SYNTHETIC_BASE_TPS * theoretical_speedup(a, k, SYNTHETIC_COST_RATIO)
+        rounds = round(max_tokens / theoretical_speedup(a, k, 0.0)) if k else 0
+        accepted = max_tokens - rounds if k else 0
+        return run_result(
+            tokens=max_tokens, tps=tps * (1 + rng.gauss(0, 0.02)),
+            ttft_s=0.05 + rng.random() * 0.01, peak_gb=0.40 + 0.002 * k, prompt_tokens=64,
+            from_draft=accepted, proposed=rounds * k, accepted=accepted, rounds=rounds or None,
+            finish_reason="length")
+
+    def close(self) -> None:
+        pass
+
+
+def synthetic_sweep(monkeypatch) -> None:
+    """`mlx-spec-bench sweep` runs on a `SyntheticRunner` instead of loading models."""
+    from server.bench import sweep
+
+    monkeypatch.setattr(sweep, "make_runners", lambda args, log: ([SyntheticRunner()], {}))

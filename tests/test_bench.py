@@ -1,5 +1,6 @@
 """`mlx-spec-bench sweep`: arguments, statistics, the speedup model, the writer, and whole
-sweeps: synthetic (`--dry-run`), in-process on the tiny pair, and through HTTP servers."""
+sweeps: synthetic (`fake_bench_server.SyntheticRunner`), in-process on the tiny pair, and
+through HTTP servers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import httpx
 import pytest
+from fake_bench_server import synthetic_sweep
 
 from server.bench.results import ResultsWriter, summarize
 from server.bench.runners import HttpRunner
@@ -187,8 +189,9 @@ def test_writer_files_agree(tmp_path):
 
 
 # ------------------------------------------------------------------------------ whole sweeps
-def test_dry_run_end_to_end(tmp_path, capsys):
-    assert main(["--dry-run", "--results-dir", str(tmp_path), "--tag", "t", "--reps", "3",
+def test_synthetic_sweep_end_to_end(tmp_path, capsys, monkeypatch):
+    synthetic_sweep(monkeypatch)
+    assert main(["--results-dir", str(tmp_path), "--tag", "t", "--reps", "3",
                  "--draft-tokens", "1,4,16"]) == 0
     out = capsys.readouterr().out
     rows, doc, table = read_results(tmp_path)
@@ -196,8 +199,8 @@ def test_dry_run_end_to_end(tmp_path, capsys):
         (kind, k) for kind in ("structured", "open_ended") for k in (0, 1, 4, 16)]
     assert_files_agree(rows, doc, table)
     assert all(r["reps"] == 3 and len(r["tps_reps"]) == 3 and r["error"] is None for r in rows)
-    assert doc["subcommand"] == "sweep" and doc["metadata"]["dry_run"]
-    assert doc["command"] == ("mlx-spec-bench sweep --dry-run --results-dir "
+    assert doc["subcommand"] == "sweep" and doc["metadata"]["runners"][0]["kind"] == "synthetic"
+    assert doc["command"] == ("mlx-spec-bench sweep --results-dir "
                               f"{tmp_path} --tag t --reps 3 --draft-tokens 1,4,16")
     for key in ("date", "machine", "cpu_count", "os", "python", "mlx", "mlx_lm"):
         assert doc["metadata"][key]
@@ -337,7 +340,7 @@ def test_the_server_runs_without_matplotlib(tmp_path):
         "import json, sys\n"
         "sys.modules['matplotlib'] = None  # any import of it now fails\n"
         "import server.__main__, server.http.app, server.demo, server.bench\n"
-        "from server.bench import chat, held_out, load, report, structured, sweep\n"
+        "from server.bench import chat, held_out, load, results, structured, sweep\n"
         "from server.bench.results import ResultsWriter\n"
         "w = ResultsWriter(sys.argv[1], 'x')\n"
         "w.write_row({'a': 1})\n"

@@ -16,8 +16,7 @@ import pytest
 from conftest import free_port
 
 from server.bench.load import add_ratios, level_figures, main, parse_args, prompt, run_load, table
-from server.bench.report import aligned
-from server.bench.results import named_url, percentile
+from server.bench.results import aligned, named_url, percentile
 from server.bench.runners import Stream
 
 

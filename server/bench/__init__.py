@@ -1,7 +1,5 @@
-"""`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks.
-
-Each writes its results into `--results-dir` (see `results`); `report` renders them into
-`docs/benchmarks.md`. Plots need the `bench` extra. A flag first (`--smoke ...`) runs `sweep`.
+"""`mlx-spec-bench SUBCOMMAND` (= `python -m server.bench SUBCOMMAND`): the maintained benchmarks,
+their results in `--results-dir` (plots need the `bench` extra). A flag first runs `sweep`.
 """
 
 from __future__ import annotations
@@ -10,31 +8,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = {
-    "sweep": "server.bench.sweep",  # draft length k: speedup, P1-P3, plot
-    "load": "server.bench.load",  # concurrent streams, ours vs others; or in process
-    "chat": "server.bench.chat",  # multi-turn TTFT, the prefix cache
-    "held-out": "server.bench.held_out",  # drafting settings on held-out requests
-    "structured": "server.bench.structured",  # a grammar's cost, speculation under it
-    "restart": "server.bench.chat:restart_main",  # TTFT after a restart, from disk
-    "distributed": "server.bench.load:distributed_main",  # a sharded target vs one process
-    "report": "server.bench.report",  # docs/benchmarks.md from docs/benchmarks.yaml
+SUBCOMMANDS = {  # name: (the module, whose `main` it runs, or module:function; what it does)
+    "sweep": ("server.bench.sweep", "draft length k: speedup, theory, P1-P3, plot"),
+    "load": ("server.bench.load", "concurrent streams, ours against other servers, or in process"),
+    "chat": ("server.bench.chat", "multi-turn TTFT and a shared prompt: the prefix cache"),
+    "held-out": ("server.bench.held_out", "drafting settings on requests no draft trained on"),
+    "structured": ("server.bench.structured", "a grammar's cost, and speculation under it"),
+    "restart": ("server.bench.chat:restart_main", "TTFT after a restart, from the disk cache"),
+    "distributed": ("server.bench.load:distributed_main", "a sharded target vs one process"),
+    "report": ("server.bench.results:report_main", "docs/benchmarks.md from its manifest"),
 }
 
 
 def entry(name: str):
     """The subcommand's `main` (or the function a `module:function` entry names)."""
-    module, _, function = SUBCOMMANDS[name].partition(":")
+    module, _, function = SUBCOMMANDS[name][0].partition(":")
     return getattr(importlib.import_module(module), function or "main")
-
-
-def usage() -> str:
-    lines = ["usage: mlx-spec-bench SUBCOMMAND [--help] [options]", "", "subcommands:"]
-    for name in SUBCOMMANDS:
-        doc = entry(name).__doc__ if ":" in SUBCOMMANDS[name] else \
-            importlib.import_module(SUBCOMMANDS[name]).__doc__
-        lines.append(f"  {name:<11} {(doc or '').split(':', 1)[-1].split(chr(10))[0].strip()}")
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         status = entry(argv[0])(argv[1:])
         return status if isinstance(status, int) else 0
-    print(usage(), file=sys.stdout if asked else sys.stderr)
+    print("usage: mlx-spec-bench SUBCOMMAND [--help] [options]\n\nsubcommands:",
+          *(f"  {name:<11} {what}" for name, (_, what) in SUBCOMMANDS.items()), sep="\n",
+          file=sys.stdout if asked else sys.stderr)
     if argv and not asked:
         print(f"\nerror: unknown subcommand {argv[0]!r}", file=sys.stderr)
     return 0 if asked else 2

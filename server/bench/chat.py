@@ -1,13 +1,8 @@
 """`mlx-spec-bench chat`: what the prefix cache saves a multi-turn chat and a shared prompt.
 
-1. A multi-turn chat under a long system prompt, the history resent each turn, the servers
-   taking turns: prompt and cached tokens, TTFT, its ratio to turn 1 and ours over this one's.
-2. Ours only (`--clients 0` skips it): `--clients` concurrent requests sharing that prompt,
-   `cache_prompt: false`, then with the cache (emptied by `DELETE /v1/cache`).
-
-`mlx-spec-bench restart` (`restart_main`, in process, no HTTP): time to first token of a long
-prompt after a restart, served from the disk prefix cache (`cache.disk_dir`), against a cold
-prefill; `--decoding` measures instead what the disk writes cost a decoding stream.
+A chat under a long system prompt, the servers taking turns (TTFT, over turn 1, ours over this),
+then `--clients` requests sharing the prompt on ours, uncached and cached. `mlx-spec-bench
+restart` (`restart_main`): TTFT of a long prompt after a restart, from the disk prefix cache.
 """
 
 from __future__ import annotations
@@ -19,24 +14,18 @@ import json.decoder
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 from server.bench import results, runners
-from server.bench.report import num
-from server.bench.results import ratio
-from server.bench.runners import Stream, StreamFailed, request_body, stream_async
-from server.engine.disk_cache import DiskPromptCache
-from server.engine.events import Finished, GenerationStats
-from server.engine.model_kit import ModelKit, load_model
+from server.bench.results import num, ratio
+from server.bench.runners import Stream, StreamFailed, engine_stats, request_body, stream_async
+from server.engine.events import GenerationStats
 from server.engine.params import GenerationParams
-from server.engine.prefix_cache import PrefixCache
-from server.engine.scheduler import Scheduler
-from server.engine.sequence import Phase
 from server.engine.service import InferenceEngine
 from server.model_files.default_model import DEFAULT_TARGET_DIR
+from server.model_files.synthetic import build_pair
 
 QUESTIONS = results.PROMPTS["chat"]["questions"]
 
@@ -62,11 +51,10 @@ async def turns(client, servers: list[tuple[str, str]], system: str, args) -> li
             stream = await stream_async(client, url, args.api, body)
             history.append({"role": "assistant", "content": "".join(stream.text)})
             rows.append({"part": "turns", "server": name, "turn": turn, **_figures(stream)})
-    for row in rows:
-        first = next(r for r in rows if r["server"] == row["server"] and r["turn"] == 1)
-        ours = next(r for r in rows if r["server"] == servers[0][0] and r["turn"] == row["turn"])
-        row["vs_first"], row["ours_over_this"] = (ratio(row["ttft_s"], first["ttft_s"]),
-                                                  ratio(ours["ttft_s"], row["ttft_s"]))
+    ttft = {(r["server"], r["turn"]): r["ttft_s"] for r in rows}
+    for r in rows:
+        r["vs_first"] = ratio(r["ttft_s"], ttft[r["server"], 1])
+        r["ours_over_this"] = ratio(ttft[servers[0][0], r["turn"]], r["ttft_s"])
     return rows
 
 
@@ -82,7 +70,7 @@ async def shared_prompt(client, name: str, url: str, system: str, args) -> list[
         figures = [_figures(s) for s in streams]
         ttfts = [f["ttft_s"] for f in figures]
         rows.append({"part": "shared", "server": name, "clients": args.clients,
-                     "cache_prompt": cache_prompt, "ttft_s": sum(ttfts) / len(ttfts),
+                     "cache_prompt": cache_prompt, "ttft_s": statistics.mean(ttfts),
                      "ttft_max_s": max(ttfts),
                      "total_s": max(s.end for s in streams) - min(s.start for s in streams),
                      "prompt_tokens": sum(f["prompt_tokens"] or 0 for f in figures),
@@ -100,45 +88,40 @@ def table(rows: list[dict]) -> list[list[str]]:
         ttft = num(r["ttft_s"], ".3f") + (f" (max {r['ttft_max_s']:.3f})"
                                            if r["part"] == "shared" else "")
         lines.append([what, r["server"], num(r["prompt_tokens"], "d"),
-                      num(r["cached_tokens"], "d"), ttft,
-                      num(r.get("vs_first"), ".3f", suffix="x"),
+                      num(r["cached_tokens"], "d"), ttft, num(r.get("vs_first"), ".3f", suffix="x"),
                       num(r.get("ours_over_this"), ".3f", suffix="x"),
                       num(r.get("total_s"), ".2f")])
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = results.parser("chat", __doc__, api=True, servers="required")
     a = p.add_argument
     a("--system-chars", type=int, default=4500, help="System prompt length in chars (4500).")
     a("--turns", type=int, default=3, help="Chat turns (3).")
     a("--max-tokens", type=int, default=32, help="Tokens per answer (32).")
-    a("--clients", type=int, default=8, help="Concurrent clients sharing the prompt (8; 0: "
-      "skip that part).")
-    return p
-
-
-async def run(args) -> list[dict]:
+    a("--clients", type=int, default=8,
+      help="Concurrent clients sharing the prompt (8; 0: skip that part).")
+    args = p.parse_args(argv)
     servers = [args.server, *args.compare]
+    health = [runners.server_health(*s) for s in servers]
+    args.models = {s["name"]: s["target"] for s in health}
     system = ("You answer questions about this Python module.\n\n"
               + inspect.getsource(json.decoder)[:args.system_chars])
-    async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
-        rows = await turns(client, servers, system, args)
-        if args.clients:
-            rows += await shared_prompt(client, *servers[0], system, args)
-    return rows
 
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(timeout=600, headers=results.auth(args.api_key)) as client:
+            rows = await turns(client, servers, system, args)
+            if args.clients:
+                rows += await shared_prompt(client, *servers[0], system, args)
+            return rows
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    servers = [runners.server_health(*s) for s in [args.server, *args.compare]]
-    args.models = {s["name"]: s["target"] for s in servers}
     try:
-        rows = asyncio.run(run(args))
+        rows = asyncio.run(run())
     except (httpx.HTTPError, StreamFailed) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    results.save("chat", argv, args, results.environment(servers=servers), rows, table,
+    results.save("chat", argv, args, results.environment(servers=health), rows, table,
                  system_chars=args.system_chars)
     return 0
 
@@ -148,131 +131,49 @@ WORDS = ("the model reads a long shared system prompt with tools and rules befor
          "so a cache that survives restarts saves its prefill").split()
 
 
-def prompt_tokens(tokenizer, n: int) -> list[int]:
-    """`n` token ids of varied English text (deterministic)."""
-    text = " ".join(f"{WORDS[i % len(WORDS)]} {i}" for i in range(n // 2 + 8))
-    tokens = tokenizer.encode(text)
-    assert len(tokens) >= n, "the text is too short for the tokenizer"
-    return tokens[:n]
-
-
-async def answer(engine: InferenceEngine, tokens: list[int], *, cache: bool) -> GenerationStats:
-    handle = engine.submit(GenerationParams(tuple(tokens), 1, cache_prompt=cache))
-    async for event in handle:
-        if isinstance(event, Finished):
-            return event.stats
-    raise RuntimeError("no Finished event")
-
-
-def serve_once(args, folder: Path, n: int) -> GenerationStats:
+def serve_once(args, folder: Path) -> GenerationStats:
     """Start an engine on `folder`, warm it up, answer the long prompt, stop it."""
     engine = InferenceEngine(model=args.model, draft_model=args.draft_model,
-                             prefix_cache_bytes=int(args.memory_gb * 1e9),
-                             disk_cache_dir=str(folder),
-                             disk_cache_bytes=int(args.disk_max_gb * 1e9))
+                             prefix_cache_bytes=10**9, disk_cache_dir=str(folder),
+                             disk_cache_bytes=4 * 10**9)
     engine.start()
     try:
-        tokens = prompt_tokens(engine.tokenizer, n)
-        warm_up = prompt_tokens(engine.tokenizer, 64)[::-1]
-
-        async def both():
-            await answer(engine, warm_up, cache=False)
-            return await answer(engine, tokens, cache=True)
-
-        return asyncio.run(both())
+        n = args.prompt_tokens  # of varied English text, the same each time
+        text = " ".join(f"{WORDS[i % len(WORDS)]} {i}" for i in range(n // 2 + 8))
+        tokens = engine.tokenizer.encode(text)[:n]
+        assert len(tokens) == n, "the text is too short for the tokenizer"
+        engine_stats(engine, GenerationParams(tuple(tokens[63::-1]), 1, cache_prompt=False))
+        return engine_stats(engine, GenerationParams(tuple(tokens), 1))
     finally:
         engine.stop(timeout=120)  # writes what is queued before it returns
 
 
-def measure(args) -> list[dict]:
-    rows = []
-    for rep in range(args.reps):
-        with tempfile.TemporaryDirectory(prefix="restart-bench-") as folder:
-            cold = serve_once(args, Path(folder), args.prompt_tokens)
-            warm = serve_once(args, Path(folder), args.prompt_tokens)
-        row = {"rep": rep, "prompt_tokens": cold.prompt_tokens, "cold_ttft_s": cold.ttft_s,
-               "restart_ttft_s": warm.ttft_s, "restart_cached_tokens": warm.cached_tokens,
-               "ratio": warm.ttft_s / cold.ttft_s}
-        rows.append(row)
-        print(f"rep {rep}: {row['prompt_tokens']} tokens, cold TTFT {cold.ttft_s:.3f} s, "
-              f"after restart {warm.ttft_s:.3f} s ({warm.cached_tokens} cached tokens), "
-              f"ratio {row['ratio']:.3f}", flush=True)
-    return rows
-
-
-def decoding_run(kit: ModelKit, args, folder: Path | None) -> float:
-    """The decoding stream's tok/s while side prompts are prefilled and stored."""
-    scheduler = Scheduler(kit)
-    disk = DiskPromptCache(folder, int(args.disk_max_gb * 1e9)) if folder else None
-    scheduler.prefix_cache = PrefixCache(int(args.memory_gb * 1e9), disk)
-    tokenizer = kit.target.tokenizer
-    stamps: list = []
-    stream = scheduler.submit(GenerationParams(tuple(prompt_tokens(tokenizer, 16)),
-                                               args.decode_tokens, ignore_eos=True),
-                              lambda event: stamps.append(time.perf_counter()))
-    side = 0
-    while stream.phase is not Phase.DONE:
-        if len(stream.output) >= (side + 1) * args.every:
-            tokens = prompt_tokens(tokenizer, args.side_tokens + side)[side:]
-            scheduler.submit(GenerationParams(tuple(tokens), 1), lambda event: None)
-            side += 1
-        scheduler.step()
-    while scheduler.has_work():
-        scheduler.step()
-    if disk is not None:
-        disk.close()
-    return (len(stamps) - 2) / (stamps[-2] - stamps[0])  # the last event is Finished
-
-
-def measure_decoding(args) -> list[dict]:
-    kit = ModelKit(load_model(args.model))
-    decoding_run(kit, args, None)  # warm-up
-    rows = []
-    for rep in range(args.reps):
-        with tempfile.TemporaryDirectory(prefix="restart-bench-") as folder:
-            order = [None, Path(folder)] if rep % 2 == 0 else [Path(folder), None]
-            tps = {bool(f): decoding_run(kit, args, f) for f in order}
-        row = {"rep": rep, "tps_without": tps[False], "tps_with": tps[True],
-               "ratio": tps[True] / tps[False]}
-        rows.append(row)
-        print(f"rep {rep}: decoding {row['tps_without']:.1f} tok/s without a disk cache,"
-              f" {row['tps_with']:.1f} with; ratio {row['ratio']:.3f}", flush=True)
-    return rows
-
-
-def tiny_models(folder: Path) -> tuple[str, str]:
-    from server.model_files.synthetic import build_pair
-
-    target, draft = build_pair(folder / "pair", "tiny")
-    return str(target), str(draft)
-
-
-def restart_main(argv: list[str] | None = None) -> list[dict]:
+def restart_main(argv: list[str]) -> list[dict]:
     """`mlx-spec-bench restart`: time to first token after a restart, from the disk cache."""
     p = argparse.ArgumentParser(prog="mlx-spec-bench restart",
-                                description="TTFT after a restart, from the disk prefix cache.")
-    p.add_argument("--model", default=str(DEFAULT_TARGET_DIR), help="target model folder")
-    p.add_argument("--draft-model", default=None, help="draft model folder (default: none)")
-    p.add_argument("--tiny", action="store_true",
-                   help="a tiny generated pair instead (target and draft; seconds)")
-    p.add_argument("--prompt-tokens", type=int, default=2048)
-    p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--memory-gb", type=float, default=1.0, help="the in-memory prefix cache")
-    p.add_argument("--disk-max-gb", type=float, default=4.0)
-    p.add_argument("--decoding", action="store_true",
-                   help="measure the disk writes' cost to decoding instead")
-    p.add_argument("--decode-tokens", type=int, default=400)
-    p.add_argument("--side-tokens", type=int, default=512)
-    p.add_argument("--every", type=int, default=40)
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="restart-models-") as models:
+                                description="TTFT after a restart, from the disk prefix cache.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--model", default=str(DEFAULT_TARGET_DIR), help="Target model folder.")
+    a("--draft-model", default=None, help="Draft model folder.")
+    a("--tiny", action="store_true", help="A tiny generated pair instead (seconds).")
+    a("--prompt-tokens", type=int, default=2048, help="The long prompt's length.")
+    a("--reps", type=int, default=1, help="Restarts measured; the median.")
+    args, rows = p.parse_args(argv), []
+    with tempfile.TemporaryDirectory(prefix="restart-bench-") as folder:
         if args.tiny:
-            args.model, args.draft_model = tiny_models(Path(models))
-        rows = measure_decoding(args) if args.decoding else measure(args)
+            args.model, args.draft_model = map(str, build_pair(Path(folder) / "pair", "tiny"))
+        for rep in range(args.reps):
+            cache = Path(folder) / f"cache-{rep}"
+            cold, warm = serve_once(args, cache), serve_once(args, cache)
+            rows.append({"rep": rep, "prompt_tokens": cold.prompt_tokens,
+                         "cold_ttft_s": cold.ttft_s, "restart_ttft_s": warm.ttft_s,
+                         "restart_cached_tokens": warm.cached_tokens,
+                         "ratio": warm.ttft_s / cold.ttft_s})
+            print(f"rep {rep}: {cold.prompt_tokens} tokens, cold TTFT {cold.ttft_s:.3f} s, "
+                  f"after restart {warm.ttft_s:.3f} s ({warm.cached_tokens} cached tokens), "
+                  f"ratio {rows[-1]['ratio']:.3f}", flush=True)
     ratios = [r["ratio"] for r in rows]
-    what = "decoding tok/s with / without a disk cache" if args.decoding else \
-        "TTFT after restart / cold"
-    print(f"{what}: {statistics.median(ratios):.3f}"
+    print(f"TTFT after restart / cold: {statistics.median(ratios):.3f}"
           + (f" (median of {len(ratios)})" if len(ratios) > 1 else ""))
     return rows
-

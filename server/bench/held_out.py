@@ -1,12 +1,7 @@
-"""`mlx-spec-bench held-out`: drafting settings compared through our server on requests that no
-draft trained on.
+"""`mlx-spec-bench held-out`: drafting settings through our server on requests no draft trained on.
 
-    mlx-spec-bench held-out --server URL --setting plain='{"num_draft_tokens": 0}' \\
-        --setting hybrid='{"draft": "hybrid", "hybrid_min_match": 2}' [--count 16]
-
-The first `--count` held-out code and prose requests of the target's answers (and the prose kept
-for measuring) as token ids to `/v1/completions`, greedy, uncached, under every setting in turn.
-Exits 1 unless every setting gave the first setting's text.
+Each `--setting NAME='{request fields}'` (the first the baseline) in turn on held-out code and
+prose requests to `/v1/completions`, greedy, uncached; exits 1 unless every text is the same.
 """
 
 from __future__ import annotations
@@ -16,8 +11,13 @@ import json
 from pathlib import Path
 
 import httpx
+from mlx_lm.utils import load_tokenizer
 
 from server.bench import results
+from server.model_files.default_model import DEFAULT_TARGET_DIR
+from server.model_files.training import target_answers
+from server.model_files.training.chat_requests import prose_requests
+from server.model_files.training.distill import answer_split
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -33,12 +33,6 @@ def parse_setting(text: str) -> tuple[str, dict]:
 
 def held_out_by_family(path: Path, count: int, model: str) -> dict[str, list[list[int]]]:
     """The first `count` held-out prompts, code and prose apart, plus the measuring prose's."""
-    from mlx_lm.utils import load_tokenizer
-
-    from server.model_files.training import target_answers
-    from server.model_files.training.chat_requests import prose_requests
-    from server.model_files.training.distill import answer_split
-
     tokenizer, prose = load_tokenizer(Path(model)), prose_requests()
     families: dict[str, list] = {"code": [], "prose": []}
     for prompt, _ in answer_split(path)[1][:count]:
@@ -48,15 +42,6 @@ def held_out_by_family(path: Path, count: int, model: str) -> dict[str, list[lis
         families["prose"] += [p for p, _ in target_answers.answered(
             target_answers.EVAL_PROSE_OUT)[:count]]
     return {name: prompts for name, prompts in families.items() if prompts}
-
-
-def run(client: httpx.Client, prompt: list[int], fields: dict, max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "cache_prompt": False, **fields}
-    r = client.post("/v1/completions", json=body)
-    r.raise_for_status()
-    answer = r.json()
-    return {"text": answer["choices"][0]["text"], **answer["stats"]}
 
 
 def setting_rows(family: str, names: list[str], answers: dict[str, list[dict]]) -> list[dict]:
@@ -84,38 +69,32 @@ def table(rows: list[dict]) -> list[list[str]]:
          f"{r['accepted']}/{r['proposed']}"] for r in rows]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from server.model_files.default_model import DEFAULT_TARGET_DIR
-    from server.model_files.training.target_answers import DEFAULT_OUT
-
+def main(argv: list[str]) -> int:
     p = results.parser("held-out", __doc__)
     a = p.add_argument
     a("--server", required=True, help="Our server's base URL.")
     a("--setting", type=parse_setting, action="append", required=True, metavar="NAME=JSON",
       help="Request fields of one setting (repeatable; the first is the baseline).")
-    a("--answers", type=Path, default=DEFAULT_OUT,
-      help=f"The target's answers file (default {DEFAULT_OUT}).")
+    a("--answers", type=Path, default=target_answers.DEFAULT_OUT, help="The target's answers.")
     a("--model", default=str(DEFAULT_TARGET_DIR), help="For its tokenizer.")
-    a("--count", type=int, default=16, help="Requests per family (16).")
-    a("--max-tokens", type=int, default=128, help="Tokens per request (128).")
+    a("--count", type=int, default=16, help="Requests per family.")
+    a("--max-tokens", type=int, default=128, help="Tokens per request.")
     a("--api-key", help="Bearer key for the server.")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     names, fields = [name for name, _ in args.setting], dict(args.setting)
-    families = held_out_by_family(args.answers, args.count, args.model)
     rows, same = [], True
-    with httpx.Client(base_url=args.server, timeout=600, headers=results.auth(args.api_key)) \
-            as client:
-        for family, prompts in families.items():
+    client = httpx.Client(base_url=args.server, timeout=600, headers=results.auth(args.api_key))
+    with client:
+        for family, prompts in held_out_by_family(args.answers, args.count, args.model).items():
             answers: dict[str, list[dict]] = {name: [] for name in names}
             for i, prompt in enumerate(prompts):
                 texts = set()
-                for name in names[i % len(names):] + names[:i % len(names)]:
-                    answers[name].append(run(client, prompt, fields[name], args.max_tokens))
-                    texts.add(answers[name][-1]["text"])
+                for name in names[i % len(names):] + names[:i % len(names)]:  # rotating
+                    answer = client.post("/v1/completions", json={
+                        "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.0,
+                        "cache_prompt": False, **fields[name]}).raise_for_status().json()
+                    answers[name].append(answer["stats"])
+                    texts.add(answer["choices"][0]["text"])
                 same &= len(texts) == 1
             rows += setting_rows(family, names, answers)
     results.save("held-out", argv, args, results.environment(model=args.model), rows, table,

@@ -1,16 +1,9 @@
 """`mlx-spec-bench load`: many concurrent streaming clients, our server against others.
 
-At each concurrency level C, C clients stream one distinct greedy request each, at once; the
-servers take `--runs` turns (who goes first rotates) and a row keeps the medians. Measured on
-the client: aggregate tok/s (tokens over first request to last stream end), TTFT, ITL, the
-draft's share (`from_draft`), errors, and with `--pid` the peak RSS (VmHWM). Ratios: ours (the
-`--server`) over each other server's. `--in-process`: our scheduler with and without the draft
-against `mlx_lm`'s `BatchGenerator`, no HTTP.
-
-`mlx-spec-bench distributed` (`distributed_main`, no HTTP): the target sharded over `--ranks`
-processes (`mlx.launch --backend ring`, loopback) against one process, same pair and engine:
-decode tok/s with and without the draft, one target forward of 1 and k + 1 tokens, and each
-rank's memory.
+At each level C, C clients stream a distinct greedy request each, the servers taking `--runs`
+turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, `from_draft` share, errors, peak RSS)
+and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP. And
+`mlx-spec-bench distributed`: the target sharded over `--ranks` processes against one process.
 """
 
 from __future__ import annotations
@@ -18,27 +11,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
+from mlx_lm import load as mlx_load
+from mlx_lm.generate import BatchGenerator
 
 from server.bench import results
-from server.bench.report import num
-from server.bench.results import percentile, ratio, summarize
-from server.bench.runners import Stream, request_body, server_health, stream_async
-
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
-DEFAULT_MAX_TOKENS = 96
-WARMUP_MAX_TOKENS = 8
-CONNECT_TIMEOUT_S = 10.0
+from server.bench.results import aligned, num, percentile, ratio, summarize
+from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
+from server.engine.cost_model import measure_forward_times
+from server.engine.distributed import DistributedEngine, launched_layout
+from server.engine.follower import run_follower
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SpeculationParams
+from server.engine.scheduler import Scheduler, SchedulerConfig
+from server.engine.sequence import Phase
+from server.engine.service import InferenceEngine
+from server.model_files.bundled import generated_pair
 
 _TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
                                                                     "context"))
@@ -51,28 +48,25 @@ def prompt(i: int) -> str:
     return " ".join([task, *extra, f"(Request {i}.)"])
 
 
-async def run_level(name: str, url: str, concurrency: int, first: int, args, *,
-                    transport=None, clock=time.perf_counter) -> list[Stream]:
-    """C clients at once, one request each."""
-    streams: list[Stream] = []
+async def run_level(name: str, url: str, concurrency: int, first: int, args,
+                    max_tokens: int | None = None, *, transport=None,
+                    clock=time.perf_counter) -> list[Stream]:
+    """C clients at once, one request each (of `max_tokens`, default `args.max_tokens`)."""
     model = getattr(args, "models", {}).get(name) if args.api != "chat" else None
 
-    async def one_client(c: int) -> None:
+    async def one_client(c: int) -> Stream:
         body = request_body(args.api, [{"role": "user", "content": prompt(first + c)}],
-                            max_tokens=args.max_tokens, temperature=0.0, model=model)
+                            max_tokens=max_tokens or args.max_tokens, temperature=0.0, model=model)
         task = stream_async(client, url, args.api, body, clock=clock)
         try:
-            streams.append(await asyncio.wait_for(task, args.timeout))
+            return await asyncio.wait_for(task, args.timeout)
         except asyncio.TimeoutError:
-            streams.append(Stream(start=clock(), end=clock(),
-                                  error=f"timeout after {args.timeout:g}s"))
+            return Stream(start=clock(), end=clock(), error=f"timeout after {args.timeout:g}s")
 
-    timeout = httpx.Timeout(args.timeout, connect=CONNECT_TIMEOUT_S)
     async with httpx.AsyncClient(
-            timeout=timeout, headers=results.auth(args.api_key),
+            timeout=httpx.Timeout(args.timeout, connect=10.0), headers=results.auth(args.api_key),
             limits=httpx.Limits(max_connections=concurrency), transport=transport) as client:
-        await asyncio.gather(*(one_client(c) for c in range(concurrency)))
-    return streams
+        return list(await asyncio.gather(*(one_client(c) for c in range(concurrency))))
 
 
 def level_figures(streams: list[Stream]) -> dict:
@@ -89,8 +83,7 @@ def level_figures(streams: list[Stream]) -> dict:
         "aggregate_tps": tokens / span if span > 0 and ok else None,
         "ttft_p50_s": percentile([s.arrivals[0] - s.start for s in ok if s.arrivals], 50),
         "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
-        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None,
-    }
+        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None}
 
 
 def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
@@ -99,12 +92,11 @@ def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
         if reset:
             Path(f"/proc/{pid}/clear_refs").write_text("5")
             return None
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1e6  # kB -> GB
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return None
-    return None
+    return next((int(line.split()[1]) / 1e6 for line in status  # kB -> GB
+                 if line.startswith("VmHWM:")), None)
 
 
 MEDIANS = ("aggregate_tps", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "from_draft_fraction")
@@ -118,8 +110,7 @@ def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | No
             **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
             **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
-            "peak_rss_gb": peak_gb,
-            "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
+            "peak_rss_gb": peak_gb, "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
 
@@ -131,9 +122,12 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 async def interleaved(names: list[str], measure, args, *, on_row=lambda row: None,
-                      log=None) -> list[dict]:
-    """Per level, `args.runs` runs of every server (`measure(name, c, first_prompt)`), the first
-    rotating; then a row per server with the medians and ratios."""
+                      log=sys.stderr) -> list[dict]:
+    """`args.warmup` short unmeasured requests per server, then per level `args.runs` runs of
+    every server (`measure(name, c, first_prompt)`), the first rotating; a row per server."""
+    for i in range(args.warmup):
+        for name in names:
+            await measure(name, 1, i, 8)  # 8 tokens
     pids, first, rows = getattr(args, "pids", {}), args.warmup, []
     for level, concurrency in enumerate(args.concurrency):
         runs: dict[str, list[dict]] = {name: [] for name in names}
@@ -142,8 +136,7 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
         for r in range(args.runs):
             shift = (level + r) % len(names)
             for name in names[shift:] + names[:shift]:
-                if log:
-                    print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
+                print(f"  {concurrency} stream(s), run {r + 1} on {name}", file=log)
                 runs[name].append(await measure(name, concurrency, first))
             first += concurrency
         level_rows = [level_row(name, concurrency, runs[name], peak_rss_gb(pids[name])
@@ -156,16 +149,12 @@ async def interleaved(names: list[str], measure, args, *, on_row=lambda row: Non
 
 
 async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
-                   clock=time.perf_counter, on_row=lambda row: None, log=None) -> list[dict]:
-    """Every level on every server over HTTP, after `args.warmup` short requests each."""
+                   clock=time.perf_counter, on_row=lambda row: None, log=sys.stderr) -> list[dict]:
+    """Every level on every server over HTTP."""
     urls, transports = dict(servers), transports or {}
-    short = argparse.Namespace(**{**vars(args), "max_tokens": WARMUP_MAX_TOKENS})
-    for name, url in servers:
-        for i in range(args.warmup):
-            await run_level(name, url, 1, i, short, transport=transports.get(name))
 
-    async def measure(name: str, concurrency: int, first: int) -> dict:
-        return level_figures(await run_level(name, urls[name], concurrency, first, args,
+    async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
+        return level_figures(await run_level(name, urls[name], concurrency, first, args, max_tokens,
                                              transport=transports.get(name), clock=clock))
 
     return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
@@ -173,75 +162,52 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
 
 def in_process(args, on_row, log) -> list[dict]:
     """Ours with and without the draft against `BatchGenerator`, C requests at once."""
-    from mlx_lm import load as mlx_load
-
-    from server.engine.model_kit import ModelKit, load_model
-    from server.model_files.bundled import generated_pair
-
-    target, draft = (args.target_model, args.draft_model) if args.target_model else \
-        generated_pair()
-    with_draft = ModelKit(load_model(target))
-    with_draft.load_draft(draft)
+    target, draft = (args.target_model, args.draft_model) if args.target_model else generated_pair()
     model, tokenizer = mlx_load(target)
-    batch = max(args.concurrency)
-    engines = {"ours+draft": _ours(with_draft, batch, args.max_tokens),
-               "ours": _ours(ModelKit(load_model(target)), batch, args.max_tokens),
-               "mlx_lm": _batch_generator(model, args.max_tokens)}
+    batch, n = max(args.concurrency), args.max_tokens
 
-    async def measure(name: str, concurrency: int, first: int) -> dict:
-        ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
-                                             add_generation_prompt=True)
-               for i in range(concurrency)]
-        return engines[name](ids)
+    def figures(ids: list, tokens: int, start: float, from_draft: int | None) -> dict:
+        return {"requests": len(ids), "completed": len(ids), "errors": 0, "error_messages": [],
+                "tokens": tokens, "aggregate_tps": tokens / (time.perf_counter() - start),
+                "from_draft_fraction": ratio(from_draft, tokens)}
 
-    for i in range(args.warmup):
-        for name in engines:
-            asyncio.run(measure(name, 1, i))
+    def ours(kit, k: int):
+        scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
 
-    return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
+        def run(ids: list[list[int]]) -> dict:
+            seqs = [scheduler.submit(GenerationParams(tuple(p), n, speculation=SpeculationParams(
+                num_draft_tokens=k)), lambda event: None) for p in ids]
+            start = time.perf_counter()
+            while any(s.phase is not Phase.DONE for s in seqs):
+                scheduler.step()
+            stats = [s.stats() for s in seqs]
+            return figures(ids, sum(s.generation_tokens for s in stats), start,
+                           sum(s.draft_tokens_accepted for s in stats))
 
+        return run
 
-def _figures(n: int, tokens: int, seconds: float, from_draft: int | None) -> dict:
-    return {"requests": n, "completed": n, "errors": 0, "error_messages": [], "tokens": tokens,
-            "aggregate_tps": tokens / seconds, "from_draft_fraction": ratio(from_draft, tokens)}
-
-
-def _ours(kit, batch: int, max_tokens: int):
-    from server.engine.params import GenerationParams, SpeculationParams
-    from server.engine.scheduler import Scheduler, SchedulerConfig
-    from server.engine.sequence import Phase
-
-    scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
-    spec = SpeculationParams(num_draft_tokens=4 if kit.draft is not None else 0)
-
-    def run(ids: list[list[int]]) -> dict:
-        seqs = [scheduler.submit(GenerationParams(tuple(p), max_tokens, speculation=spec),
-                                 lambda event: None) for p in ids]
-        start = time.perf_counter()
-        while any(s.phase is not Phase.DONE for s in seqs):
-            scheduler.step()
-        seconds, stats = time.perf_counter() - start, [s.stats() for s in seqs]
-        return _figures(len(ids), sum(s.generation_tokens for s in stats), seconds,
-                        sum(s.draft_tokens_accepted for s in stats))
-
-    return run
-
-
-def _batch_generator(model, max_tokens: int):
-    from mlx_lm.generate import BatchGenerator
-
-    def run(ids: list[list[int]]) -> dict:
-        gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[-1]])
-        start = time.perf_counter()
-        gen.insert(ids, [max_tokens] * len(ids))
-        tokens = done = 0
+    def batch_generator(ids: list[list[int]]) -> dict:
+        gen = BatchGenerator(model, max_tokens=n, stop_tokens=[[-1]])
+        start, tokens, done = time.perf_counter(), 0, 0
+        gen.insert(ids, [n] * len(ids))
         while done < len(ids):
             for r in gen.next_generated():
                 tokens += 1
                 done += r.finish_reason is not None
-        return _figures(len(ids), tokens, time.perf_counter() - start, None)
+        return figures(ids, tokens, start, None)
 
-    return run
+    with_draft = ModelKit(load_model(target))
+    with_draft.load_draft(draft)
+    engines = {"ours+draft": ours(with_draft, 4), "ours": ours(ModelKit(load_model(target)), 0),
+               "mlx_lm": batch_generator}
+
+    async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
+                                             add_generation_prompt=True)
+               for i in range(concurrency)]
+        return engines[name](ids)  # the warm-up's too: of the engines' max_tokens
+
+    return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
 
 
 def table(rows: list[dict]) -> list[list[str]]:
@@ -267,16 +233,15 @@ def _pid(text: str) -> tuple[str, int]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = results.parser("load", __doc__, api=True, servers="optional")
     a = p.add_argument
-    a("--concurrency", type=results.int_list, default=list(DEFAULT_CONCURRENCY), metavar="C,...",
-      help="Concurrent streams per level (default 1,2,4,8,16,32).")
-    a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per request (96).")
-    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians (1).")
+    a("--concurrency", type=results.int_list, default=[1, 2, 4, 8, 16, 32], metavar="C,...",
+      help="Concurrent streams per level.")
+    a("--max-tokens", type=int, default=96, help="Tokens per request.")
+    a("--runs", type=int, default=1, help="Interleaved runs per server and level; medians.")
     a("--pid", type=_pid, action="append", default=[], metavar="NAME=PID",
       help="Report this server process's peak RSS (VmHWM), read after each level.")
-    a("--timeout", type=float, default=300.0, help="Seconds one request may take (300).")
-    a("--warmup", type=int, default=1, help="Unmeasured short requests per server first (1).")
-    a("--in-process", action="store_true",
-      help="Our scheduler (with and without the draft) against BatchGenerator, no HTTP.")
+    a("--timeout", type=float, default=300.0, help="Seconds one request may take.")
+    a("--warmup", type=int, default=1, help="Unmeasured short requests per server first.")
+    a("--in-process", action="store_true", help="Our scheduler against BatchGenerator, no HTTP.")
     a("--target-model", help="--in-process: the target (default: the generated pair's).")
     a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
     args = p.parse_args(argv)
@@ -290,28 +255,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
-        (any(n not in names for n, _ in args.pid), "--pid NAME must name a server"),
-    ])
+        (any(n not in names for n, _ in args.pid), "--pid NAME must name a server")])
     args.servers, args.pids = servers, dict(args.pid)
     return args
 
 
 def main(argv: list[str]) -> int:
-    args, log = parse_args(argv), sys.stderr
+    args = parse_args(argv)
     writer = results.ResultsWriter(args.results_dir, "load", args.tag)
-    rows: list[dict] = []
-
-    def on_row(row):
-        writer.write_row(row)
-        rows.append(row)
-
     meta = results.environment(target_model=args.target_model, draft_model=args.draft_model)
     if args.in_process:
-        in_process(args, on_row, log)
+        rows = in_process(args, writer.write_row, sys.stderr)
     else:
         meta["servers"] = [server_health(*s) for s in args.servers]
         args.models = {s["name"]: s["target"] for s in meta["servers"]}
-        asyncio.run(run_load(args.servers, args, on_row=on_row, log=log))
+        rows = asyncio.run(run_load(args.servers, args, on_row=writer.write_row, log=sys.stderr))
     results.save("load", argv, args, meta, rows, table, writer=writer)
     return 0
 
@@ -320,209 +278,92 @@ def main(argv: list[str]) -> int:
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def distributed_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mlx-spec-bench distributed",
-                                description="A sharded target against one process.")
-    p.add_argument("--target-model", required=True, help="Target model folder (sharded).")
-    p.add_argument("--draft-model", default=None, help="Draft model folder (rank 0 only).")
-    p.add_argument("--ranks", type=int, default=2, help="Processes to shard over (default 2).")
-    p.add_argument("--mode", choices=["tensor", "pipeline"], default="tensor")
-    p.add_argument("--num-draft-tokens", type=int, default=4, help="k (default 4).")
-    p.add_argument("--max-tokens", type=int, default=64, help="Tokens per request (64).")
-    p.add_argument("--context", type=int, default=128, help="Context before the timed forwards.")
-    p.add_argument("--reps", type=int, default=3, help="Requests / forwards per cell (median).")
-    p.add_argument("--out", type=Path, default=None, help="Write the results here as JSON.")
-    p.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
-
-
-# -- one layout --------------------------------------------------------------------------------
-
-
-def _on_engine(engine, fn):
-    """Run `fn` on the engine's MLX thread (where every MLX call, and so every collective, runs)."""
-    box, done = {}, threading.Event()
-
-    def settle(result, error):
-        box.update(result=result, error=error)
-        done.set()
-
-    engine.scheduler.call(fn, settle)
-    done.wait()
-    if box["error"] is not None:
-        raise box["error"]
-    return box["result"]
-
-
-def _generate(engine, ids: list[int], max_tokens: int, k: int) -> dict:
-    from server.engine.events import Finished
-    from server.engine.params import GenerationParams, SpeculationParams
-
-    finished, done = {}, threading.Event()
-
-    def sink(event):
-        if isinstance(event, Finished):
-            finished["stats"] = event.stats
-            done.set()
-        elif isinstance(event, BaseException):
-            finished["error"] = event
-            done.set()
-
-    params = GenerationParams(tuple(ids), max_tokens, ignore_eos=True, cache_prompt=False,
-                              speculation=SpeculationParams(num_draft_tokens=k, required=k > 0))
-    engine.scheduler.submit(params, sink)
-    done.wait()
-    if "error" in finished:
-        raise finished["error"]
-    stats = finished["stats"]
-    return {"tps": stats.generation_tps, "accepted": stats.draft_tokens_accepted,
-            "proposed": stats.draft_tokens_proposed}
-
-
-def _forward_times(model, context: list[int], widths: list[int], reps: int) -> dict[int, float]:
-    """Median seconds of one forward of each width over a one-row cache holding `context`."""
-    import mlx.core as mx
-
-    from server.engine.batch import new_cache, prefill
-    from server.engine.ragged_cache import RaggedKVCache
-
-    row = new_cache(model)
-    prefill(model, row, context)
-    cache = [RaggedKVCache.merge([c]) for c in row]
-    out = {}
-    for width in widths:
-        times = []
-        for rep in range(reps + 1):
-            inputs = mx.array([context[:width]], mx.uint32)
-            start = time.perf_counter()
-            mx.eval(model(inputs, cache=cache))
-            if rep:  # the first is a warm-up
-                times.append(time.perf_counter() - start)
-            for c in cache:
-                c.trim(width)
-        out[width] = statistics.median(times)
-    return out
-
-
-def layout_figures(engine, args: argparse.Namespace) -> dict:
-    """Every figure of one layout, from a started engine."""
-    import mlx.core as mx
-
-    tokenizer = engine.tokenizer
-    ids = list(tokenizer.encode(PROMPT))
-    context = (ids * (args.context // len(ids) + 1))[: args.context]
-    k = args.num_draft_tokens
-    cells = [("plain", 0)] + ([("draft", k)] if engine.draft is not None else [])
-    result = {"tps": {}, "accepted": {}}
-    _generate(engine, ids, 8, 0)  # warm-up
-    for name, draft_k in cells:
-        runs = [_generate(engine, ids, args.max_tokens, draft_k) for _ in range(args.reps)]
-        result["tps"][name] = statistics.median(r["tps"] for r in runs)
-        result["accepted"][name] = sum(r["accepted"] for r in runs) / max(
-            1, sum(r["proposed"] for r in runs))
-    times = _on_engine(engine, lambda: _forward_times(engine.kit.target.model, context,
-                                                      [1, k + 1], args.reps * 3))
-    result["forward_s"] = {str(w): t for w, t in times.items()}
-    layout = engine.distributed
-    result["rank_memory_gb"] = (layout["rank_memory_gb"] if layout else
-                                [round(_on_engine(engine, mx.get_active_memory) / 1e9, 4)])
-    config = engine.target.config
-    result["layers"] = config.get("num_hidden_layers")
-    result["hidden_size"] = config.get("hidden_size")
-    return result
-
-
-def _engine(args: argparse.Namespace, layout=None):
-    from server.engine.distributed import DistributedEngine
-    from server.engine.service import InferenceEngine
-
+def layout_figures(args: argparse.Namespace, layout=None) -> dict:
+    """Every figure of one layout (one process when `layout` is None), on a started engine."""
     kwargs = {"model": args.target_model, "draft_model": args.draft_model,
               "num_draft_tokens": args.num_draft_tokens, "prefix_cache_bytes": 0}
-    if layout is None:
-        return InferenceEngine(**kwargs)
-    return DistributedEngine(layout=layout, **kwargs)
-
-
-def _run(engine, args) -> dict:
+    engine = InferenceEngine(**kwargs) if layout is None else \
+        DistributedEngine(layout=layout, **kwargs)
     engine.start()
     try:
-        return layout_figures(engine, args)
+        ids, k = list(engine.tokenizer.encode(PROMPT)), args.num_draft_tokens
+
+        def run(max_tokens: int, draft_k: int):
+            spec = SpeculationParams(num_draft_tokens=draft_k, required=draft_k > 0)
+            return engine_stats(engine, GenerationParams(
+                tuple(ids), max_tokens, ignore_eos=True, cache_prompt=False, speculation=spec))
+
+        run(8, 0)  # warm-up
+        tps = {name: statistics.median(run(args.max_tokens, draft_k).generation_tps
+                                       for _ in range(args.reps))
+               for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}
+        timed: Future = Future()  # on the engine's MLX thread, where every collective runs
+        engine.scheduler.call(lambda: measure_forward_times(
+            engine.kit.target.model, rows=(1,), tokens=(1, k + 1), context=args.context,
+            reps=args.reps * 3), lambda times, error: timed.set_exception(error) if error
+            else timed.set_result(times))
+        times = timed.result()
+        shards = engine.distributed
+        return {"tps": tps, "forward_s": dict(zip(map(str, times.tokens), times.seconds[0],
+                                                  strict=True)),
+                "rank_memory_gb": shards["rank_memory_gb"] if shards else
+                [round(asyncio.run(engine.memory())["active_gb"], 4)]}
     finally:
         engine.stop()
 
 
-def launched(args: argparse.Namespace) -> None:
-    """Inside `mlx.launch`: rank 0 measures, the others follow."""
-    from server.engine.distributed import launched_layout
-    from server.engine.follower import run_follower
-
-    layout = launched_layout(args.mode)
-    if layout is None:
-        raise SystemExit("--launched needs mlx.launch")
-    if layout.rank > 0:
-        run_follower(layout, args.target_model, timeout_s=600, drain_timeout_s=10)
-        return
-    result = _run(_engine(args, layout), args)
-    result.update(world_size=layout.world_size, backend=layout.backend, mode=layout.mode)
-    args.result_file.write_text(json.dumps(result))
-
-
-# -- both layouts ------------------------------------------------------------------------------
-
-
-def distributed(args: argparse.Namespace) -> dict:
-    launcher = Path(sys.executable).parent / "mlx.launch"
-    with tempfile.TemporaryDirectory() as folder:
-        result_file = Path(folder) / "result.json"
-        cmd = [str(launcher), "--backend", "ring", "-n", str(args.ranks), "--",
-               sys.executable, "-m", "server.bench", "distributed", "--launched",
-               "--result-file", str(result_file), "--target-model", args.target_model,
-               "--mode", args.mode, "--num-draft-tokens", str(args.num_draft_tokens),
-               "--max-tokens", str(args.max_tokens), "--context", str(args.context),
-               "--reps", str(args.reps)]
-        if args.draft_model:
-            cmd += ["--draft-model", args.draft_model]
-        subprocess.run(cmd, check=True, env=os.environ.copy())
-        return json.loads(result_file.read_text())
-
-
 def distributed_report(single: dict, dist: dict, k: int) -> str:
+    """The figures of both layouts side by side, ranks over one process."""
     one, block = "1", str(k + 1)
-    lines = [f"{'':34}{'1 process':>12}{str(dist['world_size']) + ' ranks':>12}{'ratio':>8}"]
-
-    def row(name, a, b, fmt="{:12.2f}"):
-        lines.append(f"{name:34}" + fmt.format(a) + fmt.format(b) + f"{b / a:8.2f}")
-
-    for cell in single["tps"]:
-        row(f"decode tok/s, {cell}", single["tps"][cell], dist["tps"][cell])
-    for width in (one, block):
-        row(f"forward of {width} token(s), ms", single["forward_s"][width] * 1e3,
-            dist["forward_s"][width] * 1e3, "{:12.3f}")
-    for name, layout in (("1 process", single), ("ranks", dist)):
-        lines.append(f"{name:34}{'k+1 / 1 forward time':>24}"
-                     f"{layout['forward_s'][block] / layout['forward_s'][one]:8.2f}")
+    rows = [(f"decode tok/s, {cell}", single["tps"][cell], dist["tps"][cell])
+            for cell in single["tps"]]
+    rows += [(f"forward of {width} token(s), ms", single["forward_s"][width] * 1e3,
+              dist["forward_s"][width] * 1e3) for width in (one, block)]
+    rows.append(("k+1 / 1 forward time", *(f["forward_s"][block] / f["forward_s"][one]
+                                           for f in (single, dist))))
     if "draft" in single["tps"]:
-        for name, layout in (("1 process", single), ("ranks", dist)):
-            lines.append(f"{name:34}{'draft / plain tok/s':>24}"
-                         f"{layout['tps']['draft'] / layout['tps']['plain']:8.2f}")
-    lines.append(f"rank memory GB: 1 process {single['rank_memory_gb']},"
-                 f" ranks {dist['rank_memory_gb']}")
-    lines.append(f"all_sums per distributed forward: {2 * dist['layers']} (2 per layer);"
-                 f" bytes each: rows * tokens * {dist['hidden_size']} * bytes per value")
-    return "\n".join(lines)
+        rows.append(("draft / plain tok/s", *(f["tps"]["draft"] / f["tps"]["plain"]
+                                              for f in (single, dist))))
+    lines = [["", "1 process", f"{dist['world_size']} ranks", "ratio"]] + [
+        [name, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"] for name, a, b in rows]
+    return aligned(lines) + f"\nrank memory GB: 1 process {single['rank_memory_gb']}, ranks " \
+        f"{dist['rank_memory_gb']}"
 
 
-def distributed_main(argv: list[str] | None = None) -> None:
+def distributed_main(argv: list[str]) -> None:
     """`mlx-spec-bench distributed`: a target sharded with mlx.launch against one process."""
-    args = distributed_args(argv)
-    if args.launched:
-        launched(args)
+    p = argparse.ArgumentParser(prog="mlx-spec-bench distributed",
+                                description="A sharded target against one process.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--target-model", required=True, help="Target model folder (sharded).")
+    a("--draft-model", default=None, help="Draft model folder (rank 0 only).")
+    a("--ranks", type=int, default=2, help="Processes to shard over.")
+    a("--mode", choices=["tensor", "pipeline"], default="tensor", help="How to shard.")
+    a("--num-draft-tokens", type=int, default=4, help="k.")
+    a("--max-tokens", type=int, default=64, help="Tokens per request.")
+    a("--context", type=int, default=128, help="Context before the timed forwards.")
+    a("--reps", type=int, default=3, help="Requests / forwards per cell (median).")
+    a("--out", type=Path, default=None, help="Write the results here as JSON.")
+    a("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # set: under mlx.launch
+    args = p.parse_args(argv)
+    if args.result_file is not None:  # inside mlx.launch: rank 0 measures, the others follow
+        layout = launched_layout(args.mode)
+        if layout.rank > 0:
+            run_follower(layout, args.target_model, timeout_s=600, drain_timeout_s=10)
+            return
+        args.result_file.write_text(json.dumps({
+            **layout_figures(args, layout), "world_size": layout.world_size,
+            "backend": layout.backend, "mode": layout.mode}))
         return
-    single = _run(_engine(args), args)
-    dist = distributed(args)
+    single = layout_figures(args)
+    with tempfile.TemporaryDirectory() as folder:  # the same command on each rank
+        result_file = Path(folder) / "result.json"
+        subprocess.run([str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring",
+                        "-n", str(args.ranks), "--", sys.executable, "-m", "server.bench",
+                        "distributed", *argv, "--result-file", str(result_file)], check=True)
+        dist = json.loads(result_file.read_text())
     print(distributed_report(single, dist, args.num_draft_tokens))
     if args.out is not None:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                         "single": single, "distributed": dist}, indent=1))
-

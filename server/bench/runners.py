@@ -1,25 +1,25 @@
-"""Who runs a generation: the engine in this process, synthetic numbers (`--dry-run`), or a
-server over HTTP (`--api chat|responses|messages`); and how a server's token stream is read.
-
-tok/s is measured on the client alike for every server: (n - 1) / (t_last - t_first) over the
-token arrivals. Ours flags each token with `from_draft` and ends with `stats`; `mlx_lm.server`
-sends a chunk when text is ready (n from its usage; acceptance and memory unknown), and its
-baseline asks for `"draft_model": null`.
+"""Who runs a generation (the engine in this process, or a server over one of three HTTP APIs)
+and how a token stream is read: tok/s is (n - 1) / (t_last - t_first) on the client for every
+server. Ours flags each token `from_draft` and ends with `stats`; `mlx_lm.server` sends a chunk
+when text is ready (n from its usage).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 
 import httpx
 
 from server.bench.results import auth
-from server.engine.params import SpeculationParams
+from server.demo import encode_prompt
+from server.engine.cost_model import measure_forward_times
+from server.engine.events import Finished
+from server.engine.generation import generate_events
+from server.engine.model_kit import ModelKit, load_model
+from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
              "messages": "/v1/messages"}
@@ -27,26 +27,21 @@ TIMEOUT_S = 600.0
 
 
 class StreamFailed(RuntimeError):
-    """The server refused or broke off a request."""
+    """The server refused or broke off a request, or does not answer at all."""
 
 
-class ServerUnreachable(StreamFailed):
-    """The server does not answer at all."""
+FROM_STATS = {"tokens": "generation_tokens", "tps": "generation_tps", "ttft_s": "ttft_s",
+              "peak_gb": "peak_memory_gb", "prompt_tokens": "prompt_tokens",
+              "from_draft": "draft_tokens_accepted", "proposed": "draft_tokens_proposed",
+              "accepted": "draft_tokens_accepted"}
 
 
 def run_result(stats: dict | None = None, **measured) -> dict:
     """One generation as measured, from our `stats` where given (None: unknown)."""
-    out = dict.fromkeys(("tokens", "tps", "ttft_s", "peak_gb", "prompt_tokens", "from_draft",
-                         "proposed", "accepted", "rounds", "finish_reason"))
-    if stats is not None:
-        histogram = stats.get("k_histogram")
-        out.update(tokens=stats["generation_tokens"], tps=stats["generation_tps"],
-                   ttft_s=stats["ttft_s"], peak_gb=stats["peak_memory_gb"],
-                   prompt_tokens=stats["prompt_tokens"], from_draft=stats["draft_tokens_accepted"],
-                   proposed=stats["draft_tokens_proposed"],
-                   accepted=stats["draft_tokens_accepted"],
-                   rounds=sum(histogram.values()) if histogram else None)
-    return {**out, **measured}
+    stats, histogram = stats or {}, (stats or {}).get("k_histogram")
+    return {**{key: stats.get(name) for key, name in FROM_STATS.items()},
+            "rounds": sum(histogram.values()) if histogram else None, "finish_reason": None,
+            **measured}
 
 
 def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature: float,
@@ -61,9 +56,8 @@ def request_body(api: str, messages: list[dict], *, max_tokens: int, temperature
         system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
         body = {"messages": [m for m in messages if m["role"] != "system"],
                 "max_tokens": max_tokens, **({"system": system} if system else {})}
-    if model is not None:
-        body["model"] = model
-    return {**body, "temperature": temperature, "stream": True, **extra}
+    return {**body, **({"model": model} if model else {}), "temperature": temperature,
+            "stream": True, **extra}
 
 
 def _usage(usage: dict | None) -> dict | None:
@@ -96,15 +90,11 @@ class Stream:
         """Generated tokens: from our `stats`, else the usage, else the arrivals counted."""
         if self.stats is not None:
             return self.stats["generation_tokens"]
-        if self.usage and self.usage["completion_tokens"] is not None:
-            return self.usage["completion_tokens"]
-        return len(self.arrivals)
+        return ((self.usage or {}).get("completion_tokens")) or len(self.arrivals)
 
     def feed(self, line: str, now: float) -> bool:
-        """Take one SSE line; False once the stream has ended. An error event raises."""
-        if not line.startswith("data:"):
-            return True
-        data = line[len("data:"):].strip()
+        """Take one SSE `data:` line; False once the stream has ended. An error event raises."""
+        data = line.removeprefix("data:").strip()
         if data == "[DONE]":
             self.done = True
             return False
@@ -156,23 +146,15 @@ class Stream:
                               "prompt_tokens")}))
 
 
-def error_message(response: httpx.Response) -> str:
-    try:
-        err = response.json().get("error")
-        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
-    except (ValueError, AttributeError):
-        return response.text[:300]
-
-
 def server_health(name: str, url: str) -> dict:
     """GET /health; ours names the target (the model id the Responses and Messages APIs want)."""
-    out: dict = {"name": name, "url": url}
     try:
-        health = httpx.get(f"{url}/health", timeout=10)
-        out["health"] = health.json() if health.status_code == 200 else None
+        r = httpx.get(f"{url}/health", timeout=10)
+        health = r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError) as e:
-        out["health_error"] = f"{type(e).__name__}: {e}"
-    return {**out, "target": (out.get("health") or {}).get("target")}
+        return {"name": name, "url": url, "health_error": f"{type(e).__name__}: {e}",
+                "target": None}
+    return {"name": name, "url": url, "health": health, "target": (health or {}).get("target")}
 
 
 async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict, *,
@@ -182,8 +164,7 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
     try:
         async with client.stream("POST", url + API_PATHS[api], json=body) as r:
             if r.status_code != 200:
-                await r.aread()
-                stream.error = f"HTTP {r.status_code}: {error_message(r)}"[:300]
+                stream.error = f"HTTP {r.status_code}: {(await r.aread()).decode()}"[:300]
                 return stream
             async for line in r.aiter_lines():
                 if line.startswith("data:") and not stream.feed(line, clock()):
@@ -200,16 +181,12 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
 class EngineRunner:
     """The server's engine in this process: `ModelKit` + `generate_events`, no HTTP."""
 
-    label = "local"
-
     def __init__(self, target: str, draft: str | None, *, speculation: SpeculationParams,
                  temperature: float):
-        from server.engine.model_kit import ModelKit, load_model
-
         self.kit = ModelKit(load_model(target))
         if draft is not None and speculation.source != "prompt_lookup":
             self.kit.load_draft(draft)
-        self.speculation, self.temperature = speculation, temperature
+        self.speculation, self.temperature, self.label = speculation, temperature, "local"
 
     def describe(self) -> dict:
         models = {"target": self.kit.target, "draft": self.kit.draft}
@@ -218,84 +195,33 @@ class EngineRunner:
             for role, m in models.items() if m is not None}}
 
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
-        from server.demo import encode_prompt
-        from server.engine.events import Finished
-        from server.engine.generation import generate_events
-        from server.engine.params import GenerationParams, SamplingParams
-
         params = GenerationParams(
             prompt_tokens=tuple(encode_prompt(self.kit.target.tokenizer, cell.prompt, chat=True)),
-            max_tokens=max_tokens,
-            sampling=SamplingParams(temperature=self.temperature, seed=seed),
+            max_tokens=max_tokens, sampling=SamplingParams(temperature=self.temperature, seed=seed),
             speculation=replace(self.speculation, num_draft_tokens=cell.k))
         done = [e for e in generate_events(self.kit, params) if isinstance(e, Finished)][-1]
         return run_result(done.stats.to_dict(), finish_reason=done.finish_reason)
 
     def cost_ratio(self) -> float | None:
+        """c: a draft forward's time over the target's (one token, the fastest of 32)."""
         if self.kit.draft is None:
-            return 0.0 if self.speculation.source == "prompt_lookup" else None
-        return measure_cost_ratio(self.kit.target.model, self.kit.draft.model)
+            return None
+        target, draft = (measure_forward_times(m.model, rows=(1,), tokens=(1,), reps=32)
+                         for m in (self.kit.target, self.kit.draft))
+        return draft.seconds[0][0] / target.seconds[0][0]
 
     def close(self) -> None:
         self.kit.unload_draft()
 
 
-def measure_cost_ratio(target, draft, *, steps: int = 32, context: int = 64) -> float:
-    """c: a draft forward token's time over the target's; decode steps after a short prefill,
-    the models alternating (the same machine load), medians, the first two steps dropped."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+def engine_stats(engine, params):
+    """One request through a started `InferenceEngine`, to its end: its `GenerationStats`."""
+    async def run():
+        async for event in engine.submit(params):  # raises what the request raised
+            if isinstance(event, Finished):
+                return event.stats
 
-    models = (target, draft)
-    caches = [make_prompt_cache(m) for m in models]
-    for model, cache in zip(models, caches, strict=True):
-        mx.eval(model(mx.arange(1, context + 1)[None], cache=cache))
-    times: tuple[list[float], list[float]] = ([], [])
-    for i in range(steps + 2):
-        for model, cache, out in zip(models, caches, times, strict=True):
-            start = time.perf_counter()
-            mx.eval(model(mx.array([[1]]), cache=cache))
-            if i >= 2:
-                out.append(time.perf_counter() - start)
-    return statistics.median(times[1]) / statistics.median(times[0])
-
-
-# Dry run: plausible numbers from the speedup model itself, so the files look like a real run.
-SYNTHETIC_COST_RATIO = 0.1
-SYNTHETIC_BASE_TPS = 50.0
-SYNTHETIC_ACCEPTANCE = {"structured": 0.8, "open_ended": 0.55, "repeat_edit": 0.9}
-
-
-class SyntheticRunner:
-    """`--dry-run`: no models; numbers from the speedup model with 2% noise, seeded."""
-
-    def __init__(self, label: str = "dry-run"):
-        self.label = label
-
-    def describe(self) -> dict:
-        return {"label": self.label, "kind": "synthetic",
-                "acceptance": SYNTHETIC_ACCEPTANCE, "cost_ratio": SYNTHETIC_COST_RATIO}
-
-    def cost_ratio(self) -> float:
-        return SYNTHETIC_COST_RATIO
-
-    def run(self, cell, *, max_tokens: int, seed: int) -> dict:
-        from server.bench.sweep import theoretical_speedup
-
-        k = cell.k
-        rng = random.Random(f"{self.label}/{cell.kind}/{k}/{seed}")
-        a = SYNTHETIC_ACCEPTANCE.get(cell.kind, 0.6)
-        tps = SYNTHETIC_BASE_TPS * theoretical_speedup(a, k, SYNTHETIC_COST_RATIO)
-        rounds = round(max_tokens / theoretical_speedup(a, k, 0.0)) if k else 0
-        accepted = max_tokens - rounds if k else 0
-        return run_result(
-            tokens=max_tokens, tps=tps * (1 + rng.gauss(0, 0.02)),
-            ttft_s=0.05 + rng.random() * 0.01, peak_gb=0.40 + 0.002 * k, prompt_tokens=64,
-            from_draft=accepted, proposed=rounds * k, accepted=accepted, rounds=rounds or None,
-            finish_reason="length")
-
-    def close(self) -> None:
-        pass
+    return asyncio.run(run())
 
 
 class HttpRunner:
@@ -309,18 +235,13 @@ class HttpRunner:
         self.loop = asyncio.new_event_loop()  # one client, its connection kept alive
         self.client = httpx.AsyncClient(timeout=timeout, transport=transport, headers=auth(api_key))
         try:  # a server that does not answer is an error, not an mlx_lm.server
-            self.health = self._get("/health")
+            r = self.loop.run_until_complete(self.client.get(self.url + "/health"))
+            self.health = r.json() if r.status_code == 200 else {}
         except httpx.HTTPError as e:
-            raise ServerUnreachable(f"{self.url} does not answer GET /health: {e!r}") from e
-        # Our /health names the target; mlx_lm.server's says only {"status": "ok"}.
-        self.flavor = "ours" if "target" in self.health else "mlx_lm"
-
-    def _get(self, path: str) -> dict:
-        r = self.loop.run_until_complete(self.client.get(self.url + path))
-        try:
-            return r.json() if r.status_code == 200 else {}
+            raise StreamFailed(f"{self.url} does not answer GET /health: {e!r}") from e
         except ValueError:
-            return {}
+            self.health = {}
+        self.flavor = "ours" if "target" in self.health else "mlx_lm"  # its /health: status only
 
     def describe(self) -> dict:  # our /health names the target and the draft
         return {"label": self.label, "kind": f"http ({self.flavor})", "api": self.api,
@@ -329,17 +250,14 @@ class HttpRunner:
     def request_body(self, cell, *, max_tokens: int, seed: int) -> dict:
         extra: dict = {"seed": seed} if self.temperature > 0 else {}
         spec = self.speculation
-        if self.flavor == "ours":
-            extra["num_draft_tokens"] = cell.k
-            if cell.k:
-                extra.update(draft=spec.source, acceptance=spec.acceptance,
-                             adaptive=spec.adaptive, draft_p_min=spec.draft_p_min,
-                             hybrid_min_match=spec.hybrid_min_match)
-        elif cell.k == 0:
-            extra["draft_model"] = None
-        elif spec.source != "model":
+        if self.flavor == "ours" and cell.k:
+            extra.update(draft=spec.source, acceptance=spec.acceptance, adaptive=spec.adaptive,
+                         draft_p_min=spec.draft_p_min, hybrid_min_match=spec.hybrid_min_match)
+        elif self.flavor != "ours" and cell.k == 0:
+            extra["draft_model"] = None  # mlx_lm.server: its baseline unloads the draft
+        elif self.flavor != "ours" and spec.source != "model":
             raise StreamFailed(f"draft={spec.source} is an extension of our server only")
-        else:
+        if self.flavor == "ours" or cell.k:
             extra["num_draft_tokens"] = cell.k
         model = self.health.get("target") if self.api != "chat" else None
         return request_body(self.api, [{"role": "user", "content": cell.prompt}], model=model,
@@ -347,8 +265,7 @@ class HttpRunner:
 
     def run(self, cell, *, max_tokens: int, seed: int) -> dict:
         body = self.request_body(cell, max_tokens=max_tokens, seed=seed)
-        stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api,
-                                                           body))
+        stream = self.loop.run_until_complete(stream_async(self.client, self.url, self.api, body))
         if stream.error:
             raise StreamFailed(stream.error)
         return stream.result()

@@ -1,112 +1,88 @@
 """`mlx-spec-bench structured`: what a grammar costs, and whether speculation pays under one.
 
 Through an in-process app, greedy, medians of `--reps` runs: tok/s under a JSON schema against
-free text of the same length (`ignore_eos`), then tok/s with drafts over without, acceptance
-and whether the text is the same. Defaults: SmolLM2 with `models/smollm2-draft` (else prompt
-lookup), or the demo pair when SmolLM2 is missing.
+free text as long, then with drafts over without, acceptance and whether the text is the same.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 from pathlib import Path
 from typing import get_args
 
-from server.bench import results
-from server.bench.report import num
-from server.engine.params import DraftSource
+import httpx
 
-DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")
-DEFAULT_DRAFT = Path("models/smollm2-draft")
+from server.bench import results
+from server.bench.results import num
+from server.config import Settings
+from server.engine.params import DraftSource
+from server.http.app import build_engine, create_app
+from server.model_files.default_model import DEFAULT_DRAFT_DIR, DEFAULT_TARGET_DIR
+
 DEMO = Path("models/demo")
 PROMPT, SCHEMA = results.PROMPTS["structured"]["prompt"], results.PROMPTS["structured"]["schema"]
 
 
 def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None, str]:
-    """(target, draft model or None, drafter) with the defaults described above."""
+    """(target, draft or None, drafter): SmolLM2 with `models/smollm2-draft` (else lookup), or
+    the demo pair when SmolLM2 is missing."""
     if target is None:
-        target = str(DEFAULT_TARGET if DEFAULT_TARGET.exists() else DEMO / "target")
-        if draft is None and Path(target) == DEFAULT_TARGET:
-            draft = str(DEFAULT_DRAFT) if DEFAULT_DRAFT.exists() else "lookup"
+        target = str(DEFAULT_TARGET_DIR if DEFAULT_TARGET_DIR.exists() else DEMO / "target")
+        if draft is None and Path(target) == DEFAULT_TARGET_DIR:
+            draft = str(DEFAULT_DRAFT_DIR) if DEFAULT_DRAFT_DIR.exists() else "lookup"
         draft = draft or str(DEMO / "draft")
     if (draft or "lookup") == "lookup":
         return target, None, "prompt_lookup"
     return target, draft, "model"
 
 
-def body(max_tokens: int, *, schema: bool, drafter: str | None, k: int, **extra) -> dict:
-    out = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-           "temperature": 0, **extra}
-    if schema:
-        out["response_format"] = {"type": "json_schema",
-                                  "json_schema": {"name": "scientists", "schema": SCHEMA}}
-    if drafter is None:
-        out["use_draft"] = False
-    else:
-        out.update(draft=drafter, num_draft_tokens=k, use_draft=True)
-    return out
-
-
-async def measure(client, request: dict, reps: int) -> dict:
+async def measure(client, max_tokens: int, reps: int, *, schema: bool, drafter: str | None = None,
+                  k: int = 0) -> dict:
     """Median generation tok/s over `reps` runs, and the last run's text and stats."""
-    runs = []
-    for _ in range(reps):
-        r = await client.post("/v1/chat/completions", json=request)
-        r.raise_for_status()
-        runs.append(r.json())
+    request = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+               "temperature": 0, "use_draft": drafter is not None}
+    if schema:
+        request["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"name": "scientists", "schema": SCHEMA}}
+    else:  # free text as long as the schema's answer
+        request["ignore_eos"] = True
+    if drafter is not None:
+        request.update(draft=drafter, num_draft_tokens=k)
+    runs = [(await client.post("/v1/chat/completions", json=request)).raise_for_status().json()
+            for _ in range(reps)]
     return {"tps": statistics.median(run["stats"]["generation_tps"] for run in runs),
             "text": runs[-1]["choices"][0]["message"]["content"],
             "tokens": runs[-1]["usage"]["completion_tokens"], "stats": runs[-1]["stats"]}
 
 
-async def measure_all(client, args, drafter: str) -> list[dict]:
-    await measure(client, body(8, schema=True, drafter=None, k=0), 1)  # warm-up
-    plain = {True: await measure(client, body(args.max_tokens, schema=True, drafter=None, k=0),
-                                 args.reps)}
-    n = plain[True]["tokens"]
-    plain[False] = await measure(client, body(n, schema=False, drafter=None, k=0,
-                                              ignore_eos=True), args.reps)
-    rows = []
-    for schema in (False, True):
-        extra = {} if schema else {"ignore_eos": True}
-        spec = await measure(client, body(n, schema=schema, drafter=drafter, k=args.k, **extra),
-                             args.reps)
-        output = "JSON schema" if schema else "free text"
-        rows.append({"output": output, "drafts": "none", "tokens": plain[schema]["tokens"],
-                     "tps": plain[schema]["tps"],
-                     "vs_free_text": plain[schema]["tps"] / plain[False]["tps"]})
-        rows.append({"output": output, "drafts": f"{drafter} k={args.k}",
-                     "tokens": spec["tokens"], "tps": spec["tps"],
-                     "speedup": spec["tps"] / plain[schema]["tps"],
-                     "acceptance": spec["stats"]["acceptance_rate"],
-                     "mean_accepted_length": spec["stats"].get("mean_accepted_length"),
-                     "same_text": spec["text"] == plain[schema]["text"]})
-    return rows
-
-
-async def run(args) -> tuple[list[dict], dict]:
-    import httpx
-
-    from server.config import Settings
-    from server.http.app import build_engine, create_app
-
-    target, draft, drafter = pick_models(args.target_model, args.draft_model)
-    if args.drafter is not None:
-        if draft is None and args.drafter != "prompt_lookup":
-            raise SystemExit(f"--drafter {args.drafter} needs a draft model")
-        drafter = args.drafter
-    settings = Settings.load(None, models={"model": target, "draft_model": draft})
+async def run(args, settings: Settings, drafter: str) -> list[dict]:
+    """Every measurement through an in-process app: plain with and without the schema, then
+    drafted, each against plain."""
     engine = build_engine(settings)
     engine.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
                 settings, engine)), base_url="http://bench", timeout=600) as client:
-            rows = await measure_all(client, args, drafter)
+            await measure(client, 8, 1, schema=True)  # warm-up
+            plain = {True: await measure(client, args.max_tokens, args.reps, schema=True)}
+            n = plain[True]["tokens"]
+            plain[False] = await measure(client, n, args.reps, schema=False)
+            rows = []
+            for schema in (False, True):
+                spec = await measure(client, n, args.reps, schema=schema, drafter=drafter, k=args.k)
+                output, base = "JSON schema" if schema else "free text", plain[schema]
+                rows.append({"output": output, "drafts": "none", "tokens": base["tokens"],
+                             "tps": base["tps"], "vs_free_text": base["tps"] / plain[False]["tps"]})
+                rows.append({"output": output, "drafts": f"{drafter} k={args.k}",
+                             "tokens": spec["tokens"], "tps": spec["tps"],
+                             "speedup": spec["tps"] / base["tps"],
+                             "acceptance": spec["stats"]["acceptance_rate"],
+                             "mean_accepted_length": spec["stats"].get("mean_accepted_length"),
+                             "same_text": spec["text"] == base["text"]})
+            return rows
     finally:
         engine.stop()
-    return rows, {"target_model": target, "draft_model": draft, "drafter": drafter}
 
 
 def table(rows: list[dict]) -> list[list[str]]:
@@ -122,7 +98,7 @@ def table(rows: list[dict]) -> list[list[str]]:
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = results.parser("structured", __doc__)
     a = p.add_argument
     a("--target-model", help="Target (default: SmolLM2, else the demo target).")
@@ -132,11 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--k", type=int, default=4, help="Draft tokens per round (4).")
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")
     a("--reps", type=int, default=3, help="Runs per measurement; medians (3).")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    rows, models = asyncio.run(run(args))
-    results.save("structured", argv, args, results.environment(**models), rows, table)
+    args = p.parse_args(argv)
+    target, draft, drafter = pick_models(args.target_model, args.draft_model)
+    if args.drafter is not None:
+        if draft is None and args.drafter != "prompt_lookup":
+            p.error(f"--drafter {args.drafter} needs a draft model")
+        drafter = args.drafter
+    settings = Settings.load(None, models={"model": target, "draft_model": draft})
+    rows = asyncio.run(run(args, settings, drafter))
+    results.save("structured", argv, args, results.environment(
+        target_model=target, draft_model=draft, drafter=drafter), rows, table)
     return 0

@@ -1,9 +1,8 @@
 """`mlx-spec-bench sweep`: sweep the draft length k and see whether speculation pays.
 
-Per prompt kind: a baseline (no draft) and a cell per k, `--warmup` then `--reps` runs each,
-greedy by default; in this process, through a server (`--server`), or two interleaved
-(`--compare`). Verdicts: P1 some k beats the baseline (IQRs apart), P2 tok/s vs k peaks inside
-the k swept, P3 acceptance is higher on `structured` than on `open_ended`.
+Per prompt kind a baseline and a cell per k, `--warmup` then `--reps` runs each, in this process,
+through `--server`, or two interleaved (`--compare`). Verdicts: P1 some k beats the baseline
+(IQRs apart), P2 tok/s peaks inside the k swept, P3 `structured` accepts more than `open_ended`.
 """
 
 from __future__ import annotations
@@ -11,32 +10,24 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import get_args
+from typing import NamedTuple, get_args
 
 from server.bench import results
-from server.bench.report import num
-from server.bench.results import ratio, summarize
-from server.bench.runners import TIMEOUT_S, ServerUnreachable
+from server.bench.results import num, ratio, summarize
+from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, StreamFailed
+from server.engine.model_kit import IncompatibleDraft, ModelLoadError
 from server.engine.params import DraftSource, SpeculationParams
-
-DEFAULT_MAX_TOKENS = 320
-DEFAULT_REPS = 5
-DEFAULT_WARMUP = 1
-DEFAULT_DRAFT_TOKENS = (1, 2, 4, 8, 16)
-DEFAULT_PROMPT_KINDS = ("structured", "open_ended")
+from server.model_files.bundled import demo_or_generated_pair
 
 _PROMPTS = results.PROMPTS["sweep"]
 STRUCTURED, OPEN_ENDED = _PROMPTS["structured"], _PROMPTS["open_ended"]
-REPEAT_EDIT = (f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n"
-               f"{_PROMPTS['repeat_edit_code']}```")
-PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": REPEAT_EDIT}
+PROMPT_KINDS = {"structured": STRUCTURED, "open_ended": OPEN_ENDED, "repeat_edit": (
+    f"{_PROMPTS['repeat_edit_instruction']}\n\n```python\n{_PROMPTS['repeat_edit_code']}```")}
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(NamedTuple):
     """One point of the sweep: a prompt kind and a draft length (0 = the baseline)."""
 
     kind: str
@@ -45,9 +36,6 @@ class Cell:
     @property
     def prompt(self) -> str:
         return PROMPT_KINDS[self.kind]
-
-    def label(self) -> str:
-        return f"{self.kind} {'baseline' if self.k == 0 else f'k={self.k}'}"
 
 
 def plan_cells(kinds: list[str], draft_tokens: list[int]) -> list[Cell]:
@@ -60,8 +48,7 @@ def theoretical_speedup(a: float, k: float, c: float) -> float:
     acceptance, `c` a draft forward's cost over the target's: (1 - a^(k+1)) / (1 - a) / (1 + kc)."""
     if not 0.0 <= a <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {a}")
-    tokens_per_round = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens_per_round / (1 + k * c)
+    return (k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)) / (1 + k * c)  # tokens/round
 
 
 def per_token_acceptance(rate: float, k: float) -> float:
@@ -78,17 +65,12 @@ def per_token_acceptance(rate: float, k: float) -> float:
     return (lo + hi) / 2
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     id: str
     claim: str
     verdict: str  # PASS | FAIL | N-A
     detail: str
     server: str | None = None  # set when a sweep compared two servers
-
-    def line(self) -> str:
-        where = f" [{self.server}]" if self.server else ""
-        return f"{self.id} {self.verdict:<4}  {self.claim}{where}: {self.detail}"
 
 
 def _ok(rows: list[dict], *, baseline: bool | None = None) -> list[dict]:
@@ -130,31 +112,25 @@ def verdict_interior_maximum(rows: list[dict]) -> Verdict:
 
 def verdict_structured_accepts_more(rows: list[dict]) -> Verdict:
     """P3: accepted/proposed, pooled over every k, is higher on `structured` than `open_ended`."""
-    claim = "acceptance on structured > open_ended"
-    pooled = {}
+    claim, pooled = "acceptance on structured > open_ended", {}
     for kind in ("structured", "open_ended"):
         cells = [r for r in _ok(rows, baseline=False) if r["kind"] == kind]
-        accepted, proposed = (sum(r.get(key) or 0 for r in cells) for key in ("accepted",
-                                                                             "proposed"))
-        if proposed:
-            pooled[kind] = (accepted / proposed, accepted, proposed)
+        acc, prop = (sum(r.get(key) or 0 for r in cells) for key in ("accepted", "proposed"))
+        if prop:
+            pooled[kind] = f"{kind} {acc / prop:.3f} ({acc}/{prop})", acc / prop
     if len(pooled) < 2:
         return Verdict("P3", claim, "N-A", "needs accepted/proposed on both kinds")
-    s, o = pooled["structured"], pooled["open_ended"]
-    detail = f"structured {s[0]:.3f} ({s[1]}/{s[2]}) vs open_ended {o[0]:.3f} ({o[1]}/{o[2]})"
-    return Verdict("P3", claim, "PASS" if s[0] > o[0] else "FAIL", detail)
+    (s, s_rate), (o, o_rate) = pooled["structured"], pooled["open_ended"]
+    return Verdict("P3", claim, "PASS" if s_rate > o_rate else "FAIL", f"{s} vs {o}")
 
 
 def verdicts(rows: list[dict]) -> list[Verdict]:
     """P1-P3, for each server separately when a sweep compared two."""
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    out = []
-    for server in servers or [None]:
-        mine = [r for r in rows if r["server"] == server]
-        for v in (verdict_beats_baseline(mine), verdict_interior_maximum(mine),
-                  verdict_structured_accepts_more(mine)):
-            out.append(replace(v, server=server) if len(servers) > 1 else v)
-    return out
+    checks = (verdict_beats_baseline, verdict_interior_maximum, verdict_structured_accepts_more)
+    found = [(server, check([r for r in rows if r["server"] == server]))
+             for server in servers or [None] for check in checks]
+    return [v._replace(server=server) if len(servers) > 1 else v for server, v in found]
 
 
 def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> dict:
@@ -165,11 +141,9 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
         s = summarize(values)
         return {f"{name}_median": s.median, f"{name}_iqr": s.iqr}
 
-    def total(key: str) -> int | None:
-        vals = [r[key] for r in runs]
-        return sum(vals) if vals and all(v is not None for v in vals) else None
-
-    proposed, accepted, rounds = total("proposed"), total("accepted"), total("rounds")
+    proposed, accepted, rounds = (
+        sum(vals) if vals and None not in vals else None
+        for vals in ([r[key] for r in runs] for key in ("proposed", "accepted", "rounds")))
     spec = cell.k > 0
     return {
         "server": server, "kind": cell.kind, "k": cell.k, "drafter": args.draft if spec else None,
@@ -187,58 +161,42 @@ def cell_row(cell: Cell, runs: list[dict], *, server: str, args, error=None) -> 
         "ttft_median": summarize([r["ttft_s"] for r in runs]).median,
         "proposed": proposed, "accepted": accepted, "rounds": rounds,
         "k_mean": ratio(proposed, rounds) if rounds else (cell.k or None),
-        "compare_with": None, "compare_ratio": None, "tps_reps": [r["tps"] for r in runs],
-    }
+        "compare_with": None, "compare_ratio": None, "tps_reps": [r["tps"] for r in runs]}
 
 
-def add_speedups(row: dict, baseline: dict | None, cost_ratio: float | None) -> None:
-    """Measured speedup over the kind's baseline, and what the speedup model predicts."""
-    row["cost_ratio"] = cost_ratio
-    if row["error"] is None and baseline is not None and baseline["error"] is None:
-        row["speedup"] = ratio(row["tps_median"], baseline["tps_median"])
-    if row["k"] == 0:
-        row["theory"] = 1.0 if row["error"] is None else None
-    elif row["proposed"] and cost_ratio is not None:
-        row["alpha"] = per_token_acceptance(row["accepted"] / row["proposed"], row["k_mean"])
-        row["theory"] = theoretical_speedup(row["alpha"], row["k_mean"], cost_ratio)
-
-
-def run_cell(runner, cell: Cell, args) -> dict:
-    """Warm-up runs (discarded), then the reps; any exception makes an error row."""
-    runs: list[dict] = []
-    try:
-        for i in range(args.warmup):
-            runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + args.reps + i)
-        for i in range(args.reps):
-            runs.append(runner.run(cell, max_tokens=args.max_tokens, seed=args.seed + i))
-    except Exception as e:  # a failed cell is data: record it, go on with the sweep
-        return cell_row(cell, [], server=runner.label, args=args, error=f"{type(e).__name__}: {e}")
-    return cell_row(cell, runs, server=runner.label, args=args)
-
-
-def sweep(runners: list, cells: list[Cell], args, *, cost_ratio: float | None,
-          on_row, on_cell=lambda cell, label: None) -> list[dict]:
-    """Each cell on each runner in turn; rows go to `on_row` as soon as a cell is done."""
-    rows: list[dict] = []
+def sweep(runners: list, cells: list[Cell], args, cost_ratio: float | None, log) -> Iterator:
+    """Each cell on each runner in turn; yields the cell's rows as soon as it is done."""
     baselines: dict[tuple[str, str], dict] = {}
     for cell in cells:
         cell_rows = []
         for runner in runners:
-            on_cell(cell, runner.label)
-            row = run_cell(runner, cell, args)
+            print(f"  {cell.kind} k={cell.k} @ {runner.label}", file=log)
+            runs, error = [], None
+            try:
+                for i in range(args.warmup):  # discarded
+                    runner.run(cell, max_tokens=args.max_tokens, seed=args.reps + i)
+                runs = [runner.run(cell, max_tokens=args.max_tokens, seed=i)
+                        for i in range(args.reps)]
+            except Exception as e:  # a failed cell is data: record it, go on with the sweep
+                error = f"{type(e).__name__}: {e}"
+            row = cell_row(cell, runs, server=runner.label, args=args, error=error)
+            base = baselines.setdefault((runner.label, cell.kind), row)  # k = 0 comes first
+            row["cost_ratio"] = cost_ratio  # measured speedup, and the speedup model's
+            if row["error"] is None and base["error"] is None:
+                row["speedup"] = ratio(row["tps_median"], base["tps_median"])
             if cell.k == 0:
-                baselines[(runner.label, cell.kind)] = row
-            add_speedups(row, baselines.get((runner.label, cell.kind)), cost_ratio)
+                row["theory"] = 1.0 if row["error"] is None else None
+            elif row["proposed"] and cost_ratio is not None:
+                k = row["k_mean"]
+                row["alpha"] = per_token_acceptance(row["accepted"] / row["proposed"], k)
+                row["theory"] = theoretical_speedup(row["alpha"], k, cost_ratio)
             cell_rows.append(row)
         if len(cell_rows) == 2:
             first, second = cell_rows
             r = ratio(first["tps_median"], second["tps_median"])
             for row, other in ((first, second), (second, first)):
                 row["compare_with"], row["compare_ratio"] = other["server"], r
-        for row in cell_rows:
-            on_row(row)
-            rows.append(row)
-    return rows
+        yield from cell_rows
 
 
 def table(rows: list[dict]) -> list[list[str]]:
@@ -263,7 +221,7 @@ def table(rows: list[dict]) -> list[list[str]]:
 
 
 def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
-    """tok/s vs k per prompt kind (the baseline a dashed line), acceptance on the right axis."""
+    """tok/s vs k per prompt kind (the baseline dashed, the IQR shaded), acceptance on the right."""
     from matplotlib.figure import Figure
 
     kinds = list(dict.fromkeys(r["kind"] for r in rows)) or [""]
@@ -273,18 +231,19 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
     for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds, strict=True):
         acc_ax = ax.twinx()
         for i, server in enumerate(servers):
-            mine = [r for r in _ok(rows) if r["kind"] == kind and r["server"] == server]
-            name = f"{server}: " if len(servers) > 1 else ""
+            mine = sorted((r for r in _ok(rows) if r["kind"] == kind and r["server"] == server),
+                          key=lambda r: r["k"])
+            name, style = f"{server}: " if len(servers) > 1 else "", {"color": f"C{i}"}
             for r in (r for r in mine if r["k"] == 0):
-                ax.axhline(r["tps_median"], color=f"C{i}", ls="--", label=f"{name}baseline")
-            if spec := sorted((r for r in mine if r["k"]), key=lambda r: r["k"]):
-                ks, med = [r["k"] for r in spec], [r["tps_median"] for r in spec]
-                err = [[m - r["tps_q1"] for m, r in zip(med, spec, strict=True)],
-                       [r["tps_q3"] - m for m, r in zip(med, spec, strict=True)]]
-                ax.errorbar(ks, med, yerr=err, color=f"C{i}", marker="o", capsize=3,
-                            label=f"{name}speculative")
-                acc_ax.plot(ks, [r["accept_rate_median"] for r in spec], color=f"C{i}",
-                            marker="s", ls=":", label=f"{name}acceptance")
+                ax.axhline(r["tps_median"], ls="--", label=f"{name}baseline", **style)
+            if spec := [r for r in mine if r["k"]]:
+                ks = [r["k"] for r in spec]
+                ax.plot(ks, [r["tps_median"] for r in spec], marker="o",
+                        label=f"{name}speculative", **style)
+                ax.fill_between(ks, [r["tps_q1"] for r in spec], [r["tps_q3"] for r in spec],
+                                alpha=0.2, **style)
+                acc_ax.plot(ks, [r["accept_rate_median"] for r in spec], marker="s", ls=":",
+                            label=f"{name}acceptance", **style)
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(ks, [str(k) for k in ks])
         ax.set(title=kind, xlabel="draft tokens per round (k)",
@@ -299,45 +258,38 @@ def plot(rows: list[dict], path: Path, *, title: str = "") -> None:
 
 def _kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in PROMPT_KINDS]
-    if not kinds or unknown:
+    if not kinds or any(k not in PROMPT_KINDS for k in kinds):
         raise argparse.ArgumentTypeError(
-            f"unknown prompt kind(s) {unknown}; choose from {', '.join(PROMPT_KINDS)}")
+            f"unknown prompt kind(s) {text!r}; choose from {', '.join(PROMPT_KINDS)}")
     return list(dict.fromkeys(kinds))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = results.parser("sweep", __doc__, api=True)
-    a = p.add_argument
+    a, spec = p.add_argument, SpeculationParams()
     a("--target-model", help="Target (default: models/demo/target, else the generated pair).")
     a("--draft-model", help="Draft model (default: the target's pair).")
-    a("--draft-tokens", type=results.int_list, default=list(DEFAULT_DRAFT_TOKENS), metavar="K,...",
-      help="Draft lengths to sweep (default 1,2,4,8,16).")
-    a("--prompt-kinds", type=_kinds, default=list(DEFAULT_PROMPT_KINDS), metavar="KIND,...",
-      help=f"Of {', '.join(PROMPT_KINDS)} (default structured,open_ended).")
-    a("--reps", type=int, default=DEFAULT_REPS, help="Measured runs per cell (default 5).")
-    a("--warmup", type=int, default=DEFAULT_WARMUP, help="Discarded runs first (default 1).")
-    a("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="Tokens per run (default 320).")
-    a("--temp", type=float, default=0.0, help="Sampling temperature (default 0: greedy).")
-    a("--seed", type=int, default=0, help="Seed of the first rep.")
+    a("--draft-tokens", type=results.int_list, default=[1, 2, 4, 8, 16], metavar="K,...",
+      help="Draft lengths to sweep.")
+    a("--prompt-kinds", type=_kinds, default=["structured", "open_ended"], metavar="KIND,...",
+      help=f"Of {', '.join(PROMPT_KINDS)}.")
+    a("--reps", type=int, default=5, help="Measured runs per cell.")
+    a("--warmup", type=int, default=1, help="Discarded runs first.")
+    a("--max-tokens", type=int, default=320, help="Tokens per run.")
+    a("--temp", type=float, default=0.0, help="Sampling temperature (0: greedy).")
     a("--smoke", action="store_true", help="1 rep, no warm-up, the first kind, the first 2 k.")
     a("--draft", choices=get_args(DraftSource), default="model",
       help="Draft with the draft model, by prompt lookup, or hybrid (lookup when it matches).")
-    a("--acceptance", choices=["exact", "rejection"], default=SpeculationParams().acceptance,
+    a("--acceptance", choices=["exact", "rejection"], default=spec.acceptance,
       help="Acceptance rule at --temp > 0.")
-    a("--adaptive", action=argparse.BooleanOptionalAction, default=False,
-      help="Adapt k per round (default off: the sweep measures a fixed k).")
-    a("--draft-p-min", type=float, default=0.0,
-      help="End a round's drafting below this draft probability (the request's draft_p_min).")
-    a("--hybrid-min-match", type=int, choices=(1, 2, 3),
-      default=SpeculationParams().hybrid_min_match,
+    a("--adaptive", action=argparse.BooleanOptionalAction, default=False, help="Adapt k per round.")
+    a("--draft-p-min", type=float, default=0.0, help="The requests' draft_p_min.")
+    a("--hybrid-min-match", type=int, choices=(1, 2, 3), default=spec.hybrid_min_match,
       help="--draft hybrid: look up only after this many matching tokens.")
-    a("--cost-ratio", type=float, help="Draft/target cost per token, c (default: measured).")
+    a("--cost-ratio", type=float, help="Draft/target cost per token, c; measured when not given.")
     a("--server", metavar="URL", help="Run the cells through this OpenAI-compatible server.")
     a("--compare", metavar="URL2", help="Also run every cell on URL2, interleaved; ratios.")
-    a("--timeout", type=float, default=TIMEOUT_S,
-      help=f"Seconds a server may stay silent (default {TIMEOUT_S:g}); then the cell fails.")
-    a("--dry-run", action="store_true", help="Synthetic rows through the same writer.")
+    a("--timeout", type=float, default=TIMEOUT_S, help="Seconds a server may stay silent.")
     args = p.parse_args(argv)
     results.check(p, [
         (args.reps < 1, "--reps must be >= 1"), (args.warmup < 0, "--warmup must be >= 0"),
@@ -346,9 +298,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         (args.compare and not args.server, "--compare URL2 needs --server URL"),
         (args.draft == "prompt_lookup" and args.draft_model,
          "--draft prompt_lookup drafts from the prompt: drop --draft-model"),
-        (not (args.server or args.dry_run) and args.draft != "prompt_lookup"
-         and args.target_model and not args.draft_model,
-         "--target-model needs --draft-model (or --draft prompt_lookup)"),
+        (not args.server and args.draft != "prompt_lookup" and args.target_model
+         and not args.draft_model, "--target-model needs --draft-model (or --draft prompt_lookup)"),
     ])
     if args.smoke:
         args.reps, args.warmup = 1, 0
@@ -359,8 +310,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None]:
     target, draft = args.target_model, args.draft_model
     if target is None:
-        from server.model_files.bundled import demo_or_generated_pair
-
         target, paired = demo_or_generated_pair()
         draft = draft or paired
     return target, (None if args.draft == "prompt_lookup" else draft)
@@ -374,56 +323,41 @@ def speculation_of(args: argparse.Namespace) -> SpeculationParams:
 
 def make_runners(args: argparse.Namespace, log) -> tuple[list, dict]:
     """The runners and the models they loaded (for the metadata)."""
-    from server.bench import runners as r
-
-    urls = [u for u in (args.server, args.compare) if u]
-    if args.dry_run:
-        made = [r.SyntheticRunner(label) for label in urls or ["dry-run"]]
-    elif urls:
-        made = [r.HttpRunner(u, speculation=speculation_of(args), temperature=args.temp,
-                             api=args.api, api_key=args.api_key, timeout=args.timeout)
-                for u in urls]
-    else:
-        target, draft = resolve_models(args)
-        print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
-        runner = r.EngineRunner(target, draft, speculation=speculation_of(args),
-                                temperature=args.temp)
-        return [runner], {"target_model": target, "draft_model": draft}
-    if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
-        made[1].label += " (again)"
-    return made, {"target_model": args.target_model, "draft_model": args.draft_model}
-
-
-def cost_ratio(args: argparse.Namespace, runners: list) -> float | None:
-    """c for the theory column: given, measured on the loaded models, or N/A (servers)."""
-    if args.cost_ratio is not None:
-        return args.cost_ratio
-    if args.draft == "prompt_lookup":
-        return 0.0
-    return runners[0].cost_ratio() if hasattr(runners[0], "cost_ratio") else None
+    spec = speculation_of(args)
+    if args.server:
+        made = [HttpRunner(url, speculation=spec, temperature=args.temp, api=args.api,
+                           api_key=args.api_key, timeout=args.timeout)
+                for url in (args.server, args.compare) if url]
+        if len(made) == 2 and made[0].label == made[1].label:  # an A/A test of the noise
+            made[1].label += " (again)"
+        return made, {}
+    target, draft = resolve_models(args)
+    print(f"Loading target {target}" + (f" and draft {draft}" if draft else ""), file=log)
+    runner = EngineRunner(target, draft, speculation=spec, temperature=args.temp)
+    return [runner], {"target_model": target, "draft_model": draft}
 
 
 def main(argv: list[str]) -> int:
-    from server.engine.model_kit import IncompatibleDraft, ModelLoadError
-
     args, log = parse_args(argv), sys.stderr
     try:
         runners, models = make_runners(args, log)
-    except (ModelLoadError, IncompatibleDraft, ServerUnreachable) as e:
+    except (ModelLoadError, IncompatibleDraft, StreamFailed) as e:
         print(f"error: {e}", file=log)
         return 1
-    c = cost_ratio(args, runners)
+    c = args.cost_ratio  # for the theory column: given, 0 for lookup, measured, or N/A
+    if c is None and (args.draft == "prompt_lookup" or not args.server):
+        c = 0.0 if args.draft == "prompt_lookup" else runners[0].cost_ratio()
     cells = plan_cells(args.prompt_kinds, args.draft_tokens)
     writer, started = results.ResultsWriter(args.results_dir, "sweep", args.tag), time.time()
-    meta = {**results.environment(**models), "dry_run": args.dry_run, "cost_ratio": c,
+    meta = {**results.environment(**models), "cost_ratio": c,
             "runners": [r.describe() for r in runners]}
     print(f"{len(cells)} cells x {len(runners)} runner(s), {args.warmup} warm-up + {args.reps} "
           f"reps, {args.max_tokens} tokens; c = {num(c, '.3f', 'n/a')}", file=log)
     rows: list[dict] = []
     try:
-        sweep(runners, cells, args, cost_ratio=c,
-              on_row=lambda row: (writer.write_row(row), rows.append(row)),
-              on_cell=lambda cell, label: print(f"  {cell.label()} @ {label}", file=log))
+        for row in sweep(runners, cells, args, c, log):
+            writer.write_row(row)
+            rows.append(row)
     except KeyboardInterrupt:
         print("\ninterrupted: writing what was done", file=log)
         meta["interrupted"] = True
@@ -433,6 +367,7 @@ def main(argv: list[str]) -> int:
     found = verdicts(rows)
     meta["elapsed_s"] = round(time.time() - started, 2)
     results.save("sweep", argv, args, meta, rows, table, writer=writer, plot=plot,
-                 footer="\n\n" + "\n".join(v.line() for v in found),
-                 verdicts=[asdict(v) for v in found])
+                 footer="\n\n" + "\n".join(f"{v.id} {v.verdict:<4}  {v.claim}"
+                                + (f" [{v.server}]" if v.server else "") + f": {v.detail}"
+                                for v in found), verdicts=[v._asdict() for v in found])
     return 130 if meta.get("interrupted") else 0
