@@ -248,10 +248,19 @@ def test_structured_on_the_tiny_pair(tiny_pair, tmp_path):
 
 
 @pytest.mark.slow
-def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path):
+def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path, monkeypatch):
+    """With forward times where a drafted token costs nothing extra (the tiny pair's own would
+    be noise), so that ours+draft drafts; the forward bound is read from that table."""
+    from server.engine.cost_model import ForwardTimes, StepCosts
+
+    def table(seconds: float) -> ForwardTimes:
+        return ForwardTimes((1, 2), (1, 5), ((seconds,) * 2,) * 2)
+
+    monkeypatch.setattr(load.Scheduler, "measure_costs", lambda self: setattr(
+        self, "costs", StepCosts(table(0.05), table(0.001))))
     target, draft = tiny_pair
     assert load.main(["--in-process", "--target-model", str(target), "--draft-model",
-                      str(draft), "--concurrency", "2", "--runs", "2", "--max-tokens", "6",
+                      str(draft), "--concurrency", "2", "--runs", "2", "--max-tokens", "16",
                       "--results-dir", str(tmp_path)]) == 0
     rows = result(tmp_path, "load")["rows"]
     assert [r["server"] for r in rows] == ["ours+draft", "ours", "mlx_lm"]
@@ -259,9 +268,11 @@ def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path):
     assert rows[0]["ratio_aggregate"] is None  # ours with the draft over each other
     assert rows[2]["ratio_aggregate"] == pytest.approx(rows[0]["aggregate_tps"]
                                                        / rows[2]["aggregate_tps"])
-    assert all(r["all_answered"] and r["tokens"] == 2 * 2 * 6 for r in rows)
+    assert all(r["all_answered"] and r["tokens"] == 2 * 2 * 16 for r in rows)
     assert 0 < rows[0]["from_draft_fraction"] < 1 and rows[1]["from_draft_fraction"] == 0
     assert rows[2]["from_draft_fraction"] is None
+    assert [r.get("forward_bound_tps") for r in rows] == [pytest.approx(2 / 0.05)] * 2 + [None]
+    assert all(r["decode_tps"] > 0 for r in rows[:2]) and all(r["peak_rss_gb"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize("argv", [

@@ -2,7 +2,8 @@
 
 At each level C, C clients stream a distinct greedy request each, the servers taking `--runs`
 turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, `from_draft` share, errors, peak RSS)
-and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP. And
+and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP (peak
+GB: what a run adds to MLX's memory; ours' decoding tok/s against the bound C / t(C rows, 1)). And
 `mlx-spec-bench distributed`: the target sharded over `--ranks` processes against one process.
 """
 
@@ -21,6 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
+import mlx.core as mx
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import BatchGenerator
 
@@ -100,6 +102,7 @@ def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
 
 
 MEDIANS = ("aggregate_tps", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "from_draft_fraction")
+IN_PROCESS = ("peak_gb", "decode_tps", "forward_bound_tps")  # --in-process only
 RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
           "itl_p99_s": "ratio_itl_p99", "peak_rss_gb": "ratio_peak_rss"}
 
@@ -110,7 +113,10 @@ def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | No
             **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
             **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
-            "peak_rss_gb": peak_gb, "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
+            **{k: summarize([r[k] for r in runs]).median for k in IN_PROCESS if k in runs[0]},
+            "peak_rss_gb": peak_gb if peak_gb is not None else
+            summarize([r.get("peak_gb") for r in runs]).median,
+            "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
 
@@ -166,23 +172,31 @@ def in_process(args, on_row, log) -> list[dict]:
     model, tokenizer = mlx_load(target)
     batch, n = max(args.concurrency), args.max_tokens
 
-    def figures(ids: list, tokens: int, start: float, from_draft: int | None) -> dict:
+    def figures(ids: list, tokens: int, start: float, from_draft: int | None, **more) -> dict:
         return {"requests": len(ids), "completed": len(ids), "errors": 0, "error_messages": [],
                 "tokens": tokens, "aggregate_tps": tokens / (time.perf_counter() - start),
-                "from_draft_fraction": ratio(from_draft, tokens)}
+                "from_draft_fraction": ratio(from_draft, tokens),
+                "peak_gb": (mx.get_peak_memory() - weights) / 1e9, **more}
 
     def ours(kit, k: int):
         scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
+        scheduler.measure_costs()  # as the server does (engine.cost_model): each row's k
 
         def run(ids: list[list[int]]) -> dict:
             seqs = [scheduler.submit(GenerationParams(tuple(p), n, speculation=SpeculationParams(
                 num_draft_tokens=k)), lambda event: None) for p in ids]
             start = time.perf_counter()
+            while any(s.phase in (Phase.WAITING, Phase.PREFILL) for s in seqs):
+                scheduler.step()
+            decoding, before = time.perf_counter(), sum(len(s.output) for s in seqs)
             while any(s.phase is not Phase.DONE for s in seqs):
                 scheduler.step()
             stats = [s.stats() for s in seqs]
-            return figures(ids, sum(s.generation_tokens for s in stats), start,
-                           sum(s.draft_tokens_accepted for s in stats))
+            tokens = sum(s.generation_tokens for s in stats)
+            decode_tps = (tokens - before) / (time.perf_counter() - decoding)
+            bound = len(ids) / scheduler.costs.target.at(len(ids), 1)
+            return figures(ids, tokens, start, sum(s.draft_tokens_accepted for s in stats),
+                           decode_tps=decode_tps, forward_bound_tps=bound)
 
         return run
 
@@ -200,11 +214,13 @@ def in_process(args, on_row, log) -> list[dict]:
     with_draft.load_draft(draft)
     engines = {"ours+draft": ours(with_draft, 4), "ours": ours(ModelKit(load_model(target)), 0),
                "mlx_lm": batch_generator}
+    weights = mx.get_active_memory()  # every engine's weights: a run's peak is what it adds
 
     async def measure(name: str, concurrency: int, first: int, max_tokens=None) -> dict:
         ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
                                              add_generation_prompt=True)
                for i in range(concurrency)]
+        mx.reset_peak_memory()
         return engines[name](ids)  # the warm-up's too: of the engines' max_tokens
 
     return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
@@ -220,6 +236,11 @@ def table(rows: list[dict]) -> list[list[str]]:
                       num(r["from_draft_fraction"], ".2f"), num(r["peak_rss_gb"], ".2f"),
                       f"{r['completed']}/{r['requests']}",
                       *(num(r[k], ".2f", suffix="x") for k in RATIOS.values())])
+    if any("forward_bound_tps" in r for r in rows):  # --in-process: the decoding phase alone
+        lines[0] += ["decode tok/s", "forward bound", "of bound"]
+        for line, r in zip(lines[1:], rows, strict=True):
+            decode, bound = r.get("decode_tps"), r.get("forward_bound_tps")
+            line += [num(decode, ".1f"), num(bound, ".1f"), num(ratio(decode, bound), ".2f")]
     return lines
 
 
