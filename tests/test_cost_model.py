@@ -14,6 +14,7 @@ from server.engine.cost_model import (
     acceptance_rate,
     cached_forward_times,
     choose_draft_lengths,
+    decision_rate,
     expected_accepted,
     hopeful_rate,
     model_drafting_pays,
@@ -56,6 +57,20 @@ def test_rows_with_few_rounds_get_the_benefit_of_the_doubt():
     assert hopeful_rate(0, 0) == pytest.approx(0.5 + (0.25 / 2) ** 0.5)  # 0.8536
     assert hopeful_rate(48, 98) == pytest.approx(0.49 + (0.49 * 0.51 / 100) ** 0.5)  # 0.54
     assert hopeful_rate(1000, 1000) == 0.99
+
+
+def test_only_a_row_alone_decides_on_its_hopeful_rate():
+    """Alone, trying costs only the row itself; in a batch every row pays for the widest draft,
+    so the choice uses the plain estimate."""
+    assert decision_rate(3, 4, 0.5, batch_rows=1) == hopeful_rate(3, 4, 0.5)
+    assert decision_rate(3, 4, 0.5, batch_rows=2) == pytest.approx(4 / 6)
+    options = [RowOption(i, 1, decision_rate(0, 0, 0.5, 8), True) for i in range(8)]
+    hoping = [RowOption(i, 1, decision_rate(0, 0, 0.5, 1), True) for i in range(8)]
+    # a second token costs 70% more at 8 rows: 8 rows at 0.5 make (8 + 4) / (0.17 + 0.002)
+    # = 70 tok/s drafting, less than 8 / 0.10 = 80 plain; at 0.854 they would make 86
+    costs = StepCosts(table((1, 8), (1, 2), [[0.05, 0.05], [0.10, 0.17]]), DRAFT)
+    assert choose_draft_lengths(options, 8, 8, costs) == {}
+    assert set(choose_draft_lengths(hoping, 8, 8, costs)) == set(range(8))
 
 
 def test_drafter_rates_decay_and_give_the_prior_of_new_rows():

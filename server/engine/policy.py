@@ -14,7 +14,7 @@ from server.engine.cost_model import (
     RowOption,
     StepCosts,
     choose_draft_lengths,
-    hopeful_rate,
+    decision_rate,
 )
 from server.engine.params import DraftSource, SpeculationParams
 
@@ -79,7 +79,7 @@ class SpeculationPolicy:
         cap is its own (adaptive) k, at most `batch_draft_tokens` in a batch, and none once the
         batch is larger than `spec_max_batch`. Within the caps, `costs` (the measured forward
         times) choose the k with the most expected tokens per second from each row's
-        acceptance (`hopeful_rate`, `choose_draft_lengths`; `rates` give the prior of rows new
+        acceptance (`decision_rate`, `choose_draft_lengths`; `rates` give the prior of rows new
         to a drafter; `draft_rows` rows take part in the draft model's forward); without `costs`
         every row drafts its cap. `batch_size` counts the requests still prefilling too: they
         join within a few rounds.
@@ -109,8 +109,8 @@ class SpeculationPolicy:
             cap = min(cap, len(row.looked_up))
         accepted, trials = row.tried[row.round_drafter]
         prior = rates.prior(row.round_drafter) if rates is not None else PRIOR_ACCEPTANCE
-        return RowOption(id(row), cap, hopeful_rate(accepted, trials, prior), by_model, forced,
-                         requested)
+        return RowOption(id(row), cap, decision_rate(accepted, trials, prior, batch_size),
+                         by_model, forced, requested)
 
     def drafts(self, row, batch_size: int) -> bool:
         """Whether `row` may draft in a round of `batch_size` rows."""

@@ -26,7 +26,7 @@ from server.engine.cost_model import (
     DEFAULT_CACHE_DIR,
     DrafterRates,
     StepCosts,
-    hopeful_rate,
+    decision_rate,
     kit_costs,
     model_drafting_pays,
 )
@@ -343,7 +343,8 @@ class Scheduler:
         if self.costs is None:
             return True
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
-                                   hopeful_rate(0, 0, self.rates.prior("model")), self.costs)
+                                   decision_rate(0, 0, self.rates.prior("model"), size),
+                                   self.costs)
 
     def _whole_prompt_group(self, budget: int) -> tuple[list[Sequence], Sequence]:
         """The shortest prefilling requests, all drafting or none, whose prompts' rests fit in
