@@ -293,6 +293,26 @@ def test_rows_joining_a_large_batch_skip_the_draft_until_they_can_draft(kit):
         assert tokens_of(ev) == alone(kit, p)
 
 
+def test_rows_catch_the_draft_up_one_step_at_a_time(kit):
+    """When a batch shrinks enough to draft, its rows catch the draft up on their contexts
+    within `prefill_chunk` tokens per step (one row here: each context is longer), not all
+    at once."""
+    requests = [params(kit, i, k=4, max_tokens=30 if i else 3) for i in range(3)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=8), SpeculationPolicy(4, 2))
+    seqs = [scheduler.submit(p, lambda e: None) for p in requests]
+    while seqs[0].phase is not Phase.DONE:
+        scheduler.step()
+    assert all(len(s.context) > 8 for s in seqs[1:]) and len(scheduler.draft or []) == 0
+    scheduler.step()
+    assert len(scheduler.draft) == 1
+    scheduler.step()
+    assert len(scheduler.draft) == 2
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, s in zip(requests, seqs, strict=True):
+        assert s.output == alone(kit, p)
+
+
 @pytest.mark.parametrize("k", [0, 4], ids=["no-draft", "drafting"])
 def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monkeypatch, k):
     """Whole prompts that fit the step's budget share one forward (per model, when

@@ -460,21 +460,24 @@ class Scheduler:
         A request that joins a batch where speculation does not pay skips the draft's prefill
         (work for drafts nobody would use); if it comes to pay (the batch shrinks), the draft
         prefills the row's whole context first, unless fewer than `CATCH_UP_MIN_REMAINING`
-        tokens remain.
+        tokens remain. Rows catch up one after another until `prefill_chunk` context tokens
+        were fed in this step; the others go without drafting this round and catch up in the
+        next ones (many rows at once, when a large batch shrank, stalled every stream by seconds).
         """
-        chunk = self.config.prefill_chunk
+        chunk, fed = self.config.prefill_chunk, 0
         for seq in self.target.rows:
             if not ks.get(id(seq)) or seq.round_drafter != "model" or not seq.uses_draft_model:
                 continue
             if seq in self._draft_batch():
                 continue
-            if seq.remaining < CATCH_UP_MIN_REMAINING:
+            if seq.remaining < CATCH_UP_MIN_REMAINING or fed >= chunk:
                 ks = {key: k for key, k in ks.items() if key != id(seq)}
                 continue
             cache = new_cache(self.kit.draft.model)
             context = seq.context[:-1]
             for start in range(0, len(context), chunk):
                 prefill(self.kit.draft.model, cache, context[start: start + chunk])
+            fed += len(context)
             self.draft.add(seq, cache)
             seq.draft_pending = seq.context[-1:]
         return ks
