@@ -360,16 +360,16 @@ class Scheduler:
         oldest = self.prefilling[0]
         order = list(self.prefilling)
         if oldest.prefill_passed_over < MAX_PASSED_OVER:
-            order.sort(key=lambda s: len(s.prompt) - s.prefilled)
+            order.sort(key=lambda s: s.unprefilled)
         group, width = [], 0
         for seq in order:
             # the rest before `_begin` is an upper bound: a restored prefix only shortens it
-            if group and (len(group) + 1) * max(width, len(seq.prompt) - seq.prefilled) > budget:
+            if group and (len(group) + 1) * max(width, seq.unprefilled) > budget:
                 break
             self._begin(seq)
             if group and (seq.draft_cache is None) != (group[0].draft_cache is None):
                 break
-            rest = len(seq.prompt) - seq.prefilled
+            rest = seq.unprefilled
             if (len(group) + 1) * max(width, rest) > budget:
                 break
             group.append(seq)

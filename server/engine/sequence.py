@@ -162,6 +162,11 @@ class Sequence:
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output)
 
+    @property
+    def unprefilled(self) -> int:
+        """Prompt tokens not in the cache yet (before `_begin`: not counting a restored prefix)."""
+        return len(self.prompt) - self.prefilled
+
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
         return sub
