@@ -8,6 +8,8 @@ OPENBLAS := /usr/lib/x86_64-linux-gnu/libopenblas.so.0
 PRELOAD = LD_PRELOAD=$$([ -f $(OPENBLAS) ] && echo $(OPENBLAS))
 # Debian's Chromium: the playground's browser tests drive it with playwright.
 CHROMIUM := /usr/bin/chromium
+# Test processes (pytest-xdist), one test file each at a time: module-scoped servers start once.
+TEST_WORKERS ?= 2
 
 .PHONY: serve test lint bench-smoke openblas chromium clean
 
@@ -15,7 +17,7 @@ serve: $(STAMP) openblas
 	$(PRELOAD) $(PY) -m server --config config.yaml
 
 test: $(STAMP) openblas chromium
-	$(PRELOAD) $(PY) -m pytest -q
+	$(PRELOAD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check server api_schemas tests

