@@ -387,9 +387,13 @@ def test_prompts_restored_to_different_lengths_share_one_prefill(kit, monkeypatc
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
 
 
-def test_a_burst_is_prefilled_in_large_steps_only_while_nothing_decodes(kit, monkeypatch):
-    """`idle_prefill_chunk` while no request decodes (one grouped forward for the burst);
-    `prefill_chunk` once one does, so running streams are stalled by at most that."""
+def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wave(
+        kit, monkeypatch):
+    """`idle_prefill_chunk` while no request decodes (one grouped forward per step), and for a
+    wave (`_in_wave`): no decoding round until all of it is in (each row's first token comes
+    with its group).
+    `prefill_chunk` for prompts that are no wave, so the running streams are stalled by at
+    most that per round. Outputs are those of each request alone."""
     import server.engine.scheduler as scheduler_module
 
     groups = []
@@ -397,20 +401,30 @@ def test_a_burst_is_prefilled_in_large_steps_only_while_nothing_decodes(kit, mon
     monkeypatch.setattr(scheduler_module, "prefill_rows",
                         lambda model, caches, chunks: groups.append(len(chunks))
                         or real(model, caches, chunks))
-    burst = [params(kit, i, max_tokens=8) for i in (0, 1, 3, 5)]
-    total = len(burst) * max(len(p.prompt_tokens) for p in burst)  # padded to the longest
-    config = SchedulerConfig(prefill_chunk=16, idle_prefill_chunk=total)
-    assert total > config.prefill_chunk
-    scheduler = Scheduler(kit, config, SpeculationPolicy(4, 0))
+    base = params(kit, 0, max_tokens=8)
+    burst = [replace(base, prompt_tokens=(base.prompt_tokens * 20)[i: i + 10]) for i in range(6)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=8, idle_prefill_chunk=20),
+                          SpeculationPolicy(4, 0))
     seqs = [scheduler.submit(p, lambda e: None) for p in burst]
-    scheduler.step()
-    assert groups == [len(burst)] and all(s.phase is Phase.DECODE for s in seqs)
-    later = [scheduler.submit(p, lambda e: None) for p in burst]
-    scheduler.step()  # rows decode now: at most 16 prompt tokens this step
-    assert sum(s.phase is Phase.DECODE for s in later) < len(later)
-    while any(s.phase is not Phase.DONE for s in seqs + later):
+    scheduler.step()  # a wave of 6: two prompts in one forward (their first tokens), no round
+    assert groups == [2] and [len(s.output) for s in seqs[:2]] == [1, 1]
+    scheduler.step()  # two more, and still no round
+    assert groups == [2, 2] and [len(s.output) for s in seqs[:4]] == [1, 1, 1, 1]
+    scheduler.step()  # the wave's last two, then a round for all six
+    assert groups == [2, 2, 2] and [len(s.output) for s in seqs] == [2] * 6
+    while any(s.phase is not Phase.DONE for s in seqs):
         scheduler.step()
-    for p, s in zip(burst * 2, seqs + later, strict=True):
+
+    monkeypatch.setattr(scheduler_module, "WAVE_MAX_TOKENS", 8)  # no longer a wave
+    first = [scheduler.submit(p, lambda e: None) for p in burst[:2]]
+    scheduler.step()  # nothing decodes: both in one forward, and a round
+    assert [len(s.output) for s in first] == [2, 2]
+    later = [scheduler.submit(p, lambda e: None) for p in burst[2:4]]
+    scheduler.step()  # 2 prompts behind 2 rows: 8 prompt tokens this step, and a round
+    assert sorted(s.prefilled for s in later) == [0, 8] and [len(s.output) for s in first] == [3, 3]
+    while any(s.phase is not Phase.DONE for s in first + later):
+        scheduler.step()
+    for p, s in zip(burst + burst[:4], seqs + first + later, strict=True):
         assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
 
 

@@ -1,10 +1,11 @@
 """The scheduler: one loop on the MLX thread that decides what runs at each step.
 
 A step is: take new requests and control calls, admit waiting requests into free batch slots,
-prefill one chunk of the oldest prefilling request, run one decoding round for every decoding
-request, and retire the ones that finished, were cancelled or whose client went away. Prefill
-is chunked (`prefill_chunk` tokens) and interleaved with decoding rounds, so a long new prompt
-stalls the running streams by at most one chunk per round.
+prefill one group of prompts (or one chunk of a long one), run one decoding round for every
+decoding request, and retire the ones that finished, were cancelled or whose client went away.
+Prefill is chunked (`prefill_chunk` tokens) and interleaved with decoding rounds, so a long new
+prompt stalls the running streams by at most one chunk per round; a wave of short prompts is
+prefilled back to back instead, the running streams waiting for it once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ DEFAULT_IDLE_PREFILL_CHUNK = 1024
 CATCH_UP_MIN_REMAINING = 8
 # Prefill groups that may go before the oldest waiting prompt (shorter ones go first).
 MAX_PASSED_OVER = 4
+# A wave of prompts (clients that finished together send their next requests) is prefilled
+# back to back, the decoding rows waiting once for all of it, as mlx_lm's BatchGenerator does:
+# at least WAVE_MIN_PROMPTS prompts, one per WAVE_ROWS_PER_PROMPT decoding rows, with at most
+# WAVE_MAX_TOKENS prompt tokens left. In process (generated pair, 16 / 32 requests at once,
+# against BatchGenerator): aggregate 0.97x -> 1.09x / 1.10x, ITL p99 3.8x -> 1.02x at 16 (the
+# streams were stalled once per group, then by every 128-token chunk of the wave's rest).
+WAVE_MIN_PROMPTS = 2
+WAVE_ROWS_PER_PROMPT = 4
+WAVE_MAX_TOKENS = 2048
 
 
 class QueueFull(Exception):
@@ -181,13 +191,16 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or len(self.target))
 
     def step(self) -> bool:
-        """One scheduler step; False when there was nothing to do."""
+        """One scheduler step; False when there was nothing to do. Decoding rows wait while a
+        wave of prompts is prefilled (`_in_wave`)."""
         self._take_incoming()
         self._run_calls()
         self._retire_cancelled()
         self._admit()
-        did = self._prefill_step()
-        did = self._decode_step() or did
+        wave = self._in_wave()
+        did = self._prefill_step(wave)
+        if not (wave and self.prefilling):
+            did = self._decode_step() or did
         return did
 
     def run_forever(self, stop: threading.Event) -> None:
@@ -283,15 +296,15 @@ class Scheduler:
         seq.phase = Phase.PREFILL
         self.prefilling.append(seq)
 
-    def _prefill_step(self) -> bool:
+    def _prefill_step(self, wave: bool = False) -> bool:
         """One prefill forward (per model) of at most `prefill_chunk` prompt tokens, padding
-        included (`idle_prefill_chunk` unless `_protect_decoding`): the shortest prompts whose
-        rests fit together, in one group; or, when the first alone does not fit, the next
-        chunk of it."""
+        included (`idle_prefill_chunk` in a wave or unless `_protect_decoding`): the shortest
+        prompts whose rests fit together, in one group; or, when the first alone does not fit,
+        the next chunk of it."""
         if not self.prefilling:
             return False
-        budget = self.config.prefill_chunk if self._protect_decoding() else \
-            self.config.idle_prefill_chunk
+        protect = not wave and self._protect_decoding()
+        budget = self.config.prefill_chunk if protect else self.config.idle_prefill_chunk
         group, first = self._whole_prompt_group(budget)
         if group:
             self._prefill_group(group)
@@ -299,6 +312,13 @@ class Scheduler:
             self._prefill_chunk(first, budget)
         mx.clear_cache()
         return True
+
+    def _in_wave(self) -> bool:
+        """Whether the prompts prefilling are a wave (`WAVE_MIN_PROMPTS`...): prefilled back to
+        back while the decoding rows wait, once, instead of a decoding round per chunk."""
+        waiting = len(self.prefilling)
+        return (waiting >= WAVE_MIN_PROMPTS and waiting * WAVE_ROWS_PER_PROMPT >= len(self.target)
+                and sum(seq.unprefilled for seq in self.prefilling) <= WAVE_MAX_TOKENS)
 
     def _protect_decoding(self) -> bool:
         """Whether this step's prefill is held to `prefill_chunk`, to bound the stall of the
