@@ -9,6 +9,7 @@ from server.engine import cost_model
 from server.engine.cost_model import (
     DrafterRates,
     ForwardTimes,
+    RoundCalibration,
     RowOption,
     StepCosts,
     acceptance_rate,
@@ -105,6 +106,47 @@ def test_the_draft_models_forward_is_charged_per_drafted_token():
     assert choose_draft_lengths(options, 8, 8, StepCosts(TARGET, slow)) == {}
     assert model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, DRAFT))
     assert not model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, slow))
+
+
+def decayed(ratio: float, rounds: int, decay: float = RoundCalibration.DECAY) -> list[float]:
+    """[sum of ratios, rounds] after `rounds` rounds at `ratio`, each decaying the ones before."""
+    n = sum(decay ** i for i in range(rounds))
+    return [ratio * n, n]
+
+
+def test_measured_rounds_calibrate_the_choice():
+    """The k = 1 choice above (12 / 0.12 = 100 tok/s against 8 / 0.10 = 80) with drafting rounds
+    measured at 1.3x their table time: the factor is their decayed mean shrunk towards 1 by two
+    pseudo-rounds, (5.161 + 2) / (3.970 + 2) = 1.1995 -> 83.4 tok/s, still drafting. Four more
+    at 1.5x (12 rows: the same bucket as 8): (11.014 + 2) / (7.861 + 2) = 1.3197 -> 75.8 < 80,
+    plain. Plain rounds, not measured, keep the table's time (1.0)."""
+    options = [RowOption(i, 4, 0.5, by_model=False) for i in range(8)]
+    costs = StepCosts(TARGET)
+    for _ in range(4):
+        costs.calibration.record(8, True, 0.12 * 1.3, 0.12)
+    ratios, n = decayed(1.3, 4)
+    assert costs.calibration.factor(8, True) == pytest.approx((ratios + 2) / (n + 2))
+    assert costs.calibration.factor(8, False) == 1.0 and costs.calibration.factor(4, True) == 1.0
+    assert choose_draft_lengths(options, 8, 0, costs) == {i: 1 for i in range(8)}
+    for _ in range(4):
+        costs.calibration.record(12, True, 0.12 * 1.5, 0.12)
+    assert costs.calibration.factor(8, True) == pytest.approx(1.3197, abs=1e-4)
+    assert choose_draft_lengths(options, 8, 0, costs) == {}
+
+
+def test_a_kind_no_longer_measured_drifts_back_to_the_table():
+    """Every round decays both kinds' sums in its bucket: 2,000 plain rounds after 50 drafting
+    ones at 2x leave the drafting factor near 1 again."""
+    calibration = RoundCalibration()
+    for _ in range(50):
+        calibration.record(16, True, 2.0, 1.0)
+    ratios, n = decayed(2.0, 50)
+    assert calibration.factor(16, True) == pytest.approx((ratios + 2) / (n + 2))
+    for _ in range(2000):
+        calibration.record(16, False, 1.0, 1.0)
+    kept = RoundCalibration.DECAY ** 2000
+    assert calibration.factor(16, True) == pytest.approx((ratios * kept + 2) / (n * kept + 2))
+    assert calibration.factor(16, True) < 1.01
 
 
 def test_one_row_drafts_its_whole_cap_when_positions_are_nearly_free():

@@ -10,10 +10,11 @@ guessed: `measure_forward_times` times the target's forward on a small grid of (
 `choose_draft_lengths` then picks the round's draft lengths: for each candidate width K (and
 draft-model length M <= K) each row drafts min(K, its cap) (min(M, cap) with the draft model),
 is expected to gain `expected_accepted(a, k)` tokens from its acceptance rate a, and the round
-takes T_target(rows, 1 + width) + M x T_draft(draft rows, 1). The choice with the most expected
-tokens per second wins; k = 0 everywhere (plain decoding) is one of the candidates. Prompt lookup
-costs no draft forward, so a repetitive row pays for its positions at any batch size when the
-target's extra positions are cheap enough.
+takes T_target(rows, 1 + width) + M x T_draft(draft rows, 1), times what measured rounds of the
+kind (plain or drafting) took against that estimate (`RoundCalibration`). The choice with the
+most expected tokens per second wins; k = 0 everywhere (plain decoding) is one of the
+candidates. Prompt lookup costs no draft forward, so a repetitive row pays for its positions at
+any batch size when the target's extra positions are cheap enough.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 import platform
 import time
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -158,12 +159,66 @@ def cached_forward_times(model: nn.Module, model_path: str, variant: str = "",
     return times
 
 
+class RoundCalibration:
+    """How long rounds really take against the tables' estimate: per batch-size bucket and kind
+    (drafting or plain), a decayed mean of measured / estimated seconds, shrunk towards 1 (the
+    table) by `PRIOR_WEIGHT` pseudo-rounds. A round is more than its forwards (verification,
+    sampling, the draft's cache, the host), and a drafting round more so: generated pair, 16
+    rows, in process: plain rounds took 1.15x the table, drafting ones 1.30x, and drafting lost
+    10% where the tables alone said it gained 2%.
+
+    Every round decays both kinds' sums in its bucket, so a kind no longer chosen drifts back
+    towards the table and is tried again now and then: a factor measured at a busy moment does
+    not rule a kind out for good."""
+
+    DECAY = 0.995  # per round in the bucket: about the last two hundred count
+    PRIOR_WEIGHT = 2.0
+
+    def __init__(self):
+        self._sums: dict[tuple[int, bool], list[float]] = {}  # [sum of ratios, rounds]
+
+    @staticmethod
+    def _bucket(rows: int) -> int:
+        return 1 << (max(rows, 1).bit_length() - 1)  # 1, 2, 4, 8, ...: powers of two
+
+    def record(self, rows: int, drafting: bool, measured_s: float, estimated_s: float) -> None:
+        if estimated_s <= 0:
+            return
+        bucket = self._bucket(rows)
+        for kind in (False, True):
+            sums = self._sums.setdefault((bucket, kind), [0.0, 0.0])
+            sums[0] *= self.DECAY
+            sums[1] *= self.DECAY
+        sums = self._sums[(bucket, drafting)]
+        sums[0] += measured_s / estimated_s
+        sums[1] += 1.0
+
+    def factor(self, rows: int, drafting: bool) -> float:
+        ratios, rounds = self._sums.get((self._bucket(rows), drafting), (0.0, 0.0))
+        return (ratios + self.PRIOR_WEIGHT) / (rounds + self.PRIOR_WEIGHT)
+
+
 @dataclass(frozen=True)
 class StepCosts:
-    """The tables a round's cost is read from: the target's, and the draft model's if any."""
+    """The tables a round's cost is read from: the target's, and the draft model's if any;
+    and how far measured rounds are from them (`calibration`, updated as rounds run)."""
 
     target: ForwardTimes
     draft: ForwardTimes | None = None
+    calibration: RoundCalibration = field(default_factory=RoundCalibration)
+
+    def table_seconds(self, rows: int, width: int, model_k: int, draft_rows: int) -> float:
+        """A round's forwards from the tables: the target's (rows, 1 + width), and model_k
+        draft forwards of `draft_rows` rows."""
+        seconds = self.target.at(rows, 1 + width)
+        if model_k and self.draft is not None:
+            seconds += model_k * self.draft.at(max(draft_rows, 1), 1)
+        return seconds
+
+    def round_seconds(self, rows: int, width: int, model_k: int, draft_rows: int) -> float:
+        """What such a round is expected to take: its table time, calibrated."""
+        return self.table_seconds(rows, width, model_k, draft_rows) * \
+            self.calibration.factor(rows, width > 0)
 
 
 def kit_costs(kit, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> StepCosts:
@@ -246,11 +301,8 @@ def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
 def _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs: StepCosts) -> float:
     width = max(ks, default=0)
     model_k = max((k for o, k in zip(options, ks, strict=True) if o.by_model), default=0)
-    seconds = costs.target.at(batch_rows, 1 + width)
-    if model_k and costs.draft is not None:
-        seconds += model_k * costs.draft.at(max(draft_rows, 1), 1)
     tokens = batch_rows + sum(g[k] for g, k in zip(gains, ks, strict=True))
-    return tokens / seconds
+    return tokens / costs.round_seconds(batch_rows, width, model_k, draft_rows)
 
 
 class DrafterRates:

@@ -468,10 +468,23 @@ class Scheduler:
         ks = self.policy.for_round(rows, self.batch_size, self.costs, self.rates, draft_rows)
         ks = self._catch_up_drafts(ks)
         draft = self.draft if self.draft is not None and len(self.draft) else None
+        start = time.perf_counter()
         results = decode_round(self.target, draft, ks, self.rates)
+        if self.costs is not None:
+            self._calibrate(rows, ks, len(draft) if draft is not None else 0,
+                            time.perf_counter() - start)
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
+
+    def _calibrate(self, rows: list[Sequence], ks: dict[int, int], draft_rows: int,
+                   seconds: float) -> None:
+        """Record the round's measured time against the tables' estimate for it."""
+        width = max(ks.values(), default=0)
+        model_k = max((ks.get(id(seq), 0) for seq in rows if seq.round_drafter == "model"),
+                      default=0)
+        estimate = self.costs.table_seconds(len(rows), width, model_k, draft_rows)
+        self.costs.calibration.record(len(rows), width > 0, seconds, estimate)
 
     def _catch_up_drafts(self, ks: dict[int, int]) -> dict[int, int]:
         """Rows about to draft whose draft never saw their context get it now; the round's ks
