@@ -12,6 +12,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models import llama
+from mlx_lm.models.cache import make_prompt_cache
 
 from server.engine.draft_vocab import (
     VOCAB_FILE,
@@ -20,6 +21,7 @@ from server.engine.draft_vocab import (
 )
 from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
+from server.engine.head import last_logits, split_of
 from server.engine.model_kit import ModelKit, ModelLoadError, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
@@ -60,6 +62,20 @@ def test_logits_over_the_kept_ids_are_the_full_drafts_and_the_rest_is_blocked(ti
 
     assert wrapped.vocab_size == 512
     assert wrapped.inner.args.vocab_size == len(KEPT) + 1  # the rows of its own embedding
+
+
+def test_a_prefill_widens_only_the_last_positions_to_the_targets_vocabulary(tiny_pair,
+                                                                             tmp_path):
+    """`last_logits` splits a sub-vocabulary draft into body and head, as a plain model: the
+    logits it gives are the wrapped model's at those positions."""
+    sliced_draft(tiny_pair[1], tmp_path / "small", KEPT)
+    wrapped = load_model(str(tmp_path / "small")).model
+    assert split_of(wrapped).body is not None
+    x = mx.array([KEPT[5::7][:12], KEPT[9::5][:12]])
+    columns = mx.array([11, 6])
+    got = last_logits(wrapped, x, make_prompt_cache(wrapped), columns)
+    whole = wrapped(x, cache=make_prompt_cache(wrapped))[mx.arange(2), columns]
+    np.testing.assert_allclose(np.array(got), np.array(whole), rtol=1e-5, atol=1e-5)
 
 
 def test_serving_with_a_sub_vocab_draft_keeps_greedy_output_and_drafts_only_kept_ids(
