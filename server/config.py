@@ -104,8 +104,9 @@ class EngineSettings(BaseModel):
     idle_prefill_chunk: int = Field(
         DEFAULT_IDLE_PREFILL_CHUNK, ge=16, le=65536,
         description="Prompt tokens prefilled per step while no request decodes (nothing to"
-        " stall), or while more prompts wait than rows decode: a burst of new prompts shares"
-        " one large forward.",
+        " stall), while more prompts wait than rows decode, or for a wave (2+ prompts, one per"
+        " 4 decoding rows, 2,048 tokens at most), which is prefilled back to back, the running"
+        " streams waiting for it once.",
     )
     spec_max_batch: int = Field(
         DEFAULT_SPEC_MAX_BATCH, ge=0, le=256,

@@ -78,7 +78,7 @@ class SchedulerConfig:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests prefilling or decoding at once
     max_queue_size: int = 64  # requests waiting for a slot; beyond it: QueueFull (503)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    # the same while no request decodes, or more prompts wait than rows decode
+    # the same while no request decodes, more prompts wait than rows decode, or for a wave
     idle_prefill_chunk: int = DEFAULT_IDLE_PREFILL_CHUNK
 
 
