@@ -112,6 +112,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (`mlx.launch --starting-port`: rank i
+    listens on the first + i), none of them handed out by `free_port` before."""
+    import socket
+
+    for _ in range(100):
+        first = free_port()
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 @asynccontextmanager
 async def served(target, draft, *, model_roots=None, engine=None, cache=None, **server):
     """A fresh started engine and an httpx client on its app; stopped on exit."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import free_port, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ class Launch:
 
     def __init__(self, args: list[str], log: Path):
         self.port = free_port()
-        ring_port = free_port()
+        ring_port = free_ports(2)
         cmd = [str(LAUNCHER), "--backend", "ring", "-n", "2", "--starting-port", str(ring_port),
                "--", sys.executable, "-m", "server", *args, "--port", str(self.port)]
         self.log = log
