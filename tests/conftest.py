@@ -113,8 +113,8 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> int:
-    """The first of `count` consecutive free ports (`mlx.launch --starting-port`: rank i
-    listens on the first + i), none of them handed out by `free_port` before."""
+    """The first of `count` consecutive ports free right now (`mlx.launch --starting-port`:
+    rank i listens on the first + i)."""
     import socket
 
     for _ in range(100):

@@ -391,9 +391,8 @@ def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wav
         kit, monkeypatch):
     """`idle_prefill_chunk` while no request decodes (one grouped forward per step), and for a
     wave (`_in_wave`): no decoding round until all of it is in (each row's first token comes
-    with its group).
-    `prefill_chunk` for prompts that are no wave, so the running streams are stalled by at
-    most that per round. Outputs are those of each request alone."""
+    with its group). `prefill_chunk` for prompts that are no wave, so the running streams are
+    stalled by at most that per round. Outputs are those of each request alone."""
     import server.engine.scheduler as scheduler_module
 
     groups = []

@@ -28,6 +28,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from server.engine.head import _Split, set_split, split_of
+
 VOCAB_FILE = "draft_vocab.json"
 
 
@@ -51,6 +53,14 @@ class SubVocabModel(nn.Module):
         self.inner = model
         self.num_kept = len(ids)
         self._index = mx.array(draft_index(ids, target_vocab_size))
+        # Body and head apart (`server.engine.head`) when the inner model allows, so a prefill
+        # widens one position per row to the target's vocabulary, not every position (a
+        # 6-prompt prefill of the default draft took half the target's time widening 678
+        # positions to 49,152 logits each).
+        inner = split_of(model)
+        set_split(self, _Split(None) if inner.body is None else _Split(
+            lambda inputs, cache=None: inner.body(self._index[inputs], cache=cache),
+            lambda hidden: self._widen(inner.head(hidden))))
 
     @property
     def layers(self):  # make_prompt_cache counts them
@@ -69,19 +79,6 @@ class SubVocabModel(nn.Module):
         kept = logits[..., : self.num_kept]
         blocked = mx.full((*kept.shape[:-1], 1), -mx.inf, dtype=kept.dtype)
         return mx.take(mx.concatenate([kept, blocked], axis=-1), self._index, axis=-1)
-
-    def split_parts(self):
-        """Body and head apart (`server.engine.head`), when the inner model allows: a prefill
-        then widens one position per row to the target's vocabulary, not every position (a
-        6-prompt prefill of the default draft took half the target's time, widening 678
-        positions to 49,152 logits each)."""
-        from server.engine.head import _Split, split_of
-
-        inner = split_of(self.inner)
-        if inner.body is None:
-            return _Split(None)
-        return _Split(lambda inputs, cache=None: inner.body(self._index[inputs], cache=cache),
-                      lambda hidden: self._widen(inner.head(hidden)))
 
 
 def read_vocab(folder: Path) -> tuple[list[int], int] | None:

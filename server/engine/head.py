@@ -32,8 +32,6 @@ class _Split:
 
 
 def _candidate(model: nn.Module) -> _Split:
-    if hasattr(model, "split_parts"):  # a wrapper that knows its parts (a sub-vocabulary draft)
-        return model.split_parts()
     body = model["model"] if "model" in model else None
     if body is None:
         return _Split(None)
