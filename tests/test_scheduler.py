@@ -157,7 +157,7 @@ def test_hybrid_rows_that_look_up_while_the_draft_model_drafts_for_others(noisy_
         for r in batch.rows:
             if r.round_drafter == "prompt_lookup":
                 looked_up.add(id(r))
-            elif ks.get(id(r)):
+            elif proposals[id(r)].tokens:  # (a row the draft fell far behind catches up first)
                 logits = kit.draft.model(mx.array(contexts[id(r)])[None])[0, -1]
                 assert proposals[id(r)].tokens[0] == int(mx.argmax(logits))
                 checked.append(id(r) in looked_up)
@@ -387,6 +387,27 @@ def test_prompts_restored_to_different_lengths_share_one_prefill(kit, monkeypatc
         assert_same_or_near_tie(kit, p, tokens_of(ev), alone(kit, p))
 
 
+def test_first_tokens_go_out_before_the_drafts_prefill(kit, monkeypatch):
+    """A drafting group's first tokens need only the target's prefill: they are emitted
+    before the draft prefills the same prompts."""
+    import server.engine.scheduler as scheduler_module
+
+    order = []
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows", lambda model, caches, chunks: (
+        order.append("draft" if model is kit.draft.model else "target")
+        or real(model, caches, chunks)))
+    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 8, 2))
+    requests = [params(kit, i, k=2, max_tokens=4) for i in range(2)]
+    seqs = [scheduler.submit(p, lambda e: isinstance(e, TokenEvent) and order.append("token"))
+            for p in requests]
+    scheduler.step()
+    assert order[:4] == ["target", "token", "token", "draft"]
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    assert all(s.counters.proposed for s in seqs)
+
+
 def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wave(
         kit, monkeypatch):
     """`idle_prefill_chunk` while no request decodes (one grouped forward per step), and for a
@@ -406,9 +427,9 @@ def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wav
                           SpeculationPolicy(4, 0))
     seqs = [scheduler.submit(p, lambda e: None) for p in burst]
     scheduler.step()  # a wave of 6: two prompts in one forward (their first tokens), no round
-    assert groups == [2] and [len(s.output) for s in seqs[:2]] == [1, 1]
+    assert groups == [2] and sorted(len(s.output) for s in seqs) == [0, 0, 0, 0, 1, 1]
     scheduler.step()  # two more, and still no round
-    assert groups == [2, 2] and [len(s.output) for s in seqs[:4]] == [1, 1, 1, 1]
+    assert groups == [2, 2] and sorted(len(s.output) for s in seqs) == [0, 0, 1, 1, 1, 1]
     scheduler.step()  # the wave's last two, then a round for all six
     assert groups == [2, 2, 2] and [len(s.output) for s in seqs] == [2] * 6
     while any(s.phase is not Phase.DONE for s in seqs):
@@ -429,10 +450,12 @@ def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wav
 
 def test_waiting_prompts_are_grouped_shortest_first_and_the_oldest_is_not_starved(
         kit, monkeypatch):
-    """The prefill group takes the shortest waiting prompts (less padding), not the oldest;
-    once `MAX_PASSED_OVER` groups went before the oldest prompt, it goes next. Outputs are
-    those of each request alone."""
+    """Outside a wave, the prefill group takes the shortest waiting prompts (less padding),
+    not the oldest; once `MAX_PASSED_OVER` groups went before the oldest prompt, it goes next.
+    Outputs are those of each request alone."""
     import server.engine.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "WAVE_MAX_TOKENS", 0)  # no wave: see the next test
 
     widths = []
     real_rows, real_one = scheduler_module.prefill_rows, scheduler_module.prefill
@@ -463,6 +486,70 @@ def test_waiting_prompts_are_grouped_shortest_first_and_the_oldest_is_not_starve
         scheduler.step()
     for s in seqs:
         assert_same_or_near_tie(kit, s.params, s.output, alone(kit, s.params))
+
+
+def test_a_wave_prefills_its_longest_prompts_first_and_the_most_rows_last(kit, monkeypatch):
+    """A wave is cut into groups shortest first (little padding), but the groups go longest
+    first: a row that got its first token waits for every later group, so the group with the
+    most rows goes last. No round runs in between. Outputs are those of each request alone."""
+    import server.engine.scheduler as scheduler_module
+
+    widths = []
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows", lambda model, caches, chunks:
+                        widths.append(sorted(len(c) for c in chunks))
+                        or real(model, caches, chunks))
+    base = params(kit, 0, max_tokens=3)
+    wave = [replace(base, prompt_tokens=(base.prompt_tokens * 20)[:n]) for n in (10, 4, 5, 11, 6)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=24, idle_prefill_chunk=24),
+                          SpeculationPolicy(4, 0))
+    seqs = [scheduler.submit(p, lambda e: None) for p in wave]
+    scheduler.step()
+    assert widths == [[10, 11]] and [len(s.output) for s in seqs] == [1, 0, 0, 1, 0]
+    scheduler.step()  # the three shortest, in one forward (3 x 6 of 24), then the first round
+    assert widths == [[10, 11], [4, 5, 6]] and [len(s.output) for s in seqs] == [2] * 5
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, s in zip(wave, seqs, strict=True):
+        assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
+
+
+def test_a_row_the_draft_fell_behind_catches_up_a_few_tokens_per_round(kit, monkeypatch):
+    """Rows that did not draft for 20 rounds (as when their batch was too large for it to pay)
+    feed the draft at most `CATCH_UP_WIDTH` tokens of that backlog per round, and draft again
+    once it is in; rows whose end comes first do not start. Outputs are those of each request
+    alone."""
+    from server.engine.batch import ModelBatch
+    from server.engine.decoder import CATCH_UP_WIDTH
+
+    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 8, 2))
+    policy, rounds, widths = scheduler.policy, [], []
+
+    class Paused:  # no drafting in rounds 2 to 21
+        drafts = policy.drafts
+
+        def for_round(self, rows, *args):
+            rounds.append(len(rounds) + 1)
+            ks = policy.for_round(rows, *args)
+            return {} if 2 <= rounds[-1] <= 21 else ks
+
+    scheduler.policy = Paused()
+    real_forward = ModelBatch.forward
+    monkeypatch.setattr(ModelBatch, "forward", lambda batch, inputs: (
+        widths.append(inputs.shape[1]) if batch is scheduler.draft else None)
+        or real_forward(batch, inputs))
+    requests = [params(kit, 0, k=2, max_tokens=80), params(kit, 1, k=2, max_tokens=25)]
+    seqs = [scheduler.submit(p, lambda e: None) for p in requests]
+    proposed = []
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+        if len(rounds) == 21 and not proposed:
+            proposed = [s.counters.proposed for s in seqs]
+    assert max(widths) == CATCH_UP_WIDTH  # the backlog went in 8 at a time
+    assert seqs[0].counters.proposed > proposed[0]  # and the long request drafted again
+    assert seqs[1].counters.proposed == proposed[1]  # the short one ended first: no catch-up
+    for p, s in zip(requests, seqs, strict=True):
+        assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
 
 
 def test_unseeded_rows_draw_their_own_randomness(kit):

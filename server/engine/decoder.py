@@ -34,6 +34,11 @@ from server.engine.sampling import align_vocab, apply_mask, normalize
 from server.engine.sequence import Sequence
 from server.engine.verification import count_exact_matches, verify_rejection
 
+# The most pending context a row feeds the draft per round. A row the draft fell behind on
+# (15 rows that had not drafted for 90 tokens, when their batch shrank) was fed all of it in
+# one forward: every stream stalled 0.68 s, against a 0.065 s round (generated pair).
+CATCH_UP_WIDTH = 8
+
 
 @dataclass
 class Proposal:
@@ -93,16 +98,25 @@ def _choose(seq: Sequence, processed: mx.array, want_probs: bool):
 
 
 def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, Proposal], int]:
-    """Batched drafting for every row of the draft batch; rows with k = 0 just catch up."""
+    """Batched drafting for every row of the draft batch; rows with k = 0 just catch up.
+
+    The first forward feeds each row's pending context, at most `CATCH_UP_WIDTH` tokens of it:
+    a row further behind (it did not draft for many rounds) is fed that much of its backlog
+    and drafts in a later round. Each row's `draft_pending` is left with what was not fed."""
     rows = draft.rows
-    steps = max(ks.get(id(r), 0) for r in rows)
     pending = [r.draft_pending for r in rows]
-    width = max(len(p) for p in pending)
-    inputs = mx.array([p + [0] * (width - len(p)) for p in pending], mx.uint32)
+    width = min(max(len(p) for p in pending), CATCH_UP_WIDTH)
+    ks = {id(r): ks.get(id(r), 0) if len(p) <= width else 0
+          for r, p in zip(rows, pending, strict=True)}
+    steps = max(ks.values())
+    fed = [p[:width] for p in pending]
+    inputs = mx.array([f + [0] * (width - len(f)) for f in fed], mx.uint32)
     logits = draft.forward(inputs)
-    last = mx.array([len(p) - 1 for p in pending])
+    last = mx.array([len(f) - 1 for f in fed])
     logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # (B, V)
-    draft.drop_tail([width - len(p) for p in pending])
+    draft.drop_tail([width - len(f) for f in fed])
+    for r, f in zip(rows, fed, strict=True):
+        r.draft_pending = r.draft_pending[len(f):]
 
     vocab = rows[0].pipeline.vocab_size
     tokens = [[] for _ in rows]
@@ -339,14 +353,13 @@ def _settle_draft(seq, draft, draft_steps, n, emit, draft_kept) -> None:
     the accepted tokens the draft model proposed (and so has in its cache)."""
     if not seq.uses_draft_model or draft is None or seq not in draft:
         return  # the draft never saw this row: it catches up on the whole context if it drafts
+    keep_drafts = 0
     if draft_steps:
-        # The draft's cache now holds `pending` and the drafts it fed (all but the last).
-        fed = draft_steps - 1
-        keep_drafts = min(n, fed, len(emit))
+        # The draft's cache now holds what it was fed of `pending` (the rest is still pending)
+        # and the drafts it fed after (all but the last).
+        keep_drafts = min(n, draft_steps - 1, len(emit))
         draft_kept[id(seq)] = keep_drafts
-        seq.draft_pending = (seq.draft_pending + emit)[len(seq.draft_pending) + keep_drafts:]
-    else:
-        seq.draft_pending = seq.draft_pending + emit
+    seq.draft_pending = seq.draft_pending + emit[keep_drafts:]
 
 
 @dataclass

@@ -31,7 +31,7 @@ from server.engine.cost_model import (
     kit_costs,
     model_drafting_pays,
 )
-from server.engine.decoder import RoundResult, decode_round, first_token
+from server.engine.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
 from server.engine.policy import InvalidRequest, SpeculationPolicy
@@ -63,6 +63,17 @@ MAX_PASSED_OVER = 4
 WAVE_MIN_PROMPTS = 2
 WAVE_ROWS_PER_PROMPT = 4
 WAVE_MAX_TOKENS = 2048
+
+
+def _last_group(order: list[Sequence], budget: int) -> list[Sequence]:
+    """The last group when `order` (shortest first) is cut into groups whose rests, padded to
+    their longest, fit `budget` (before the prefix cache shortens any)."""
+    start, width = 0, 0
+    for i, seq in enumerate(order):
+        width = max(width, seq.unprefilled)
+        if i > start and (i - start + 1) * width > budget:
+            start, width = i, seq.unprefilled
+    return order[start:]
 
 
 class QueueFull(Exception):
@@ -305,7 +316,7 @@ class Scheduler:
             return False
         protect = not wave and self._protect_decoding()
         budget = self.config.prefill_chunk if protect else self.config.idle_prefill_chunk
-        group, first = self._whole_prompt_group(budget)
+        group, first = self._whole_prompt_group(budget, wave)
         if group:
             self._prefill_group(group)
         else:
@@ -366,7 +377,8 @@ class Scheduler:
                                    decision_rate(0, 0, self.rates.prior("model"), size),
                                    self.costs)
 
-    def _whole_prompt_group(self, budget: int) -> tuple[list[Sequence], Sequence]:
+    def _whole_prompt_group(self, budget: int,
+                            wave: bool = False) -> tuple[list[Sequence], Sequence]:
         """The shortest prefilling requests, all drafting or none, whose prompts' rests fit in
         `budget` together once padded to the longest: they are prefilled in one forward, each
         from wherever it stands (nothing, a restored prefix, earlier chunks). Also the first
@@ -376,11 +388,17 @@ class Scheduler:
         and short prompts reach their first token first. The oldest request goes first once
         `MAX_PASSED_OVER` groups have gone before it, so a long prompt is never starved. A
         request consults the prefix cache (`_begin`) only when it is about to be prefilled, so
-        it finds what the groups before it stored (a system prompt shared by a burst)."""
+        it finds what the groups before it stored (a system prompt shared by a burst).
+
+        In a wave the groups go longest first (`_last_group`): the decoding rows wait for the
+        whole wave anyway, and a row that got its first token waits for every group after
+        its own, so the group with the most rows, the shortest prompts', goes last."""
         oldest = self.prefilling[0]
         order = list(self.prefilling)
         if oldest.prefill_passed_over < MAX_PASSED_OVER:
             order.sort(key=lambda s: s.unprefilled)
+            if wave:
+                order = _last_group(order, budget)
         group, width = [], 0
         for seq in order:
             # the rest before `_begin` is an upper bound: a restored prefix only shortens it
@@ -400,7 +418,8 @@ class Scheduler:
 
     def _prefill_group(self, group: list[Sequence]) -> None:
         """Prefill the rest of each prompt in `group` in one forward per model; each row takes
-        its first token and joins the batch with the group's caches."""
+        its first token and joins the batch with the group's caches. The first tokens go out
+        before the draft's prefill, which they do not need."""
         chunks = [seq.prompt[seq.prefilled:] for seq in group]
         for seq in group:
             self.prefilling.remove(seq)
@@ -408,6 +427,7 @@ class Scheduler:
         try:
             logits, cache = prefill_rows(self.kit.target.model,
                                          [seq.target_cache for seq in group], chunks)
+            finished = [first_token(seq, logits[i]) for i, seq in enumerate(group)]
             draft_cache = (prefill_rows(self.kit.draft.model,
                                         [seq.draft_cache for seq in group], chunks)[1]
                            if drafting else None)
@@ -426,7 +446,7 @@ class Scheduler:
                     caches.append([c.extract(i) for c in draft_cache])
                 self.prefix_cache.store(self._cache_key(seq), seq.prompt, caches)
             seq.draft_cache = None
-            if first_token(seq, logits[i]):
+            if finished[i]:
                 seq.finish()
             else:
                 joining.append(i)
@@ -490,6 +510,9 @@ class Scheduler:
         """Rows about to draft whose draft never saw their context get it now; the round's ks
         without those too close to their end for that to pay.
 
+        Rows the draft fell behind on catch up `CATCH_UP_WIDTH` tokens per round (`decoder`):
+        they keep drafting only if enough tokens remain after that.
+
         A request that joins a batch where speculation does not pay skips the draft's prefill
         (work for drafts nobody would use); if it comes to pay (the batch shrinks), the draft
         prefills the row's whole context first, unless fewer than `CATCH_UP_MIN_REMAINING`
@@ -502,6 +525,10 @@ class Scheduler:
             if not ks.get(id(seq)) or seq.round_drafter != "model" or not seq.uses_draft_model:
                 continue
             if seq in self._draft_batch():
+                # fed at most CATCH_UP_WIDTH pending tokens per round (`decoder`) before it drafts
+                behind = -(-len(seq.draft_pending) // CATCH_UP_WIDTH) - 1
+                if behind and seq.remaining - behind < CATCH_UP_MIN_REMAINING:
+                    ks = {key: k for key, k in ks.items() if key != id(seq)}
                 continue
             if seq.remaining < CATCH_UP_MIN_REMAINING or fed >= chunk:
                 ks = {key: k for key, k in ks.items() if key != id(seq)}
