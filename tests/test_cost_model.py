@@ -108,6 +108,18 @@ def test_the_draft_models_forward_is_charged_per_drafted_token():
     assert not model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, slow))
 
 
+def test_a_new_rows_draft_prefill_must_be_repaid_over_its_tokens():
+    """8 rows at a = 0.5 draft k = 1: 98.36 tok/s against 80 plain, which saves
+    1/80 - 0.122/12 = 0.0125 - 0.0101667 = 0.0023333 s per token: 0.2333 s over 100 tokens.
+    The draft's prefill costs 0.003 / (8 x 2) = 0.0001875 s per token (its largest forward):
+    1,000 prompt tokens (0.1875 s) are repaid, 1,300 (0.24375 s) are not."""
+    costs = StepCosts(TARGET, DRAFT)
+    assert DRAFT.per_token() == pytest.approx(0.0001875)
+    assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100)
+    assert not model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1300, max_tokens=100)
+    assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1300, max_tokens=200)
+
+
 def decayed(ratio: float, rounds: int, decay: float = RoundCalibration.DECAY) -> list[float]:
     """[sum of ratios, rounds] after `rounds` rounds at `ratio`, each decaying the ones before."""
     n = sum(decay ** i for i in range(rounds))

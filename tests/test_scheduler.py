@@ -408,6 +408,27 @@ def test_first_tokens_go_out_before_the_drafts_prefill(kit, monkeypatch):
     assert all(s.counters.proposed for s in seqs)
 
 
+def test_drafting_and_plain_prompts_share_a_prefill_group(kit, monkeypatch):
+    """One target forward for the whole group, the draft's over its drafting rows only; those
+    alone join the draft's batch. Outputs are those of each request alone."""
+    import server.engine.scheduler as scheduler_module
+
+    widths = []
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows", lambda model, caches, chunks: (
+        widths.append((model is kit.draft.model, len(chunks))) or real(model, caches, chunks)))
+    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 8, 2))
+    requests = [params(kit, i, k=2 if i % 2 else 0, max_tokens=12) for i in range(4)]
+    seqs = [scheduler.submit(p, lambda e: None) for p in requests]
+    scheduler.step()
+    assert widths == [(False, 4), (True, 2)]
+    assert [s in scheduler.draft for s in seqs] == [False, True, False, True]
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    for p, s in zip(requests, seqs, strict=True):
+        assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
+
+
 def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wave(
         kit, monkeypatch):
     """`idle_prefill_chunk` while no request decodes (one grouped forward per step), and for a

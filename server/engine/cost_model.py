@@ -64,6 +64,11 @@ class ForwardTimes:
         bottom = s[i + 1][j] + (s[i + 1][j + 1] - s[i + 1][j]) * v
         return max(top + (bottom - top) * u, 0.0)
 
+    def per_token(self) -> float:
+        """Seconds per token of the largest forward measured: about what prefill costs per token
+        (larger prefill forwards cost a little less per token)."""
+        return self.seconds[-1][-1] / (self.rows[-1] * self.tokens[-1])
+
     def to_json(self) -> dict:
         return {"rows": list(self.rows), "tokens": list(self.tokens),
                 "seconds": [list(r) for r in self.seconds]}
@@ -325,12 +330,27 @@ class DrafterRates:
         return acceptance_rate(accepted, trials)
 
 
-def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepCosts) -> bool:
-    """Whether `batch_rows` rows drafting up to k tokens each with the draft model at
-    `acceptance` would draft at all (`choose_draft_lengths`): is a new row's draft prefill
-    likely to be used."""
+def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepCosts,
+                        prompt_tokens: int = 0, max_tokens: int | None = None) -> bool:
+    """Whether a new row's draft prefill is likely to be repaid: `batch_rows` rows drafting up to
+    k tokens each with the draft model at `acceptance` would draft at all
+    (`choose_draft_lengths`), and what drafting saves per token, over the row's `max_tokens`,
+    exceeds the draft's prefill of its `prompt_tokens`.
+
+    Each row of the batch pays its own prefill (B x P x c seconds) to make the batch's tokens
+    cheaper (B x R x (1/plain - 1/drafting) seconds for R tokens per row), so B cancels out.
+    Generated pair at 32 rows: the tables expected drafting to gain about 7%, which over 96
+    tokens saved less than the prefill of a 100-token prompt cost."""
     options = [RowOption(i, k, acceptance, True) for i in range(batch_rows)]
-    return bool(choose_draft_lengths(options, batch_rows, batch_rows, costs))
+    ks = choose_draft_lengths(options, batch_rows, batch_rows, costs)
+    if not ks or max_tokens is None or costs.draft is None:
+        return bool(ks)
+    gains = [[expected_accepted(acceptance, j) for j in range(k + 1)]] * batch_rows
+    chosen = [ks.get(i, 0) for i in range(batch_rows)]
+    drafting = _tokens_per_second(options, gains, chosen, batch_rows, batch_rows, costs)
+    plain = batch_rows / costs.round_seconds(batch_rows, 0, 0, 0)
+    saved = max_tokens * (1 / plain - 1 / drafting)
+    return saved > prompt_tokens * costs.draft.per_token()
 
 
 def _print_table(name: str, times: ForwardTimes) -> None:

@@ -65,6 +65,13 @@ WAVE_ROWS_PER_PROMPT = 4
 WAVE_MAX_TOKENS = 2048
 
 
+def _keep_rows(cache: list, rows: list[int], count: int) -> None:
+    """Keep only `rows` of a batch cache of `count` rows."""
+    if len(rows) < count:
+        for c in cache:
+            c.filter(mx.array(rows))
+
+
 def _last_group(order: list[Sequence], budget: int) -> list[Sequence]:
     """The last group when `order` (shortest first) is cut into groups whose rests, padded to
     their longest, fit `budget` (before the prefix cache shortens any)."""
@@ -375,11 +382,11 @@ class Scheduler:
             return True
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
                                    decision_rate(0, 0, self.rates.prior("model"), size),
-                                   self.costs)
+                                   self.costs, seq.unprefilled, seq.remaining)
 
     def _whole_prompt_group(self, budget: int,
                             wave: bool = False) -> tuple[list[Sequence], Sequence]:
-        """The shortest prefilling requests, all drafting or none, whose prompts' rests fit in
+        """The shortest prefilling requests (drafting or not) whose prompts' rests fit in
         `budget` together once padded to the longest: they are prefilled in one forward, each
         from wherever it stands (nothing, a restored prefix, earlier chunks). Also the first
         candidate, which is chunked when even it does not fit alone.
@@ -405,8 +412,6 @@ class Scheduler:
             if group and (len(group) + 1) * max(width, seq.unprefilled) > budget:
                 break
             self._begin(seq)
-            if group and (seq.draft_cache is None) != (group[0].draft_cache is None):
-                break
             rest = seq.unprefilled
             if (len(group) + 1) * max(width, rest) > budget:
                 break
@@ -417,57 +422,61 @@ class Scheduler:
         return group, order[0]
 
     def _prefill_group(self, group: list[Sequence]) -> None:
-        """Prefill the rest of each prompt in `group` in one forward per model; each row takes
-        its first token and joins the batch with the group's caches. The first tokens go out
-        before the draft's prefill, which they do not need."""
+        """Prefill the rest of each prompt in `group` in one forward per model (the draft's
+        over the rows that draft); each row takes its first token and joins the batch with the
+        group's caches. The first tokens go out before the draft's prefill, which they do not
+        need."""
         chunks = [seq.prompt[seq.prefilled:] for seq in group]
         for seq in group:
             self.prefilling.remove(seq)
-        drafting = group[0].draft_cache is not None
+        drafters = [i for i, seq in enumerate(group) if seq.draft_cache is not None]
         try:
             logits, cache = prefill_rows(self.kit.target.model,
                                          [seq.target_cache for seq in group], chunks)
             finished = [first_token(seq, logits[i]) for i, seq in enumerate(group)]
             draft_cache = (prefill_rows(self.kit.draft.model,
-                                        [seq.draft_cache for seq in group], chunks)[1]
-                           if drafting else None)
+                                        [group[i].draft_cache for i in drafters],
+                                        [chunks[i] for i in drafters])[1]
+                           if drafters else None)
         except Exception as e:  # noqa: BLE001 - these requests' own failure
             log.exception("prefill failed")
             for seq in group:
                 seq.error = e
                 seq.finish()
             return
-        joining = []
         for i, seq in enumerate(group):
             seq.prefilled, seq.target_cache = len(seq.prompt), None
             if self._caching(seq):
                 caches = [[c.extract(i) for c in cache]]
-                if drafting:
-                    caches.append([c.extract(i) for c in draft_cache])
+                if i in drafters:
+                    caches.append([c.extract(drafters.index(i)) for c in draft_cache])
                 self.prefix_cache.store(self._cache_key(seq), seq.prompt, caches)
             seq.draft_cache = None
             if finished[i]:
                 seq.finish()
-            else:
-                joining.append(i)
+        joining = [i for i in range(len(group)) if not finished[i]]
         if joining:
-            if len(joining) < len(group):
-                for part in [cache, draft_cache] if drafting else [cache]:
-                    for c in part:
-                        c.filter(mx.array(joining))
-            self._join([group[i] for i in joining], cache, draft_cache)
+            self._join(group, joining, drafters, cache, draft_cache)
 
-    def _join(self, rows: list[Sequence], cache: list, draft_cache: list | None) -> None:
-        """Prefilled rows join the decoding batch with their batch caches (the draft's too,
-        when they draft: it then still has to see each row's first token)."""
-        self.target.add_batch(rows, cache)
-        if draft_cache is not None:
-            self._draft_batch().add_batch(rows, draft_cache)
-        for seq in rows:
-            if draft_cache is not None:
-                seq.draft_pending = [seq.output[-1]]
-            seq.target_cache = seq.draft_cache = None
-            seq.phase = Phase.DECODE
+    def _join(self, group: list[Sequence], joining: list[int], drafters: list[int],
+              cache: list, draft_cache: list | None) -> None:
+        """The rows `joining` of a prefilled group join the decoding batch with the group's
+        caches, and those of them among `drafters` (the rows the draft prefilled) the draft's
+        batch: it then still has to see each one's first token. The batches' caches are
+        evaluated now, so the next round's time is the round's (the calibration reads it)."""
+        _keep_rows(cache, joining, len(group))
+        self.target.add_batch([group[i] for i in joining], cache)
+        evaluate = [self.target]
+        drafting = [i for i in joining if i in drafters]
+        if drafting:
+            _keep_rows(draft_cache, [drafters.index(i) for i in drafting], len(drafters))
+            self._draft_batch().add_batch([group[i] for i in drafting], draft_cache)
+            evaluate.append(self.draft)
+        mx.eval([(c.keys, c.values) for batch in evaluate for c in batch.cache])
+        for i in drafting:
+            group[i].draft_pending = [group[i].output[-1]]
+        for i in joining:
+            group[i].phase = Phase.DECODE
 
     def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> None:
         """Let measured forward times choose each row's k (`cost_model`); tables are kept in
