@@ -375,14 +375,19 @@ class Scheduler:
     def _draft_may_pay(self, seq: Sequence) -> bool:
         """Whether a new row's draft prefill is worth it: it may draft in a batch this large
         and, with measured costs, drafting with the model pays there at the drafter's rate."""
-        size = self.batch_size
-        if not self.policy.drafts(seq, size):
-            return False
+        return self.policy.drafts(seq, self.batch_size) and self._draft_repaid(seq,
+                                                                               seq.unprefilled)
+
+    def _draft_repaid(self, seq: Sequence, tokens: int) -> bool:
+        """Whether, with measured costs, drafting with the model pays in a batch this large at
+        the drafter's rate, by enough to repay the draft's prefill of `tokens` over what the
+        row may still generate (`model_drafting_pays`)."""
         if self.costs is None:
             return True
+        size = self.batch_size
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
                                    decision_rate(0, 0, self.rates.prior("model"), size),
-                                   self.costs, seq.unprefilled, seq.remaining)
+                                   self.costs, tokens, seq.remaining)
 
     def _whole_prompt_group(self, budget: int,
                             wave: bool = False) -> tuple[list[Sequence], Sequence]:
@@ -519,15 +524,16 @@ class Scheduler:
         """Rows about to draft whose draft never saw their context get it now; the round's ks
         without those too close to their end for that to pay.
 
-        Rows the draft fell behind on catch up `CATCH_UP_WIDTH` tokens per round (`decoder`):
-        they keep drafting only if enough tokens remain after that.
-
         A request that joins a batch where speculation does not pay skips the draft's prefill
         (work for drafts nobody would use); if it comes to pay (the batch shrinks), the draft
         prefills the row's whole context first, unless fewer than `CATCH_UP_MIN_REMAINING`
-        tokens remain. Rows catch up one after another until `prefill_chunk` context tokens
-        were fed in this step; the others go without drafting this round and catch up in the
-        next ones (many rows at once, when a large batch shrank, stalled every stream by seconds).
+        tokens remain or drafting would not repay that prefill (`_draft_repaid`). Rows catch
+        up one after another until `prefill_chunk` context tokens were fed in this step; the
+        others go without drafting this round and catch up in the next ones (many rows at once,
+        when a large batch shrank, stalled every stream by seconds).
+
+        Rows the draft fell behind on catch up `CATCH_UP_WIDTH` tokens per round (`decoder`):
+        they keep drafting only if enough tokens remain after that.
         """
         chunk, fed = self.config.prefill_chunk, 0
         for seq in self.target.rows:
@@ -539,7 +545,8 @@ class Scheduler:
                 if behind and seq.remaining - behind < CATCH_UP_MIN_REMAINING:
                     ks = {key: k for key, k in ks.items() if key != id(seq)}
                 continue
-            if seq.remaining < CATCH_UP_MIN_REMAINING or fed >= chunk:
+            if (seq.remaining < CATCH_UP_MIN_REMAINING or fed >= chunk
+                    or not self._draft_repaid(seq, len(seq.context))):
                 ks = {key: k for key, k in ks.items() if key != id(seq)}
                 continue
             cache = new_cache(self.kit.draft.model)
