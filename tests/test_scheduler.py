@@ -573,6 +573,23 @@ def test_a_row_the_draft_fell_behind_catches_up_a_few_tokens_per_round(kit, monk
         assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
 
 
+def test_a_seeded_sampled_row_drafts_even_where_drafting_does_not_pay(kit):
+    """Its text depends on drafting its own k in every round, so it gets the draft's prefill
+    even when the cost model says drafting would not repay it (a draft forward as dear as ten
+    of the target's): its text is the one it has alone; the greedy row does not draft."""
+    slow = _table((1, 8), (1, 2), [[0.5, 0.5], [0.5, 0.5]])
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), SpeculationPolicy())
+    scheduler.costs = StepCosts(COSTS.target, slow)
+    seeded = params(kit, 1, k=4, temperature=0.9, seed=8, max_tokens=20)
+    greedy = params(kit, 0, k=4, max_tokens=20)
+    events = [[], []]
+    seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate([greedy, seeded])]
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    assert seqs[0].counters.proposed == 0 and seqs[1].counters.proposed > 0
+    assert tokens_of(events[1]) == alone(kit, seeded)
+
+
 def test_unseeded_rows_draw_their_own_randomness(kit):
     p = params(kit, 1, temperature=1.0, max_tokens=24)
     events, _ = run_batch(kit, [p, p])

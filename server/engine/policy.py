@@ -100,7 +100,7 @@ class SpeculationPolicy:
     def _option(self, row, batch_size: int, rates: DrafterRates | None) -> RowOption:
         row.plan_round()
         cap = row.schedule.next(row.remaining)
-        forced = _seeded_sampling(row)
+        forced = speculates_at_own_k(row)
         if batch_size > 1 and not forced:
             cap = min(cap, max(self.batch_draft_tokens, 1))
         by_model = row.round_drafter == "model"
@@ -115,7 +115,7 @@ class SpeculationPolicy:
     def drafts(self, row, batch_size: int) -> bool:
         """Whether `row` may draft in a round of `batch_size` rows."""
         large = batch_size > self.spec_max_batch
-        return row.drafter is not None and (not large or _seeded_sampling(row))
+        return row.drafter is not None and (not large or speculates_at_own_k(row))
 
 
 def available_drafters(draft_loaded: bool) -> tuple[DraftSource, ...]:
@@ -123,6 +123,8 @@ def available_drafters(draft_loaded: bool) -> tuple[DraftSource, ...]:
     return ("model", "prompt_lookup", "hybrid") if draft_loaded else ("prompt_lookup",)
 
 
-def _seeded_sampling(row) -> bool:
+def speculates_at_own_k(row) -> bool:
+    """A seeded sampled request: its text depends on its k in every round, so it always drafts
+    its own k, whatever the batch (see `SpeculationPolicy.for_round`)."""
     sampling = row.params.sampling
     return sampling.seed is not None and not sampling.greedy

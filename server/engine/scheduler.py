@@ -34,7 +34,7 @@ from server.engine.cost_model import (
 from server.engine.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
 from server.engine.params import GenerationParams
-from server.engine.policy import InvalidRequest, SpeculationPolicy
+from server.engine.policy import InvalidRequest, SpeculationPolicy, speculates_at_own_k
 from server.engine.sequence import Phase, Sequence, Sink
 
 log = logging.getLogger(__name__)
@@ -381,8 +381,8 @@ class Scheduler:
     def _draft_repaid(self, seq: Sequence, tokens: int) -> bool:
         """Whether, with measured costs, drafting with the model pays in a batch this large at
         the drafter's rate, by enough to repay the draft's prefill of `tokens` over what the
-        row may still generate (`model_drafting_pays`)."""
-        if self.costs is None:
+        row may still generate (`model_drafting_pays`). A seeded sampled row drafts anyway."""
+        if self.costs is None or speculates_at_own_k(seq):
             return True
         size = self.batch_size
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
