@@ -468,7 +468,9 @@ class Scheduler:
         """The rows `joining` of a prefilled group join the decoding batch with the group's
         caches, and those of them among `drafters` (the rows the draft prefilled) the draft's
         batch: it then still has to see each one's first token. The batches' caches are
-        evaluated now, so the next round's time is the round's (the calibration reads it)."""
+        evaluated now, so the next round's time is the round's (the calibration reads it),
+        layer by layer: each layer's old buffers are freed before the next one's copy (all
+        layers at once added 0.09-0.17 GB to the peak at 16-32 rows)."""
         _keep_rows(cache, joining, len(group))
         self.target.add_batch([group[i] for i in joining], cache)
         evaluate = [self.target]
@@ -477,7 +479,9 @@ class Scheduler:
             _keep_rows(draft_cache, [drafters.index(i) for i in drafting], len(drafters))
             self._draft_batch().add_batch([group[i] for i in drafting], draft_cache)
             evaluate.append(self.draft)
-        mx.eval([(c.keys, c.values) for batch in evaluate for c in batch.cache])
+        for batch in evaluate:
+            for c in batch.cache:
+                mx.eval(c.keys, c.values)
         for i in drafting:
             group[i].draft_pending = [group[i].output[-1]]
         for i in joining:
