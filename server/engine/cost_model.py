@@ -296,19 +296,29 @@ def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: 
     In a batch, drafting must beat plain decoding by `BATCH_DRAFT_MARGIN`: it has costs a
     round's time does not show (the draft's prefill and catch-ups, its cache), and the
     calibrated round times are themselves a few percent off on a busy machine."""
+    chosen, _, _ = _best_round(options, batch_rows, draft_rows, costs)
+    return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
+
+
+def _best_round(options: list[RowOption], batch_rows: int, draft_rows: int,
+                costs: StepCosts) -> tuple[list[int], float, float]:
+    """`choose_draft_lengths`' choice as each row's k, with its expected tokens per second and
+    those of the round with width 0 (plain decoding, but for forced rows)."""
     gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
     most = max((o.cap for o in options), default=0)
-    best, best_rate = (0, 0), -1.0
+    best, best_rate, best_score, plain = [], 0.0, -1.0, 0.0
     for width in range(most + 1):
         for model_k in range(width + 1):
             ks = _lengths(options, width, model_k)
             rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
-            if width == 0 and batch_rows > 1:
-                rate *= 1 + BATCH_DRAFT_MARGIN
-            if rate > best_rate + 1e-12:
-                best, best_rate = (width, model_k), rate
-    chosen = _lengths(options, *best)
-    return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
+            score = rate
+            if width == 0:
+                plain = rate
+                if batch_rows > 1:
+                    score *= 1 + BATCH_DRAFT_MARGIN
+            if score > best_score + 1e-12:
+                best, best_rate, best_score = ks, rate, score
+    return best, best_rate, plain
 
 
 def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
@@ -354,13 +364,9 @@ def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepC
     Generated pair at 32 rows: the tables expected drafting to gain about 7%, which over 96
     tokens saved less than the prefill of a 100-token prompt cost."""
     options = [RowOption(i, k, acceptance, True) for i in range(batch_rows)]
-    ks = choose_draft_lengths(options, batch_rows, batch_rows, costs)
-    if not ks or max_tokens is None or costs.draft is None:
-        return bool(ks)
-    gains = [[expected_accepted(acceptance, j) for j in range(k + 1)]] * batch_rows
-    chosen = [ks.get(i, 0) for i in range(batch_rows)]
-    drafting = _tokens_per_second(options, gains, chosen, batch_rows, batch_rows, costs)
-    plain = batch_rows / costs.round_seconds(batch_rows, 0, 0, 0)
+    chosen, drafting, plain = _best_round(options, batch_rows, batch_rows, costs)
+    if not any(chosen) or max_tokens is None or costs.draft is None:
+        return any(chosen)
     saved = max_tokens * (1 / plain - 1 / drafting)
     return saved > prompt_tokens * costs.draft.per_token()
 
