@@ -218,6 +218,7 @@ def test_prompts_arriving_while_others_decode_share_one_prefill_forward(kit, mon
     """Three prompts submitted while two rows decode are prefilled in one (3, L) forward in
     the next step, not one forward each; their outputs are those of each request alone."""
     import server.engine.scheduler as scheduler_module
+    monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 10**6)  # any padding
 
     calls = []
     rows_prefill, one_prefill = scheduler_module.prefill_rows, scheduler_module.prefill
@@ -355,6 +356,7 @@ def test_prompts_restored_to_different_lengths_share_one_prefill(kit, monkeypatc
     """Prompts the prefix cache restored to different lengths (and a fresh one) are still
     prefilled together, in one forward per model, and each gives its output alone."""
     import server.engine.scheduler as scheduler_module
+    monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 10**6)  # any padding
     from server.engine.prefix_cache import PrefixCache
 
     scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=512), SpeculationPolicy(4, 8))
@@ -408,10 +410,59 @@ def test_first_tokens_go_out_before_the_drafts_prefill(kit, monkeypatch):
     assert all(s.counters.proposed for s in seqs)
 
 
+def test_prompts_that_would_pad_each_other_more_than_a_forward_costs_go_in_two_groups(
+        kit, monkeypatch):
+    """Short prompts are not padded to a long one's length when the padding would cost more
+    than a forward of its own (`DEFAULT_GROUP_OVERHEAD` tokens): the short ones share a
+    forward, the long one gets its own. Outputs are those of each request alone."""
+    import server.engine.scheduler as scheduler_module
+
+    widths = []
+    real = scheduler_module.prefill_rows
+    monkeypatch.setattr(scheduler_module, "prefill_rows", lambda model, caches, chunks: (
+        widths.append([len(c) for c in chunks]) or real(model, caches, chunks)))
+    monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 32)
+    base = params(kit, 0, max_tokens=6)
+    tokens = base.prompt_tokens * 40
+    short = [replace(base, prompt_tokens=tokens[i: i + n]) for i, n in enumerate((3, 4, 5))]
+    long = replace(base, prompt_tokens=tokens[3: 43])  # padding the others: 3 x 35 > 32
+    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 0))
+    requests = [long, *short]
+    seqs = [scheduler.submit(p, lambda e: None) for p in requests]
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+    assert sorted(map(sorted, widths)) == [[3, 4, 5], [40]]
+    for p, s in zip(requests, seqs, strict=True):
+        assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
+
+
+def test_a_group_takes_a_prompt_while_padding_costs_less_than_a_forward():
+    from server.engine.scheduler import _fits
+
+    assert _fits([], 0, 500, budget=100, overhead=0)  # the first always: chunked if too long
+    assert _fits([10, 20], 20, 36, budget=1024, overhead=32)  # pads two rows 16: 32 <= 32
+    assert not _fits([10, 20], 20, 37, budget=1024, overhead=32)  # 34 > 32
+    assert _fits([10, 20], 20, 5, budget=1024, overhead=0)  # shorter: padded itself, no cost
+    assert not _fits([10, 20], 20, 30, budget=89, overhead=100)  # 3 x 30 > 89
+
+
+def test_a_wave_starts_with_the_last_group_of_the_shortest_first_cut():
+    from types import SimpleNamespace
+
+    from server.engine.scheduler import _last_group
+
+    order = [SimpleNamespace(unprefilled=n) for n in (10, 12, 14, 60, 61, 200)]
+    assert [s.unprefilled for s in _last_group(order, 1024, 32)] == [200]  # 2 x 139 > 32
+    assert [s.unprefilled for s in _last_group(order[:5], 1024, 32)] == [60, 61]
+    assert [s.unprefilled for s in _last_group(order[:5], 1024, 10**6)] == [10, 12, 14, 60, 61]
+    assert [s.unprefilled for s in _last_group(order[:5], 150, 10**6)] == [60, 61]
+
+
 def test_drafting_and_plain_prompts_share_a_prefill_group(kit, monkeypatch):
     """One target forward for the whole group, the draft's over its drafting rows only; those
     alone join the draft's batch. Outputs are those of each request alone."""
     import server.engine.scheduler as scheduler_module
+    monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 10**6)  # any padding
 
     widths = []
     real = scheduler_module.prefill_rows

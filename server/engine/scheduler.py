@@ -54,6 +54,9 @@ DEFAULT_IDLE_PREFILL_CHUNK = 1024
 CATCH_UP_MIN_REMAINING = 8
 # Prefill groups that may go before the oldest waiting prompt (shorter ones go first).
 MAX_PASSED_OVER = 4
+# What one more prefill forward costs, in prompt tokens, until forward times are measured
+# (`Scheduler._group_overhead`; the generated pair's table: 26 tokens).
+DEFAULT_GROUP_OVERHEAD = 32
 # A wave of prompts (clients that finished together send their next requests) is prefilled
 # back to back, the decoding rows waiting once for all of it, as mlx_lm's BatchGenerator does:
 # at least WAVE_MIN_PROMPTS prompts, one per WAVE_ROWS_PER_PROMPT decoding rows, with at most
@@ -72,14 +75,25 @@ def _keep_rows(cache: list, rows: list[int], count: int) -> None:
             c.filter(mx.array(rows))
 
 
-def _last_group(order: list[Sequence], budget: int) -> list[Sequence]:
-    """The last group when `order` (shortest first) is cut into groups whose rests, padded to
-    their longest, fit `budget` (before the prefix cache shortens any)."""
-    start, width = 0, 0
+def _fits(group: list[int], width: int, rest: int, budget: int, overhead: int) -> bool:
+    """Whether a prompt whose rest is `rest` tokens joins a prefill group of rests `group`
+    padded to `width`: the group, padded to the longer, still fits `budget`, and the padding
+    it adds to the others costs no more than a forward of its own (`overhead` tokens)."""
+    if not group:
+        return True
+    return ((len(group) + 1) * max(width, rest) <= budget
+            and len(group) * max(rest - width, 0) <= overhead)
+
+
+def _last_group(order: list[Sequence], budget: int, overhead: int) -> list[Sequence]:
+    """The last group when `order` (shortest first) is cut into groups by `_fits` (before the
+    prefix cache shortens any)."""
+    start, group, width = 0, [], 0
     for i, seq in enumerate(order):
+        if not _fits(group, width, seq.unprefilled, budget, overhead):
+            start, group, width = i, [], 0
+        group.append(seq.unprefilled)
         width = max(width, seq.unprefilled)
-        if i > start and (i - start + 1) * width > budget:
-            start, width = i, seq.unprefilled
     return order[start:]
 
 
@@ -392,7 +406,8 @@ class Scheduler:
     def _whole_prompt_group(self, budget: int,
                             wave: bool = False) -> tuple[list[Sequence], Sequence]:
         """The shortest prefilling requests (drafting or not) whose prompts' rests fit in
-        `budget` together once padded to the longest: they are prefilled in one forward, each
+        `budget` together once padded to the longest, and pad each other no more than a
+        forward of their own would cost (`_fits`): they are prefilled in one forward, each
         from wherever it stands (nothing, a restored prefix, earlier chunks). Also the first
         candidate, which is chunked when even it does not fit alone.
 
@@ -407,24 +422,34 @@ class Scheduler:
         its own, so the group with the most rows, the shortest prompts', goes last."""
         oldest = self.prefilling[0]
         order = list(self.prefilling)
+        overhead = self._group_overhead()
         if oldest.prefill_passed_over < MAX_PASSED_OVER:
             order.sort(key=lambda s: s.unprefilled)
             if wave:
-                order = _last_group(order, budget)
-        group, width = [], 0
+                order = _last_group(order, budget, overhead)
+        group, rests, width = [], [], 0
         for seq in order:
             # the rest before `_begin` is an upper bound: a restored prefix only shortens it
-            if group and (len(group) + 1) * max(width, seq.unprefilled) > budget:
+            if (len(group) + 1) * max(width, seq.unprefilled) > budget:
                 break
             self._begin(seq)
-            rest = seq.unprefilled
-            if (len(group) + 1) * max(width, rest) > budget:
+            if not _fits(rests, width, seq.unprefilled, budget, overhead):
                 break
             group.append(seq)
-            width = max(width, rest)
+            rests.append(seq.unprefilled)
+            width = max(width, seq.unprefilled)
         if all(seq is not oldest for seq in group) and order[0] is not oldest:
             oldest.prefill_passed_over += 1
         return group, order[0]
+
+    def _group_overhead(self) -> int:
+        """A prefill forward's fixed cost in prompt tokens: one token's forward over what a
+        token of a large forward costs (the weights are read once per forward, whatever its
+        size). Padding a group by more than that costs more than a group of its own."""
+        if self.costs is None:
+            return DEFAULT_GROUP_OVERHEAD
+        times = self.costs.target
+        return max(1, round(times.at(1, 1) / times.per_token()))
 
     def _prefill_group(self, group: list[Sequence]) -> None:
         """Prefill the rest of each prompt in `group` in one forward per model (the draft's
