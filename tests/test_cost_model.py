@@ -8,6 +8,7 @@ import pytest
 from server.engine import cost_model
 from server.engine.cost_model import (
     DrafterRates,
+    DraftingShare,
     ForwardTimes,
     RoundCalibration,
     RowOption,
@@ -102,6 +103,16 @@ def test_in_a_batch_drafting_must_beat_plain_decoding_by_the_margin():
     assert choose_draft_lengths(more, 8, 0, StepCosts(TARGET)) == {i: 1 for i in range(8)}
 
 
+def test_a_small_batch_drafts_without_the_margin():
+    """At 2 rows plain makes 2 / 0.057143 = 35.0 tok/s; k = 1 at a = 0.1, 2.2 / 0.06 = 36.7
+    (4.8% ahead, under the margin it would need from 8 rows on): k = 1. At a = 0.04, 34.7."""
+    assert cost_model.MARGIN_FROM_ROWS == 8
+    options = [RowOption(i, 4, 0.1, by_model=False) for i in range(2)]
+    assert choose_draft_lengths(options, 2, 0, StepCosts(TARGET)) == {0: 1, 1: 1}
+    options = [RowOption(i, 4, 0.04, by_model=False) for i in range(2)]
+    assert choose_draft_lengths(options, 2, 0, StepCosts(TARGET)) == {}
+
+
 def test_low_acceptance_does_not_pay_for_the_extra_positions():
     """(8 + 8 x 0.19) / 0.12 = 79.3 tok/s < plain 80: plain decoding."""
     options = [RowOption(i, 4, 0.19, by_model=False) for i in range(8)]
@@ -129,6 +140,28 @@ def test_a_new_rows_draft_prefill_must_be_repaid_over_its_tokens():
     assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100)
     assert not model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1300, max_tokens=100)
     assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1300, max_tokens=200)
+
+
+def test_only_the_rounds_that_draft_repay_a_draft_prefill():
+    """The 1,000-token prefill above (0.1875 s) is repaid when every round drafts (0.2333 s
+    saved over 100 tokens), not when half of them do (0.1167 s)."""
+    costs = StepCosts(TARGET, DRAFT)
+    assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100, share=1.0)
+    assert not model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100,
+                                   share=0.5)
+
+
+def test_the_drafting_share_is_learned_per_batch_size_from_a_prior_of_drafting():
+    share = DraftingShare()
+    assert share.share(8) == 1.0  # nothing seen: rows are taken to draft
+    share.record(8, False)
+    share.record(12, True)  # the same bucket (8 to 15)
+    d = DraftingShare.DECAY
+    assert share.share(15) == pytest.approx((1 + 2) / (d + 1 + 2))
+    assert share.share(16) == 1.0 and share.share(7) == 1.0  # other buckets
+    for _ in range(1000):
+        share.record(9, False)
+    assert share.share(9) == pytest.approx(2 / (1 / (1 - d) + 2), rel=1e-3)  # the floor
 
 
 def decayed(ratio: float, rounds: int, decay: float = RoundCalibration.DECAY) -> list[float]:

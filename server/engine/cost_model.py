@@ -164,6 +164,11 @@ def cached_forward_times(model: nn.Module, model_path: str, variant: str = "",
     return times
 
 
+def batch_bucket(rows: int) -> int:
+    """The power of two at or below `rows` (1, 2, 4, 8, ...): batch sizes learned together."""
+    return 1 << (max(rows, 1).bit_length() - 1)
+
+
 class RoundCalibration:
     """How long rounds really take against the tables' estimate: per batch-size bucket and kind
     (drafting or plain), a decayed mean of measured / estimated seconds, shrunk towards 1 (the
@@ -182,14 +187,10 @@ class RoundCalibration:
     def __init__(self):
         self._sums: dict[tuple[int, bool], list[float]] = {}  # [sum of ratios, rounds]
 
-    @staticmethod
-    def _bucket(rows: int) -> int:
-        return 1 << (max(rows, 1).bit_length() - 1)  # 1, 2, 4, 8, ...: powers of two
-
     def record(self, rows: int, drafting: bool, measured_s: float, estimated_s: float) -> None:
         if estimated_s <= 0:
             return
-        bucket = self._bucket(rows)
+        bucket = batch_bucket(rows)
         for kind in (False, True):
             sums = self._sums.setdefault((bucket, kind), [0.0, 0.0])
             sums[0] *= self.DECAY
@@ -199,7 +200,7 @@ class RoundCalibration:
         sums[1] += 1.0
 
     def factor(self, rows: int, drafting: bool) -> float:
-        ratios, rounds = self._sums.get((self._bucket(rows), drafting), (0.0, 0.0))
+        ratios, rounds = self._sums.get((batch_bucket(rows), drafting), (0.0, 0.0))
         return (ratios + self.PRIOR_WEIGHT) / (rounds + self.PRIOR_WEIGHT)
 
 
@@ -285,6 +286,10 @@ class RowOption:
 # of plain decoding, while its rounds really made 7% fewer tokens per second (0.118 s for 1.7
 # tokens a row against 0.065 s for 1); at 4 and 8 rows the tables put it 18-30% ahead.
 BATCH_DRAFT_MARGIN = 0.10
+# From this many rows on. At 2 rows drafting made 9% more tokens per second than not drafting
+# (two servers of the same engine, through HTTP, one run: 51.3 against 46.9 tok/s), but the
+# margin turned it off whenever a row's measured acceptance dipped (2% of tokens drafted).
+MARGIN_FROM_ROWS = 8
 
 
 def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: int,
@@ -293,9 +298,10 @@ def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: 
     second, where lookup rows draft min(K, cap), model rows min(M, cap) and forced rows their
     cap. `batch_rows` rows take part in the target forward, `draft_rows` in the draft's.
 
-    In a batch, drafting must beat plain decoding by `BATCH_DRAFT_MARGIN`: it has costs a
-    round's time does not show (the draft's prefill and catch-ups, its cache), and the
-    calibrated round times are themselves a few percent off on a busy machine."""
+    In a batch of `MARGIN_FROM_ROWS` or more, drafting must beat plain decoding by
+    `BATCH_DRAFT_MARGIN`: it has costs a round's time does not show (the draft's prefill and
+    catch-ups, its cache), and the calibrated round times are themselves a few percent off on
+    a busy machine."""
     chosen, _, _ = _best_round(options, batch_rows, draft_rows, costs)
     return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
 
@@ -314,7 +320,7 @@ def _best_round(options: list[RowOption], batch_rows: int, draft_rows: int,
             score = rate
             if width == 0:
                 plain = rate
-                if batch_rows > 1:
+                if batch_rows >= MARGIN_FROM_ROWS:
                     score *= 1 + BATCH_DRAFT_MARGIN
             if score > best_score + 1e-12:
                 best, best_rate, best_score = ks, rate, score
@@ -352,8 +358,35 @@ class DrafterRates:
         return acceptance_rate(accepted, trials)
 
 
+class DraftingShare:
+    """How often the draft model drafted in recent rounds, per batch-size bucket: the share of
+    rounds with a row that could draft with it in which some row did. A new row's draft
+    prefill is repaid only in the rounds that draft (`model_drafting_pays`' `share`).
+
+    Where drafting barely pays (generated pair, 16 rows: 5% faster rounds at k = 1), the
+    choice flips with each row's measured acceptance: through HTTP, a wave of 16 got the
+    draft's prefill (0.37 s of a 10 s run) and then drafted in 2 of its 96 rounds. With no
+    rounds yet, rows are taken to draft (`PRIOR_WEIGHT` pseudo-rounds that did)."""
+
+    DECAY = 0.98  # per recorded round in the bucket: about the last fifty count
+    PRIOR_WEIGHT = 2.0
+
+    def __init__(self):
+        self._sums: dict[int, list[float]] = {}  # bucket: [rounds that drafted, rounds]
+
+    def record(self, rows: int, drafted: bool) -> None:
+        sums = self._sums.setdefault(batch_bucket(rows), [0.0, 0.0])
+        sums[0] = sums[0] * self.DECAY + drafted
+        sums[1] = sums[1] * self.DECAY + 1.0
+
+    def share(self, rows: int) -> float:
+        drafted, rounds = self._sums.get(batch_bucket(rows), (0.0, 0.0))
+        return (drafted + self.PRIOR_WEIGHT) / (rounds + self.PRIOR_WEIGHT)
+
+
 def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepCosts,
-                        prompt_tokens: int = 0, max_tokens: int | None = None) -> bool:
+                        prompt_tokens: int = 0, max_tokens: int | None = None,
+                        share: float = 1.0) -> bool:
     """Whether a new row's draft prefill is likely to be repaid: `batch_rows` rows drafting up to
     k tokens each with the draft model at `acceptance` would draft at all
     (`choose_draft_lengths`), and what drafting saves per token, over the row's `max_tokens`,
@@ -362,12 +395,13 @@ def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepC
     Each row of the batch pays its own prefill (B x P x c seconds) to make the batch's tokens
     cheaper (B x R x (1/plain - 1/drafting) seconds for R tokens per row), so B cancels out.
     Generated pair at 32 rows: the tables expected drafting to gain about 7%, which over 96
-    tokens saved less than the prefill of a 100-token prompt cost."""
+    tokens saved less than the prefill of a 100-token prompt cost. Only the `share` of rounds
+    that draft (`DraftingShare`) save anything."""
     options = [RowOption(i, k, acceptance, True) for i in range(batch_rows)]
     chosen, drafting, plain = _best_round(options, batch_rows, batch_rows, costs)
     if not any(chosen) or max_tokens is None or costs.draft is None:
         return any(chosen)
-    saved = max_tokens * (1 / plain - 1 / drafting)
+    saved = share * max_tokens * (1 / plain - 1 / drafting)
     return saved > prompt_tokens * costs.draft.per_token()
 
 

@@ -26,6 +26,7 @@ from server.engine.batch import ModelBatch, new_cache, prefill, prefill_rows
 from server.engine.cost_model import (
     DEFAULT_CACHE_DIR,
     DrafterRates,
+    DraftingShare,
     StepCosts,
     decision_rate,
     kit_costs,
@@ -164,6 +165,7 @@ class Scheduler:
         self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
         self.costs: StepCosts | None = None  # measured forward times: the k per row and round
         self.rates = DrafterRates()
+        self.drafting_share = DraftingShare()
         self._costs_dir: Path | None = DEFAULT_CACHE_DIR
 
     # -- any thread ---------------------------------------------------------------------------
@@ -388,20 +390,23 @@ class Scheduler:
 
     def _draft_may_pay(self, seq: Sequence) -> bool:
         """Whether a new row's draft prefill is worth it: it may draft in a batch this large
-        and, with measured costs, drafting with the model pays there at the drafter's rate."""
-        return self.policy.drafts(seq, self.batch_size) and self._draft_repaid(seq,
-                                                                               seq.unprefilled)
+        and, with measured costs, drafting with the model pays there at the drafter's rate, in
+        as many rounds as batches this large recently drafted in (`DraftingShare`)."""
+        share = self.drafting_share.share(self.batch_size)
+        return (self.policy.drafts(seq, self.batch_size)
+                and self._draft_repaid(seq, seq.unprefilled, share))
 
-    def _draft_repaid(self, seq: Sequence, tokens: int) -> bool:
+    def _draft_repaid(self, seq: Sequence, tokens: int, share: float = 1.0) -> bool:
         """Whether, with measured costs, drafting with the model pays in a batch this large at
         the drafter's rate, by enough to repay the draft's prefill of `tokens` over what the
-        row may still generate (`model_drafting_pays`). A seeded sampled row drafts anyway."""
+        row may still generate, drafting in `share` of its rounds (`model_drafting_pays`). A
+        seeded sampled row drafts anyway."""
         if self.costs is None or speculates_at_own_k(seq):
             return True
         size = self.batch_size
         return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
                                    decision_rate(0, 0, self.rates.prior("model"), size),
-                                   self.costs, tokens, seq.remaining)
+                                   self.costs, tokens, seq.remaining, share)
 
     def _whole_prompt_group(self, budget: int,
                             wave: bool = False) -> tuple[list[Sequence], Sequence]:
@@ -529,6 +534,10 @@ class Scheduler:
         rows = self.target.rows
         draft_rows = sum(1 for seq in rows if seq.uses_draft_model)
         ks = self.policy.for_round(rows, self.batch_size, self.costs, self.rates, draft_rows)
+        model_rows = [seq for seq in rows if seq.uses_draft_model]
+        if model_rows:
+            self.drafting_share.record(len(rows), any(
+                ks.get(id(seq)) and seq.round_drafter == "model" for seq in model_rows))
         ks = self._catch_up_drafts(ks)
         draft = self.draft if self.draft is not None and len(self.draft) else None
         start = time.perf_counter()
@@ -647,6 +656,7 @@ class Scheduler:
                 seq.draft_pending = []
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
         self.rates = DrafterRates()
+        self.drafting_share = DraftingShare()
         if self.costs is not None:
             self.measure_costs(self._costs_dir)
         if self.prefix_cache is not None:
