@@ -436,6 +436,16 @@ def test_prompts_that_would_pad_each_other_more_than_a_forward_costs_go_in_two_g
         assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
 
 
+def test_a_forwards_fixed_cost_in_tokens_comes_from_the_measured_table(kit):
+    """One token's forward (0.05 s) over a token of the largest forward (0.24 s / 24 tokens)."""
+    from server.engine.scheduler import DEFAULT_GROUP_OVERHEAD
+
+    scheduler = Scheduler(kit)
+    assert scheduler._group_overhead() == DEFAULT_GROUP_OVERHEAD  # nothing measured
+    scheduler.costs = COSTS
+    assert scheduler._group_overhead() == 5
+
+
 def test_a_group_takes_a_prompt_while_padding_costs_less_than_a_forward():
     from server.engine.scheduler import _fits
 
