@@ -452,7 +452,8 @@ def test_a_group_takes_a_prompt_while_padding_costs_less_than_a_forward():
     assert _fits([], 0, 500, budget=100, overhead=0)  # the first always: chunked if too long
     assert _fits([10, 20], 20, 36, budget=1024, overhead=32)  # pads two rows 16: 32 <= 32
     assert not _fits([10, 20], 20, 37, budget=1024, overhead=32)  # 34 > 32
-    assert _fits([10, 20], 20, 5, budget=1024, overhead=0)  # shorter: padded itself, no cost
+    assert _fits([10, 20], 20, 5, budget=1024, overhead=15)  # shorter: padded itself by 15
+    assert not _fits([10, 20], 20, 5, budget=1024, overhead=14)
     assert not _fits([10, 20], 20, 30, budget=89, overhead=100)  # 3 x 30 > 89
 
 

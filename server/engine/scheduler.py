@@ -79,11 +79,12 @@ def _keep_rows(cache: list, rows: list[int], count: int) -> None:
 def _fits(group: list[int], width: int, rest: int, budget: int, overhead: int) -> bool:
     """Whether a prompt whose rest is `rest` tokens joins a prefill group of rests `group`
     padded to `width`: the group, padded to the longer, still fits `budget`, and the padding
-    it adds to the others costs no more than a forward of its own (`overhead` tokens)."""
+    it adds (to the others if it is longer, to itself if shorter) costs no more than a forward
+    of its own (`overhead` tokens)."""
     if not group:
         return True
-    return ((len(group) + 1) * max(width, rest) <= budget
-            and len(group) * max(rest - width, 0) <= overhead)
+    padding = len(group) * max(rest - width, 0) + max(width - rest, 0)
+    return (len(group) + 1) * max(width, rest) <= budget and padding <= overhead
 
 
 def _last_group(order: list[Sequence], budget: int, overhead: int) -> list[Sequence]:
