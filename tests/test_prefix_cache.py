@@ -70,6 +70,21 @@ def test_full_and_partial_hits_change_no_output(kit, k):
 
 
 @pytest.mark.parametrize("k", [0, 4])
+def test_a_prompt_longer_than_a_prefill_step_still_finds_its_prefix(kit, k):
+    """A prompt that must be prefilled in chunks consults the prefix cache (and, drafting,
+    gets the draft's cache) before its first chunk, like one that fits a step."""
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16, idle_prefill_chunk=16))
+    scheduler.prefix_cache = PrefixCache(1 << 30)
+    first = request(kit, SYSTEM + "Question one?", k=k)
+    assert len(first.prompt_tokens) > 16
+    tokens, stats = run(scheduler, first)
+    assert stats.cached_tokens == 0 and tokens == uncached(kit, first)
+    again, stats = run(scheduler, first)
+    assert again == tokens and stats.cached_tokens >= len(first.prompt_tokens) - 2
+    assert (stats.draft_tokens_proposed > 0) == (k > 0)
+
+
+@pytest.mark.parametrize("k", [0, 4])
 def test_next_turn_hits_the_whole_history_inside_the_chat_template(kit, k):
     tokenizer = kit.target.tokenizer
     scheduler = cached_scheduler(kit)

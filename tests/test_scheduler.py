@@ -449,7 +449,8 @@ def test_a_forwards_fixed_cost_in_tokens_comes_from_the_measured_table(kit):
 def test_a_group_takes_a_prompt_while_padding_costs_less_than_a_forward():
     from server.engine.scheduler import _fits
 
-    assert _fits([], 0, 500, budget=100, overhead=0)  # the first always: chunked if too long
+    assert _fits([], 0, 100, budget=100, overhead=0)  # the first, if it fits alone
+    assert not _fits([], 0, 101, budget=100, overhead=0)  # else it is prefilled in chunks
     assert _fits([10, 20], 20, 36, budget=1024, overhead=32)  # pads two rows 16: 32 <= 32
     assert not _fits([10, 20], 20, 37, budget=1024, overhead=32)  # 34 > 32
     assert _fits([10, 20], 20, 5, budget=1024, overhead=15)  # shorter: padded itself by 15

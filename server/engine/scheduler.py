@@ -82,7 +82,7 @@ def _fits(group: list[int], width: int, rest: int, budget: int, overhead: int) -
     it adds (to the others if it is longer, to itself if shorter) costs no more than a forward
     of its own (`overhead` tokens)."""
     if not group:
-        return True
+        return rest <= budget  # else the prompt is prefilled in chunks
     padding = len(group) * max(rest - width, 0) + max(width - rest, 0)
     return (len(group) + 1) * max(width, rest) <= budget and padding <= overhead
 
@@ -366,6 +366,7 @@ class Scheduler:
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> None:
         """Prefill the next `budget` tokens of a prompt too long to finish in this step."""
+        self._begin(seq)  # done already by `_whole_prompt_group`; a chunk never goes before it
         try:
             chunk = seq.prompt[seq.prefilled: seq.prefilled + budget]
             prefill(self.kit.target.model, seq.target_cache, chunk)
@@ -436,7 +437,7 @@ class Scheduler:
         group, rests, width = [], [], 0
         for seq in order:
             # the rest before `_begin` is an upper bound: a restored prefix only shortens it
-            if (len(group) + 1) * max(width, seq.unprefilled) > budget:
+            if group and (len(group) + 1) * max(width, seq.unprefilled) > budget:
                 break
             self._begin(seq)
             if not _fits(rests, width, seq.unprefilled, budget, overhead):
