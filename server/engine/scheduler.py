@@ -56,7 +56,7 @@ CATCH_UP_MIN_REMAINING = 8
 # Prefill groups that may go before the oldest waiting prompt (shorter ones go first).
 MAX_PASSED_OVER = 4
 # What one more prefill forward costs, in prompt tokens, until forward times are measured
-# (`Scheduler._group_overhead`; the generated pair's table: 26 tokens).
+# (`Scheduler._group_overhead`; both pairs' measured tables: 25 tokens).
 DEFAULT_GROUP_OVERHEAD = 32
 # A wave of prompts (clients that finished together send their next requests) is prefilled
 # back to back, the decoding rows waiting once for all of it, as mlx_lm's BatchGenerator does:
@@ -366,7 +366,6 @@ class Scheduler:
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> None:
         """Prefill the next `budget` tokens of a prompt too long to finish in this step."""
-        self._begin(seq)  # done already by `_whole_prompt_group`; a chunk never goes before it
         try:
             chunk = seq.prompt[seq.prefilled: seq.prefilled + budget]
             prefill(self.kit.target.model, seq.target_cache, chunk)
@@ -534,9 +533,8 @@ class Scheduler:
         if not len(self.target):
             return False
         rows = self.target.rows
-        draft_rows = sum(1 for seq in rows if seq.uses_draft_model)
-        ks = self.policy.for_round(rows, self.batch_size, self.costs, self.rates, draft_rows)
         model_rows = [seq for seq in rows if seq.uses_draft_model]
+        ks = self.policy.for_round(rows, self.batch_size, self.costs, self.rates, len(model_rows))
         if model_rows:
             self.drafting_share.record(len(rows), any(
                 ks.get(id(seq)) and seq.round_drafter == "model" for seq in model_rows))
