@@ -206,13 +206,23 @@ def test_files_of_another_kind_are_left_alone(kit, tmp_path):
     assert (tmp_path / "notes.txt").exists() and (tmp_path / "model.safetensors").exists()
 
 
-async def _wait_for_disk_entries(client) -> dict:
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # a superseded entry, deleted since the listing
+        return 0
+
+
+async def _wait_for_disk_entries(client, folder) -> dict:
+    """/health once the writer has settled: at least one entry, and the bytes it reports are
+    the files' (a second entry superseding the first may still be on its way)."""
     for _ in range(200):
         health = (await client.get("/health")).json()
-        if health["disk_cache_entries"]:
+        on_disk = sum(_size(f) for f in files(folder))
+        if health["disk_cache_entries"] and health["disk_cache_bytes"] == on_disk:
             return health
         await asyncio.sleep(0.05)
-    raise AssertionError("no entry was written")
+    raise AssertionError(f"the disk cache never settled: {health}, {on_disk} bytes in files")
 
 
 @pytest.mark.anyio
@@ -223,8 +233,7 @@ async def test_http_restart_health_and_admin_clear(tiny_pair, tmp_path):
     async with served(*tiny_pair, cache=cache) as (client, _):
         first = (await client.post("/v1/chat/completions", json=body)).json()
         assert first["stats"]["cached_tokens"] == 0
-        health = await _wait_for_disk_entries(client)
-        assert health["disk_cache_bytes"] == sum(f.stat().st_size for f in files(tmp_path))
+        await _wait_for_disk_entries(client, tmp_path)
     async with served(*tiny_pair, cache=cache) as (client, _):
         again = (await client.post("/v1/chat/completions", json=body)).json()
         assert again["stats"]["cached_tokens"] > 0
