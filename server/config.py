@@ -142,7 +142,8 @@ class CacheSettings(BaseModel):
 
     max_gb: float | None = Field(
         None, ge=0.0,
-        description="Byte budget in GB (0 disables); default: 1/8 of the machine's memory,"
+        description="Byte budget in GB (0 disables), shared with the running requests' KV:"
+        " the cache keeps at most what they leave of it; default: 1/8 of the machine's memory,"
         " at most 8 GB.",
     )
     disk_dir: str | None = Field(

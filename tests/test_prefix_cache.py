@@ -135,6 +135,52 @@ def test_eviction_keeps_bytes_under_the_budget(kit):
     assert 1 <= scheduler.prefix_cache.info()["entries"] < 6  # some were evicted
 
 
+def test_the_cache_gives_way_to_the_running_requests_kv(kit):
+    """The budget is shared: while a request runs, the cache keeps at most what its KV leaves
+    (`mlx_lm.server` trims its prompt cache to its byte budget less its batch's)."""
+    probe = cached_scheduler(kit)
+    run(probe, request(kit, SYSTEM + "one"))
+    one_entry = probe.prefix_cache.info()["bytes"]
+    budget = int(one_entry * 1.5)
+    scheduler = cached_scheduler(kit, budget)
+    run(scheduler, request(kit, SYSTEM + "one"))
+    assert scheduler.prefix_cache.info()["entries"] == 1 and scheduler.kv_bytes() == 0
+
+    seq = scheduler.submit(request(kit, "A new prompt, nothing like the first one.",
+                                   max_tokens=12), lambda event: None)
+    evicted = False
+    while seq.phase is not Phase.DONE:
+        scheduler.step()
+        running = scheduler.kv_bytes()
+        cached = scheduler.prefix_cache.info()["bytes"]
+        assert cached <= max(budget - running, 0), (cached, running, budget)
+        evicted |= running > budget - one_entry
+    assert evicted  # the running request's KV did not leave room for the first entry
+    assert scheduler.kv_bytes() == 0 and scheduler.prefix_cache.info()["entries"] >= 1
+
+
+def test_give_way_keeps_the_most_recent_entries_that_fit(kit):
+    probe = cached_scheduler(kit)
+    run(probe, request(kit, SYSTEM + "one"))
+    size = probe.prefix_cache.info()["bytes"]
+    scheduler = cached_scheduler(kit, budget=size * 10)
+    for i in range(3):
+        run(scheduler, request(kit, SYSTEM + f"Question {i}"))
+    cache = scheduler.prefix_cache
+    total = cache.info()["bytes"]
+    cache.give_way(0)
+    assert cache.info()["bytes"] == total  # nothing running: the whole budget is the cache's
+    cache.give_way(size * 10 - total + 1)  # one byte short: the least recent entry goes
+    assert cache.info()["entries"] == 2
+    newest = request(kit, SYSTEM + "Question 2")
+    _, stats = run(scheduler, newest)
+    assert stats.cached_tokens >= len(newest.prompt_tokens) - 2  # the newest stayed: a full hit
+    cache.give_way(size * 10)
+    assert cache.info() | {"max_bytes": 0} == {"entries": 0, "bytes": 0, "max_bytes": 0,
+                                                 "disk_entries": 0, "disk_bytes": 0,
+                                                 "disk_max_bytes": 0}
+
+
 def test_concurrent_requests_sharing_a_prefix_do_not_corrupt_each_other(kit):
     scheduler = cached_scheduler(kit)
     requests = [request(kit, SYSTEM + f"Question {i}?", k=4 if i % 2 else 0) for i in range(4)]

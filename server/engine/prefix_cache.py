@@ -6,7 +6,8 @@ draft's, both covering exactly the entry's tokens, so a drafting request resumes
 Entries are made when a prompt's prefill completes (so concurrent requests that share a system
 prompt hit as soon as the first is prefilled) and when a request finishes (so the next turn of
 a chat hits its whole history). What is stored never holds rejected draft tokens: the batch
-trims them before a row can leave. Entries are dropped when the draft changes.
+trims them before a row can leave. Entries are dropped when the draft changes. The byte budget
+is shared with the running requests' KV (`give_way`): the cache holds at most what they leave.
 
 With a `DiskPromptCache` (`cache.disk_dir`), every entry is also written to disk, and a lookup
 that finds a longer prefix on disk than in memory loads it (into memory too): after a restart
@@ -90,6 +91,15 @@ class PrefixCache:
         if sum(c.nbytes for c in entry) > self.max_bytes:
             return
         self._lru.insert_cache(key, list(tokens[:length]), entry)
+
+    def give_way(self, running_bytes: int) -> None:
+        """Evict least recently used entries until what they hold and `running_bytes` (the KV
+        of the requests running now) fit the budget together, as `mlx_lm.server` trims its
+        prompt cache to its byte budget less its batch's: under load the cache makes room for
+        the batch instead of adding to it."""
+        room = max(self.max_bytes - running_bytes, 0)
+        if self._lru.nbytes > room:
+            self._lru.trim_to(n_bytes=room)
 
     def clear(self) -> int:
         """Drop every entry in memory (the disk's: `clear_disk`); the number dropped."""

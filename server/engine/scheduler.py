@@ -236,7 +236,18 @@ class Scheduler:
         did = self._prefill_step(wave)
         if not (wave and self.prefilling):
             did = self._decode_step() or did
+        if did and self.prefix_cache is not None:
+            self.prefix_cache.give_way(self.kv_bytes())
         return did
+
+    def kv_bytes(self) -> int:
+        """The bytes the running requests' KV caches hold: the batches' buffers (both models),
+        and those of prompts still being prefilled."""
+        batches = [c for b in (self.target, self.draft) if b is not None and b.cache
+                   for c in b.cache]
+        prompts = [c for seq in self.prefilling
+                   for c in (seq.target_cache or []) + (seq.draft_cache or [])]
+        return sum(c.nbytes for c in batches + prompts)
 
     def run_forever(self, stop: threading.Event) -> None:
         """Step until `stop` is set; then end whatever still runs with ShuttingDown."""
