@@ -97,9 +97,7 @@ class PrefixCache:
         of the requests running now) fit the budget together, as `mlx_lm.server` trims its
         prompt cache to its byte budget less its batch's: under load the cache makes room for
         the batch instead of adding to it."""
-        room = max(self.max_bytes - running_bytes, 0)
-        if self._lru.nbytes > room:
-            self._lru.trim_to(n_bytes=room)
+        self._lru.trim_to(n_bytes=self.max_bytes - running_bytes)  # at least 0; fits: no-op
 
     def clear(self) -> int:
         """Drop every entry in memory (the disk's: `clear_disk`); the number dropped."""
