@@ -314,6 +314,31 @@ def test_rows_catch_the_draft_up_one_step_at_a_time(kit):
         assert s.output == alone(kit, p)
 
 
+@pytest.mark.parametrize("chunk", [16, 1024], ids=["one-can-join", "all-can-join"])
+def test_a_round_is_priced_with_the_rows_that_can_draft_in_it(kit, chunk):
+    """Eight rows decode without the draft's prefill. With COSTS and the prior 0.5, k = 1 pays
+    if all eight draft (12 tokens / 0.122 s = 98 tok/s against 80 x 1.1 for plain rounds), not
+    if one does (8.5 / 0.121 = 70). With `prefill_chunk` 16 one row a step could catch the draft
+    up on its context: the rounds stay plain and the draft prefills nothing. With 1024 all
+    eight catch up in the first round and draft. Either way each text is the one it has alone."""
+    base = params(kit, 2, k=4, max_tokens=12)
+    requests = [replace(base, prompt_tokens=(base.prompt_tokens * 4)[:40 + i]) for i in range(8)]
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=chunk), SpeculationPolicy())
+    scheduler.costs = StepCosts(COSTS.target, COSTS.draft)
+    scheduler._draft_may_pay = lambda seq: False
+    seqs = [scheduler.submit(p, lambda e: None) for p in requests]
+    while scheduler.prefilling or not len(scheduler.target):
+        scheduler.step()
+    scheduler.step()  # the first decoding round
+    assert len(scheduler.draft or []) == (0 if chunk == 16 else 8)
+    while any(s.phase is not Phase.DONE for s in seqs):
+        scheduler.step()
+        assert chunk > 16 or len(scheduler.draft or []) == 0
+    assert all((s.counters.proposed > 0) == (chunk > 16) for s in seqs)
+    for p, s in zip(requests, seqs, strict=True):
+        assert_same_or_near_tie(kit, p, s.output, alone(kit, p))
+
+
 @pytest.mark.parametrize("k", [0, 4], ids=["no-draft", "drafting"])
 def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monkeypatch, k):
     """Whole prompts that fit the step's budget share one forward (per model, when
@@ -610,11 +635,11 @@ def test_a_row_the_draft_fell_behind_catches_up_a_few_tokens_per_round(kit, monk
     policy, rounds, widths = scheduler.policy, [], []
 
     class Paused:  # no drafting in rounds 2 to 21
-        drafts = policy.drafts
+        drafts, round_options = policy.drafts, policy.round_options
 
-        def for_round(self, rows, *args):
+        def choose(self, *args):
             rounds.append(len(rounds) + 1)
-            ks = policy.for_round(rows, *args)
+            ks = policy.choose(*args)
             return {} if 2 <= rounds[-1] <= 21 else ks
 
     scheduler.policy = Paused()

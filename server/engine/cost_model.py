@@ -397,12 +397,28 @@ def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepC
     Generated pair at 32 rows: the tables expected drafting to gain about 7%, which over 96
     tokens saved less than the prefill of a 100-token prompt cost. Only the `share` of rounds
     that draft (`DraftingShare`) save anything."""
+    return prefill_repaid(drafting_saving(batch_rows, k, acceptance, costs), costs,
+                          prompt_tokens, max_tokens, share)
+
+
+def prefill_repaid(saving: float | None, costs: StepCosts, prompt_tokens: int = 0,
+                   max_tokens: int | None = None, share: float = 1.0) -> bool:
+    """Whether drafting that saves `saving` seconds per token (`drafting_saving`; None: no
+    drafting) repays the draft's prefill of `prompt_tokens` over `max_tokens` tokens, saving
+    in `share` of the rounds."""
+    if saving is None or max_tokens is None or costs.draft is None:
+        return saving is not None
+    return share * max_tokens * saving > prompt_tokens * costs.draft.per_token()
+
+
+def drafting_saving(batch_rows: int, k: int, acceptance: float,
+                    costs: StepCosts) -> float | None:
+    """Seconds per token that `batch_rows` rows drafting up to k tokens with the draft model at
+    `acceptance` save over plain decoding (`choose_draft_lengths`' choice); None when they
+    would not draft at all. The same for every row of a batch: computed once per round."""
     options = [RowOption(i, k, acceptance, True) for i in range(batch_rows)]
     chosen, drafting, plain = _best_round(options, batch_rows, batch_rows, costs)
-    if not any(chosen) or max_tokens is None or costs.draft is None:
-        return any(chosen)
-    saved = share * max_tokens * (1 / plain - 1 / drafting)
-    return saved > prompt_tokens * costs.draft.per_token()
+    return 1 / plain - 1 / drafting if any(chosen) else None
 
 
 def _print_table(name: str, times: ForwardTimes) -> None:

@@ -89,13 +89,27 @@ class SpeculationPolicy:
         k, and their text does not depend on what else runs (greedy output is the same either
         way).
         """
-        options = [self._option(r, batch_size, rates) for r in rows if self.drafts(r, batch_size)]
+        return self.choose(self.round_options(rows, batch_size, rates), len(rows), draft_rows,
+                           costs)
+
+    def round_options(self, rows, batch_size: int,
+                      rates: DrafterRates | None = None) -> list[RowOption]:
+        """`for_round`'s first half: each row that may draft this round, with its drafter for
+        the round chosen (`Sequence.plan_round`), its cap and the acceptance it is judged by.
+        The scheduler drops the rows whose draft cannot keep up this round before `choose`."""
+        return [self._option(r, batch_size, rates) for r in rows if self.drafts(r, batch_size)]
+
+    @staticmethod
+    def choose(options: list[RowOption], batch_rows: int, draft_rows: int,
+               costs: StepCosts | None) -> dict[int, int]:
+        """`for_round`'s second half: the round's k per row from `options`, `batch_rows` rows
+        in the target's forward and `draft_rows` in the draft model's."""
         # A lookup row that found nothing still has its round counted (k > 0, nothing proposed).
         ks = {o.key: o.requested for o in options if o.cap == 0 and o.requested > 0}
         options = [o for o in options if o.cap > 0]
         if costs is None:
             return ks | {o.key: o.cap for o in options}
-        return ks | choose_draft_lengths(options, len(rows), draft_rows, costs)
+        return ks | choose_draft_lengths(options, batch_rows, draft_rows, costs)
 
     def _option(self, row, batch_size: int, rates: DrafterRates | None) -> RowOption:
         row.plan_round()

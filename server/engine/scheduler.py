@@ -27,10 +27,12 @@ from server.engine.cost_model import (
     DEFAULT_CACHE_DIR,
     DrafterRates,
     DraftingShare,
+    RowOption,
     StepCosts,
     decision_rate,
+    drafting_saving,
     kit_costs,
-    model_drafting_pays,
+    prefill_repaid,
 )
 from server.engine.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
 from server.engine.model_kit import ModelKit
@@ -408,17 +410,21 @@ class Scheduler:
         return (self.policy.drafts(seq, self.batch_size)
                 and self._draft_repaid(seq, seq.unprefilled, share))
 
-    def _draft_repaid(self, seq: Sequence, tokens: int, share: float = 1.0) -> bool:
+    def _draft_repaid(self, seq: Sequence, tokens: int, share: float = 1.0,
+                      savings: dict[int, float | None] | None = None) -> bool:
         """Whether, with measured costs, drafting with the model pays in a batch this large at
         the drafter's rate, by enough to repay the draft's prefill of `tokens` over what the
         row may still generate, drafting in `share` of its rounds (`model_drafting_pays`). A
-        seeded sampled row drafts anyway."""
+        seeded sampled row drafts anyway. `savings` keeps what drafting saves per k for the
+        calls of one step: the same for every row of a batch."""
         if self.costs is None or speculates_at_own_k(seq):
             return True
-        size = self.batch_size
-        return model_drafting_pays(size, seq.params.speculation.num_draft_tokens,
-                                   decision_rate(0, 0, self.rates.prior("model"), size),
-                                   self.costs, tokens, seq.remaining, share)
+        size, k = self.batch_size, seq.params.speculation.num_draft_tokens
+        savings = {} if savings is None else savings
+        if k not in savings:
+            rate = decision_rate(0, 0, self.rates.prior("model"), size)
+            savings[k] = drafting_saving(size, k, rate, self.costs)
+        return prefill_repaid(savings[k], self.costs, tokens, seq.remaining, share)
 
     def _whole_prompt_group(self, budget: int,
                             wave: bool = False) -> tuple[list[Sequence], Sequence]:
@@ -544,12 +550,15 @@ class Scheduler:
         if not len(self.target):
             return False
         rows = self.target.rows
+        options, joining = self._able_to_draft(
+            self.policy.round_options(rows, self.batch_size, self.rates))
+        draft_rows = (len(self.draft) if self.draft is not None else 0) + len(joining)
+        ks = self.policy.choose(options, len(rows), draft_rows, self.costs)
         model_rows = [seq for seq in rows if seq.uses_draft_model]
-        ks = self.policy.for_round(rows, self.batch_size, self.costs, self.rates, len(model_rows))
         if model_rows:
             self.drafting_share.record(len(rows), any(
                 ks.get(id(seq)) and seq.round_drafter == "model" for seq in model_rows))
-        ks = self._catch_up_drafts(ks)
+        self._catch_up_drafts([seq for seq in joining if ks.get(id(seq))])
         draft = self.draft if self.draft is not None and len(self.draft) else None
         start = time.perf_counter()
         results = decode_round(self.target, draft, ks, self.rates)
@@ -569,43 +578,50 @@ class Scheduler:
         estimate = self.costs.table_seconds(len(rows), width, model_k, draft_rows)
         self.costs.calibration.record(len(rows), width > 0, seconds, estimate)
 
-    def _catch_up_drafts(self, ks: dict[int, int]) -> dict[int, int]:
-        """Rows about to draft whose draft never saw their context get it now; the round's ks
-        without those too close to their end for that to pay.
+    def _able_to_draft(self, options: list[RowOption]) -> tuple[list[RowOption], list[Sequence]]:
+        """The round's options less the rows whose draft model cannot draft for them this
+        round; and the rows among them that would join the draft's batch first (catch up).
+        The round is priced with the rows that really draft: 3 of 16 rows drafting made all
+        16 pay for a verify position (default pair, 16 streams: 0.22 s rounds against 0.147 s
+        plain ones, for 2 more tokens).
 
-        A request that joins a batch where speculation does not pay skips the draft's prefill
-        (work for drafts nobody would use); if it comes to pay (the batch shrinks), the draft
-        prefills the row's whole context first, unless fewer than `CATCH_UP_MIN_REMAINING`
-        tokens remain or drafting would not repay that prefill (`_draft_repaid`). Rows catch
-        up one after another until `prefill_chunk` context tokens were fed in this step; the
-        others go without drafting this round and catch up in the next ones (many rows at once,
-        when a large batch shrank, stalled every stream by seconds).
-
-        Rows the draft fell behind on catch up `CATCH_UP_WIDTH` tokens per round (`decoder`):
-        they keep drafting only if enough tokens remain after that.
-        """
-        chunk, fed = self.config.prefill_chunk, 0
-        for seq in self.target.rows:
-            if not ks.get(id(seq)) or seq.round_drafter != "model" or not seq.uses_draft_model:
-                continue
-            if seq in self._draft_batch():
-                # fed at most CATCH_UP_WIDTH pending tokens per round (`decoder`) before it drafts
+        A row in the draft's batch can draft: one it fell behind on is fed `CATCH_UP_WIDTH`
+        tokens of its backlog per round (`decoder`) first, unless its end comes before that.
+        A row that joined the batch where speculation did not pay skipped the draft's prefill
+        (work for drafts nobody would use); to draft now (the batch shrank) the draft prefills
+        its whole context first, unless fewer than `CATCH_UP_MIN_REMAINING` tokens remain or
+        drafting would not repay that prefill (`_draft_repaid`). Rows catch up one after
+        another until `prefill_chunk` context tokens are fed in a step; the others wait for
+        the next rounds (many rows at once, when a large batch shrank, stalled every stream by
+        seconds)."""
+        rows = {id(seq): seq for seq in self.target.rows}
+        drafting = set(map(id, self.draft.rows)) if self.draft is not None else set()
+        able, joining, fed, savings = [], [], 0, {}
+        for option in options:
+            seq = rows[option.key]
+            if not (option.by_model and seq.uses_draft_model):
+                able.append(option)
+            elif option.key in drafting:
                 behind = -(-len(seq.draft_pending) // CATCH_UP_WIDTH) - 1
-                if behind and seq.remaining - behind < CATCH_UP_MIN_REMAINING:
-                    ks = {key: k for key, k in ks.items() if key != id(seq)}
-                continue
-            if (seq.remaining < CATCH_UP_MIN_REMAINING or fed >= chunk
-                    or not self._draft_repaid(seq, len(seq.context))):
-                ks = {key: k for key, k in ks.items() if key != id(seq)}
-                continue
+                if not behind or seq.remaining - behind >= CATCH_UP_MIN_REMAINING:
+                    able.append(option)
+            elif (seq.remaining >= CATCH_UP_MIN_REMAINING and fed < self.config.prefill_chunk
+                    and self._draft_repaid(seq, len(seq.context), savings=savings)):
+                able.append(option)
+                joining.append(seq)
+                fed += len(seq.context)
+        return able, joining
+
+    def _catch_up_drafts(self, joining: list[Sequence]) -> None:
+        """The draft prefills the context of rows that draft with it from this round on."""
+        chunk = self.config.prefill_chunk
+        for seq in joining:
             cache = new_cache(self.kit.draft.model)
             context = seq.context[:-1]
             for start in range(0, len(context), chunk):
                 prefill(self.kit.draft.model, cache, context[start: start + chunk])
-            fed += len(context)
-            self.draft.add(seq, cache)
+            self._draft_batch().add(seq, cache)
             seq.draft_pending = seq.context[-1:]
-        return ks
 
     def _retire(self, done: list[Sequence]) -> None:
         if not done:
