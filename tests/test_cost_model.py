@@ -191,19 +191,37 @@ def test_measured_rounds_calibrate_the_choice():
     assert choose_draft_lengths(options, 8, 0, costs) == {}
 
 
-def test_a_kind_no_longer_measured_drifts_back_to_the_table():
-    """Every round decays both kinds' sums in its bucket: 2,000 plain rounds after 50 drafting
-    ones at 2x leave the drafting factor near 1 again."""
+@pytest.mark.parametrize("plain", [1.0, 1.5])
+def test_a_kind_no_longer_measured_drifts_back_to_plain_rounds_factor(plain):
+    """Every round decays both kinds' sums in its bucket: 2,000 plain rounds measured at
+    `plain` x their table after 50 drafting ones at 2x leave the drafting factor near plain
+    rounds' factor again, the prior of its two pseudo-rounds (plain rounds' own prior is 1)."""
     calibration = RoundCalibration()
     for _ in range(50):
         calibration.record(16, True, 2.0, 1.0)
     ratios, n = decayed(2.0, 50)
     assert calibration.factor(16, True) == pytest.approx((ratios + 2) / (n + 2))
     for _ in range(2000):
-        calibration.record(16, False, 1.0, 1.0)
+        calibration.record(16, False, plain, 1.0)
+    plain_ratios, plain_n = decayed(plain, 2000)
+    plain_factor = (plain_ratios + 2) / (plain_n + 2)
+    assert calibration.factor(16, False) == pytest.approx(plain_factor)
     kept = RoundCalibration.DECAY ** 2000
-    assert calibration.factor(16, True) == pytest.approx((ratios * kept + 2) / (n * kept + 2))
-    assert calibration.factor(16, True) < 1.01
+    assert calibration.factor(16, True) == pytest.approx(
+        (ratios * kept + 2 * plain_factor) / (n * kept + 2))
+    assert abs(calibration.factor(16, True) - plain) < 0.01
+
+
+def test_drafting_rounds_never_measured_cost_what_plain_ones_do_against_the_table():
+    """Plain rounds at 1.5x their table (a busy machine): the k = 1 round of 8 lookup rows,
+    100 tok/s by the tables against 80, is judged at the same 1.5x (66.7 against 53.3), not at
+    the table's time beside plain rounds' 1.5x (100 against 53.3)."""
+    costs = StepCosts(TARGET)
+    for _ in range(100):
+        costs.calibration.record(8, False, 0.10 * 1.5, 0.10)
+    factor = costs.calibration.factor(8, False)
+    assert costs.calibration.factor(8, True) == pytest.approx(factor)
+    assert costs.round_seconds(8, 1, 0, 0) == pytest.approx(0.12 * factor)
 
 
 def test_one_row_drafts_its_whole_cap_when_positions_are_nearly_free():
