@@ -17,10 +17,11 @@ from server.engine.cost_model import (
     cached_forward_times,
     choose_draft_lengths,
     decision_rate,
+    drafting_saving,
     expected_accepted,
     hopeful_rate,
-    model_drafting_pays,
     monotone,
+    prefill_repaid,
 )
 from server.engine.model_kit import load_model
 
@@ -119,6 +120,11 @@ def test_low_acceptance_does_not_pay_for_the_extra_positions():
     assert choose_draft_lengths(options, 8, 0, StepCosts(TARGET)) == {}
 
 
+def pays(costs: StepCosts, **row) -> bool:
+    """Whether 8 rows drafting up to k = 4 at a = 0.5 repay a new row's draft prefill."""
+    return prefill_repaid(drafting_saving(8, 4, 0.5, costs), costs, **row)
+
+
 def test_the_draft_models_forward_is_charged_per_drafted_token():
     """Model rows at a = 0.5: k = 1 costs 0.12 + 1 x 0.002 (8 draft rows) -> 12 / 0.122 =
     98.4 tok/s > 80; with a draft forward of 0.05 s: 12 / 0.17 = 70.6 < 80, so plain."""
@@ -126,8 +132,8 @@ def test_the_draft_models_forward_is_charged_per_drafted_token():
     assert choose_draft_lengths(options, 8, 8, StepCosts(TARGET, DRAFT)) == {i: 1 for i in range(8)}
     slow = table((1, 8), (1, 2), [[0.05, 0.05], [0.05, 0.05]])
     assert choose_draft_lengths(options, 8, 8, StepCosts(TARGET, slow)) == {}
-    assert model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, DRAFT))
-    assert not model_drafting_pays(8, 4, 0.5, StepCosts(TARGET, slow))
+    assert pays(StepCosts(TARGET, DRAFT))
+    assert not pays(StepCosts(TARGET, slow))
 
 
 def test_a_new_rows_draft_prefill_must_be_repaid_over_its_tokens():
@@ -137,18 +143,17 @@ def test_a_new_rows_draft_prefill_must_be_repaid_over_its_tokens():
     1,000 prompt tokens (0.1875 s) are repaid, 1,300 (0.24375 s) are not."""
     costs = StepCosts(TARGET, DRAFT)
     assert DRAFT.per_token() == pytest.approx(0.0001875)
-    assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100)
-    assert not model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1300, max_tokens=100)
-    assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1300, max_tokens=200)
+    assert pays(costs, prompt_tokens=1000, max_tokens=100)
+    assert not pays(costs, prompt_tokens=1300, max_tokens=100)
+    assert pays(costs, prompt_tokens=1300, max_tokens=200)
 
 
 def test_only_the_rounds_that_draft_repay_a_draft_prefill():
     """The 1,000-token prefill above (0.1875 s) is repaid when every round drafts (0.2333 s
     saved over 100 tokens), not when half of them do (0.1167 s)."""
     costs = StepCosts(TARGET, DRAFT)
-    assert model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100, share=1.0)
-    assert not model_drafting_pays(8, 4, 0.5, costs, prompt_tokens=1000, max_tokens=100,
-                                   share=0.5)
+    assert pays(costs, prompt_tokens=1000, max_tokens=100, share=1.0)
+    assert not pays(costs, prompt_tokens=1000, max_tokens=100, share=0.5)
 
 
 def test_the_drafting_share_is_learned_per_batch_size_from_a_prior_of_drafting():

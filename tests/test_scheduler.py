@@ -202,9 +202,13 @@ def test_the_cost_model_chooses_each_rows_k_in_a_batch(kit):
     events = [[] for _ in range(4)]
     seqs = [scheduler.submit(p, events[i].append) for i, p in enumerate([*requests, seeded])]
     rates = DrafterRates()  # before any round: every row at the prior
-    assert policy.for_round(seqs[:3], 3, COSTS, rates, 3) == {id(s): 1 for s in seqs[:3]}
-    assert policy.for_round(seqs, 4, COSTS, rates, 4) == {id(s): 4 for s in seqs}
-    assert policy.for_round(seqs[:1], 1) == {id(seqs[0]): 4}  # no costs: up to the caps
+    def for_round(rows, batch_size, costs=None):
+        return policy.choose(policy.round_options(rows, batch_size, rates), len(rows),
+                             len(rows), costs)
+
+    assert for_round(seqs[:3], 3, COSTS) == {id(s): 1 for s in seqs[:3]}
+    assert for_round(seqs, 4, COSTS) == {id(s): 4 for s in seqs}
+    assert for_round(seqs[:1], 1) == {id(seqs[0]): 4}  # no costs: up to the caps
     while any(s.phase is not Phase.DONE for s in seqs):
         scheduler.step()
     for p, s, ev in zip(requests, seqs[:3], events[:3], strict=True):

@@ -369,7 +369,7 @@ class DrafterRates:
 class DraftingShare:
     """How often the draft model drafted in recent rounds, per batch-size bucket: the share of
     rounds with a row that could draft with it in which some row did. A new row's draft
-    prefill is repaid only in the rounds that draft (`model_drafting_pays`' `share`).
+    prefill is repaid only in the rounds that draft (`prefill_repaid`'s `share`).
 
     Where drafting barely pays (generated pair, 16 rows: 5% faster rounds at k = 1), the
     choice flips with each row's measured acceptance: through HTTP, a wave of 16 got the
@@ -392,28 +392,17 @@ class DraftingShare:
         return (drafted + self.PRIOR_WEIGHT) / (rounds + self.PRIOR_WEIGHT)
 
 
-def model_drafting_pays(batch_rows: int, k: int, acceptance: float, costs: StepCosts,
-                        prompt_tokens: int = 0, max_tokens: int | None = None,
-                        share: float = 1.0) -> bool:
-    """Whether a new row's draft prefill is likely to be repaid: `batch_rows` rows drafting up to
-    k tokens each with the draft model at `acceptance` would draft at all
-    (`choose_draft_lengths`), and what drafting saves per token, over the row's `max_tokens`,
-    exceeds the draft's prefill of its `prompt_tokens`.
+def prefill_repaid(saving: float | None, costs: StepCosts, prompt_tokens: int = 0,
+                   max_tokens: int | None = None, share: float = 1.0) -> bool:
+    """Whether a new row's draft prefill is likely to be repaid: drafting in its batch saves
+    `saving` seconds per token (`drafting_saving`; None: the batch would not draft at all), and
+    that, over the row's `max_tokens`, exceeds the draft's prefill of its `prompt_tokens`.
 
     Each row of the batch pays its own prefill (B x P x c seconds) to make the batch's tokens
     cheaper (B x R x (1/plain - 1/drafting) seconds for R tokens per row), so B cancels out.
     Generated pair at 32 rows: the tables expected drafting to gain about 7%, which over 96
     tokens saved less than the prefill of a 100-token prompt cost. Only the `share` of rounds
     that draft (`DraftingShare`) save anything."""
-    return prefill_repaid(drafting_saving(batch_rows, k, acceptance, costs), costs,
-                          prompt_tokens, max_tokens, share)
-
-
-def prefill_repaid(saving: float | None, costs: StepCosts, prompt_tokens: int = 0,
-                   max_tokens: int | None = None, share: float = 1.0) -> bool:
-    """Whether drafting that saves `saving` seconds per token (`drafting_saving`; None: no
-    drafting) repays the draft's prefill of `prompt_tokens` over `max_tokens` tokens, saving
-    in `share` of the rounds."""
     if saving is None or max_tokens is None or costs.draft is None:
         return saving is not None
     return share * max_tokens * saving > prompt_tokens * costs.draft.per_token()

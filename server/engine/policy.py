@@ -1,7 +1,8 @@
 """The speculation policy, in one place: server defaults -> request -> loaded draft -> batch.
 
 `for_request` runs when a request arrives (event loop; reads only immutable facts);
-`for_round` runs on the MLX thread before every decoding round.
+`round_options`, then `choose`, run on the MLX thread before every decoding round (the
+scheduler drops in between the rows whose draft cannot keep up this round).
 """
 
 from __future__ import annotations
@@ -71,39 +72,30 @@ class SpeculationPolicy:
                 "with POST /v1/models/draft, or omit the field", param)
         return replace(defaults, num_draft_tokens=0)
 
-    def for_round(self, rows, batch_size: int, costs: StepCosts | None = None,
-                  rates: DrafterRates | None = None, draft_rows: int = 0) -> dict[int, int]:
-        """Draft length per row this round (keyed by id; rows that do not draft are absent).
-
-        Each drafting row chooses its drafter for the round first (`Sequence.plan_round`); its
-        cap is its own (adaptive) k, at most `batch_draft_tokens` in a batch, and none once the
-        batch is larger than `spec_max_batch`. Within the caps, `costs` (the measured forward
-        times) choose the k with the most expected tokens per second from each row's
-        acceptance (`decision_rate`, `choose_draft_lengths`; `rates` give the prior of rows new
-        to a drafter; `draft_rows` rows take part in the draft model's forward); without `costs`
-        every row drafts its cap. `batch_size` counts the requests still prefilling too: they
-        join within a few rounds.
+    def round_options(self, rows, batch_size: int,
+                      rates: DrafterRates | None = None) -> list[RowOption]:
+        """Each row that may draft this round, with its cap and the acceptance its k is chosen
+        with (`choose`). Each drafting row chooses its drafter for the round first
+        (`Sequence.plan_round`); its cap is its own (adaptive) k, at most `batch_draft_tokens`
+        in a batch, and none once the batch is larger than `spec_max_batch`. `batch_size`
+        counts the requests still prefilling too: they join within a few rounds; `rates` give
+        the prior of rows new to a drafter.
 
         Except seeded sampled requests: speculative sampling draws its randomness differently
         from plain sampling, and with each k differently, so they always speculate at their own
         k, and their text does not depend on what else runs (greedy output is the same either
         way).
         """
-        return self.choose(self.round_options(rows, batch_size, rates), len(rows), draft_rows,
-                           costs)
-
-    def round_options(self, rows, batch_size: int,
-                      rates: DrafterRates | None = None) -> list[RowOption]:
-        """`for_round`'s first half: each row that may draft this round, with its drafter for
-        the round chosen (`Sequence.plan_round`), its cap and the acceptance it is judged by.
-        The scheduler drops the rows whose draft cannot keep up this round before `choose`."""
         return [self._option(r, batch_size, rates) for r in rows if self.drafts(r, batch_size)]
 
     @staticmethod
     def choose(options: list[RowOption], batch_rows: int, draft_rows: int,
                costs: StepCosts | None) -> dict[int, int]:
-        """`for_round`'s second half: the round's k per row from `options`, `batch_rows` rows
-        in the target's forward and `draft_rows` in the draft model's."""
+        """Draft length per row this round (keyed by id; rows that do not draft are absent),
+        `batch_rows` rows in the target's forward and `draft_rows` in the draft model's. Within
+        the caps, `costs` (the measured forward times) choose the k with the most expected
+        tokens per second from each row's acceptance (`decision_rate`,
+        `choose_draft_lengths`); without `costs` every row drafts its cap."""
         # A lookup row that found nothing still has its round counted (k > 0, nothing proposed).
         ks = {o.key: o.requested for o in options if o.cap == 0 and o.requested > 0}
         options = [o for o in options if o.cap > 0]
@@ -139,6 +131,6 @@ def available_drafters(draft_loaded: bool) -> tuple[DraftSource, ...]:
 
 def speculates_at_own_k(row) -> bool:
     """A seeded sampled request: its text depends on its k in every round, so it always drafts
-    its own k, whatever the batch (see `SpeculationPolicy.for_round`)."""
+    its own k, whatever the batch (see `SpeculationPolicy.round_options`)."""
     sampling = row.params.sampling
     return sampling.seed is not None and not sampling.greedy

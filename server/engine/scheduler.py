@@ -414,7 +414,7 @@ class Scheduler:
                       savings: dict[int, float | None] | None = None) -> bool:
         """Whether, with measured costs, drafting with the model pays in a batch this large at
         the drafter's rate, by enough to repay the draft's prefill of `tokens` over what the
-        row may still generate, drafting in `share` of its rounds (`model_drafting_pays`). A
+        row may still generate, drafting in `share` of its rounds (`prefill_repaid`). A
         seeded sampled row drafts anyway. `savings` keeps what drafting saves per k for the
         calls of one step: the same for every row of a batch."""
         if self.costs is None or speculates_at_own_k(seq):
