@@ -247,6 +247,41 @@ def test_structured_on_the_tiny_pair(tiny_pair, tmp_path):
         assert plain["tokens"] == spec["tokens"] == rows[2]["tokens"]
 
 
+def test_the_forward_clock_splits_target_and_draft_forwards_and_prices_them():
+    """Each forward's time goes to its model; the target's are priced with the table at their
+    (rows, tokens); the logits are the model's own; `ModelBatch.forward` is put back."""
+    import types
+
+    import mlx.core as mx
+
+    from server.engine.batch import ModelBatch
+    from server.engine.cost_model import ForwardTimes
+
+    def model(inputs, cache=None):
+        return mx.broadcast_to(inputs[..., None].astype(mx.float32), (*inputs.shape, 3))
+
+    def draft_model(inputs, cache=None):
+        return -model(inputs)
+
+    table = ForwardTimes((1, 4), (1, 5), ((0.01, 0.05), (0.04, 0.2)))
+    scheduler = types.SimpleNamespace(kit=types.SimpleNamespace(
+        target=types.SimpleNamespace(model=model)), costs=types.SimpleNamespace(target=table))
+    target, draft = ModelBatch(model), ModelBatch(draft_model)
+    original = ModelBatch.forward
+    with load.forward_clock(scheduler) as clock:
+        out = target.forward(mx.array([[1, 2]] * 4))
+        target.forward(mx.array([[3]] * 2))
+        assert clock.draft_s == 0
+        assert draft.forward(mx.array([[5]])).tolist() == [[[-5.0] * 3]]
+    assert ModelBatch.forward is original
+    assert out.tolist() == [[[1.0] * 3, [2.0] * 3]] * 4
+    assert clock.target_table_s == pytest.approx(table.at(4, 2) + table.at(2, 1))
+    assert clock.target_s > 0 and clock.draft_s > 0
+    figures = clock.figures(decoding_s=2 * (clock.target_s + clock.draft_s))
+    assert figures["target_share"] + figures["draft_share"] == pytest.approx(0.5)
+    assert figures["target_over_table"] == pytest.approx(clock.target_s / clock.target_table_s)
+
+
 @pytest.mark.slow
 def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path, monkeypatch):
     """With forward times where a drafted token costs nothing extra (the tiny pair's own would
@@ -273,6 +308,9 @@ def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path, monkeypatch):
     assert rows[2]["from_draft_fraction"] is None
     assert [r.get("forward_bound_tps") for r in rows] == [pytest.approx(2 / 0.05)] * 2 + [None]
     assert all(r["decode_tps"] > 0 for r in rows[:2]) and all(r["peak_rss_gb"] > 0 for r in rows)
+    assert all(0 < r["target_share"] < 1 and r["target_over_table"] > 0 for r in rows[:2])
+    assert rows[0]["draft_share"] > 0 and rows[1]["draft_share"] == 0
+    assert "target_share" not in rows[2]
 
 
 @pytest.mark.parametrize("argv", [

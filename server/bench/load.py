@@ -3,7 +3,8 @@
 At each level C, C clients stream a distinct greedy request each, the servers taking `--runs`
 turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, `from_draft` share, errors, peak RSS)
 and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP (peak
-GB: what a run adds to MLX's memory; ours' decoding tok/s against the bound C / t(C rows, 1)). And
+GB: what a run adds to MLX's memory; ours' decoding tok/s against the bound C / t(C rows, 1), and
+where its decoding time goes: the forwards' shares, and how long they took over the table). And
 `mlx-spec-bench distributed`: the target sharded over `--ranks` processes against one process.
 """
 
@@ -17,8 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -29,6 +32,7 @@ from mlx_lm.generate import BatchGenerator
 from server.bench import results
 from server.bench.results import aligned, num, percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
+from server.engine.batch import ModelBatch
 from server.engine.cost_model import measure_forward_times
 from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.follower import run_follower
@@ -102,7 +106,8 @@ def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
 
 
 MEDIANS = ("aggregate_tps", "ttft_p50_s", "itl_p50_s", "itl_p99_s", "from_draft_fraction")
-IN_PROCESS = ("peak_gb", "decode_tps", "forward_bound_tps")  # --in-process only
+IN_PROCESS = ("peak_gb", "decode_tps", "forward_bound_tps",  # --in-process only
+              "target_share", "draft_share", "target_over_table")
 RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
           "itl_p99_s": "ratio_itl_p99", "peak_rss_gb": "ratio_peak_rss"}
 
@@ -166,6 +171,48 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
     return await interleaved(list(urls), measure, args, on_row=on_row, log=log)
 
 
+@dataclass
+class ForwardClock:
+    """Where a decoding phase's time went: in the target's and the draft's batch forwards, and
+    what the cost model's tables (`StepCosts`) expected the target's to take."""
+
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    target_table_s: float = 0.0
+
+    def figures(self, decoding_s: float) -> dict:
+        return {"target_share": self.target_s / decoding_s,
+                "draft_share": self.draft_s / decoding_s,
+                "target_over_table": ratio(self.target_s, self.target_table_s)}
+
+
+@contextmanager
+def forward_clock(scheduler: Scheduler) -> Iterator[ForwardClock]:
+    """Times every `ModelBatch.forward` while it is open, each evaluated before the clock
+    stops (a host sync the round would make a little later anyway; a draft step's
+    forward is otherwise evaluated with the next step's). Not thread-safe: the in-process
+    benchmark runs one engine at a time, on this thread."""
+    clock, forward = ForwardClock(), ModelBatch.forward
+
+    def timed(batch: ModelBatch, inputs: mx.array) -> mx.array:
+        start = time.perf_counter()
+        logits = forward(batch, inputs)
+        mx.eval(logits)
+        elapsed = time.perf_counter() - start
+        if batch.model is scheduler.kit.target.model:
+            clock.target_s += elapsed
+            clock.target_table_s += scheduler.costs.target.at(*inputs.shape)
+        else:
+            clock.draft_s += elapsed
+        return logits
+
+    ModelBatch.forward = timed
+    try:
+        yield clock
+    finally:
+        ModelBatch.forward = forward
+
+
 def in_process(args, on_row, log) -> list[dict]:
     """Ours with and without the draft against `BatchGenerator`, C requests at once."""
     target, draft = (args.target_model, args.draft_model) if args.target_model else generated_pair()
@@ -189,14 +236,16 @@ def in_process(args, on_row, log) -> list[dict]:
             while any(s.phase in (Phase.WAITING, Phase.PREFILL) for s in seqs):
                 scheduler.step()
             decoding, before = time.perf_counter(), sum(len(s.output) for s in seqs)
-            while any(s.phase is not Phase.DONE for s in seqs):
-                scheduler.step()
+            with forward_clock(scheduler) as clock:
+                while any(s.phase is not Phase.DONE for s in seqs):
+                    scheduler.step()
+            decoding = time.perf_counter() - decoding
             stats = [s.stats() for s in seqs]
             tokens = sum(s.generation_tokens for s in stats)
-            decode_tps = (tokens - before) / (time.perf_counter() - decoding)
             bound = len(ids) / scheduler.costs.target.at(len(ids), 1)
             return figures(ids, tokens, start, sum(s.draft_tokens_accepted for s in stats),
-                           decode_tps=decode_tps, forward_bound_tps=bound)
+                           decode_tps=(tokens - before) / decoding, forward_bound_tps=bound,
+                           **clock.figures(decoding))
 
         return run
 
@@ -237,10 +286,13 @@ def table(rows: list[dict]) -> list[list[str]]:
                       f"{r['completed']}/{r['requests']}",
                       *(num(r[k], ".2f", suffix="x") for k in RATIOS.values())])
     if any("forward_bound_tps" in r for r in rows):  # --in-process: the decoding phase alone
-        lines[0] += ["decode tok/s", "forward bound", "of bound"]
+        lines[0] += ["decode tok/s", "forward bound", "of bound", "in target fwd",
+                     "in draft fwd", "target fwd / table"]
         for line, r in zip(lines[1:], rows, strict=True):
             decode, bound = r.get("decode_tps"), r.get("forward_bound_tps")
-            line += [num(decode, ".1f"), num(bound, ".1f"), num(ratio(decode, bound), ".2f")]
+            line += [num(decode, ".1f"), num(bound, ".1f"), num(ratio(decode, bound), ".2f"),
+                     *(num(r.get(k), ".2f") for k in ("target_share", "draft_share")),
+                     num(r.get("target_over_table"), ".2f", suffix="x")]
     return lines
 
 
