@@ -247,13 +247,15 @@ def test_structured_on_the_tiny_pair(tiny_pair, tmp_path):
         assert plain["tokens"] == spec["tokens"] == rows[2]["tokens"]
 
 
-def test_the_forward_clock_splits_target_and_draft_forwards_and_prices_them():
-    """Each forward's time goes to its model; the target's are priced with the table at their
-    (rows, tokens); the logits are the model's own; `ModelBatch.forward` is put back."""
+def test_the_forward_clock_times_target_forwards_and_drafting_and_prices_them(monkeypatch):
+    """The target's forwards are timed and priced with the table at their (rows, tokens), the
+    draft's are left to the drafting they belong to; results pass through unchanged; both
+    patches are undone."""
     import types
 
     import mlx.core as mx
 
+    from server.engine import decoder
     from server.engine.batch import ModelBatch
     from server.engine.cost_model import ForwardTimes
 
@@ -263,6 +265,10 @@ def test_the_forward_clock_splits_target_and_draft_forwards_and_prices_them():
     def draft_model(inputs, cache=None):
         return -model(inputs)
 
+    def drafting(draft, ks):
+        return draft.forward(mx.array([[5]])), ks
+
+    monkeypatch.setattr(decoder, "_draft_with_model", drafting)
     table = ForwardTimes((1, 4), (1, 5), ((0.01, 0.05), (0.04, 0.2)))
     scheduler = types.SimpleNamespace(kit=types.SimpleNamespace(
         target=types.SimpleNamespace(model=model)), costs=types.SimpleNamespace(target=table))
@@ -272,9 +278,10 @@ def test_the_forward_clock_splits_target_and_draft_forwards_and_prices_them():
         out = target.forward(mx.array([[1, 2]] * 4))
         target.forward(mx.array([[3]] * 2))
         assert clock.draft_s == 0
-        assert draft.forward(mx.array([[5]])).tolist() == [[[-5.0] * 3]]
-    assert ModelBatch.forward is original
+        proposals, ks = decoder._draft_with_model(draft, {1: 2})
+    assert ModelBatch.forward is original and decoder._draft_with_model is drafting
     assert out.tolist() == [[[1.0] * 3, [2.0] * 3]] * 4
+    assert proposals.tolist() == [[[-5.0] * 3]] and ks == {1: 2}
     assert clock.target_table_s == pytest.approx(table.at(4, 2) + table.at(2, 1))
     assert clock.target_s > 0 and clock.draft_s > 0
     figures = clock.figures(decoding_s=2 * (clock.target_s + clock.draft_s))

@@ -4,8 +4,9 @@ At each level C, C clients stream a distinct greedy request each, the servers ta
 turns; a row keeps the medians (aggregate tok/s, TTFT, ITL, `from_draft` share, errors, peak RSS)
 and ours over each other. `--in-process`: our scheduler against `BatchGenerator`, no HTTP (peak
 GB: what a run adds to MLX's memory; ours' decoding tok/s against the bound C / t(C rows, 1), and
-where its decoding time goes: the forwards' shares, and how long they took over the table). And
-`mlx-spec-bench distributed`: the target sharded over `--ranks` processes against one process.
+where its decoding time goes: the target's forwards' and drafting's shares, and the forwards'
+time over the table's). And `mlx-spec-bench distributed`: the target sharded over `--ranks`
+processes against one process.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from mlx_lm.generate import BatchGenerator
 from server.bench import results
 from server.bench.results import aligned, num, percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
+from server.engine import decoder
 from server.engine.batch import ModelBatch
 from server.engine.cost_model import measure_forward_times
 from server.engine.distributed import DistributedEngine, launched_layout
@@ -173,8 +175,9 @@ async def run_load(servers: list[tuple[str, str]], args, *, transports=None,
 
 @dataclass
 class ForwardClock:
-    """Where a decoding phase's time went: in the target's and the draft's batch forwards, and
-    what the cost model's tables (`StepCosts`) expected the target's to take."""
+    """Where a decoding phase's time went: in the target's batch forwards, in drafting (the
+    draft model's forwards and the choice of its tokens), and what the cost model's table
+    (`StepCosts`) expected the target's forwards to take."""
 
     target_s: float = 0.0
     draft_s: float = 0.0
@@ -188,29 +191,36 @@ class ForwardClock:
 
 @contextmanager
 def forward_clock(scheduler: Scheduler) -> Iterator[ForwardClock]:
-    """Times every `ModelBatch.forward` while it is open, each evaluated before the clock
-    stops (a host sync the round would make a little later anyway; a draft step's
-    forward is otherwise evaluated with the next step's). Not thread-safe: the in-process
-    benchmark runs one engine at a time, on this thread."""
-    clock, forward = ForwardClock(), ModelBatch.forward
+    """Times, while open, the target's `ModelBatch.forward`s, each evaluated before the clock
+    stops (the round reads its logits right after: one more host sync), and each round's
+    drafting (`decoder._draft_with_model`, which ends with its own sync): no draft step is
+    evaluated apart, so the cost model's calibration of drafting rounds is not disturbed.
+    Not thread-safe: the in-process benchmark runs one engine at a time, on this thread."""
+    clock = ForwardClock()
+    forward, drafting = ModelBatch.forward, decoder._draft_with_model
 
-    def timed(batch: ModelBatch, inputs: mx.array) -> mx.array:
+    def timed_forward(batch: ModelBatch, inputs: mx.array) -> mx.array:
+        if batch.model is not scheduler.kit.target.model:
+            return forward(batch, inputs)
         start = time.perf_counter()
         logits = forward(batch, inputs)
         mx.eval(logits)
-        elapsed = time.perf_counter() - start
-        if batch.model is scheduler.kit.target.model:
-            clock.target_s += elapsed
-            clock.target_table_s += scheduler.costs.target.at(*inputs.shape)
-        else:
-            clock.draft_s += elapsed
+        clock.target_s += time.perf_counter() - start
+        clock.target_table_s += scheduler.costs.target.at(*inputs.shape)
         return logits
 
-    ModelBatch.forward = timed
+    def timed_drafting(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return drafting(*args, **kwargs)
+        finally:
+            clock.draft_s += time.perf_counter() - start
+
+    ModelBatch.forward, decoder._draft_with_model = timed_forward, timed_drafting
     try:
         yield clock
     finally:
-        ModelBatch.forward = forward
+        ModelBatch.forward, decoder._draft_with_model = forward, drafting
 
 
 def in_process(args, on_row, log) -> list[dict]:
@@ -287,7 +297,7 @@ def table(rows: list[dict]) -> list[list[str]]:
                       *(num(r[k], ".2f", suffix="x") for k in RATIOS.values())])
     if any("forward_bound_tps" in r for r in rows):  # --in-process: the decoding phase alone
         lines[0] += ["decode tok/s", "forward bound", "of bound", "in target fwd",
-                     "in draft fwd", "target fwd / table"]
+                     "in drafting", "target fwd / table"]
         for line, r in zip(lines[1:], rows, strict=True):
             decode, bound = r.get("decode_tps"), r.get("forward_bound_tps")
             line += [num(decode, ".1f"), num(bound, ".1f"), num(ratio(decode, bound), ".2f"),
