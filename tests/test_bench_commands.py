@@ -320,10 +320,21 @@ def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path, monkeypatch):
     assert "target_share" not in rows[2]
 
 
+def test_the_long_prompt_has_the_tokens_asked_for(tiny_pair):
+    from mlx_lm import load as mlx_load
+
+    tokenizer = mlx_load(str(tiny_pair[0]))[1]
+    ids = load.long_prompt(tokenizer, 300)
+    assert len(ids) == 300
+    assert ids[-5:] == tokenizer.apply_chat_template([{"role": "user", "content": "x"}],
+                                                     add_generation_prompt=True)[-5:]
+
+
 @pytest.mark.parametrize("argv", [
     [], ["--in-process", "--server", "http://a"], ["--server", "http://a", "--runs", "0"],
     ["--server", "http://a", "--pid", "other=1"], ["--server", "http://a", "--pid", "x"],
-    ["--in-process", "--target-model", "t"],
+    ["--in-process", "--target-model", "t"], ["--server", "http://a", "--long-prompt", "9"],
+    ["--in-process", "--long-prompt", "-1"],
 ])
 def test_load_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import subprocess
@@ -223,6 +224,17 @@ def forward_clock(scheduler: Scheduler) -> Iterator[ForwardClock]:
         ModelBatch.forward, decoder._draft_with_model = forward, drafting
 
 
+def long_prompt(tokenizer, tokens: int) -> list[int]:
+    """The last `tokens` tokens of a chat prompt made of the load prompts one after another."""
+    text, ids = "", []
+    for i in itertools.count():
+        text += prompt(i) + "\n"
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True)
+        if len(ids) >= tokens:
+            return ids[-tokens:]
+
+
 def in_process(args, on_row, log) -> list[dict]:
     """Ours with and without the draft against `BatchGenerator`, C requests at once."""
     target, draft = (args.target_model, args.draft_model) if args.target_model else generated_pair()
@@ -279,6 +291,8 @@ def in_process(args, on_row, log) -> list[dict]:
         ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt(first + i)}],
                                              add_generation_prompt=True)
                for i in range(concurrency)]
+        if args.long_prompt and max_tokens is None:  # not the warm-up's
+            ids[0] = long_prompt(tokenizer, args.long_prompt)
         mx.reset_peak_memory()
         return engines[name](ids)  # the warm-up's too: of the engines' max_tokens
 
@@ -327,6 +341,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a("--in-process", action="store_true", help="Our scheduler against BatchGenerator, no HTTP.")
     a("--target-model", help="--in-process: the target (default: the generated pair's).")
     a("--draft-model", help="--in-process: the draft (default: the generated pair's).")
+    a("--long-prompt", type=int, default=0, metavar="TOKENS",
+      help="--in-process: the first request of each level has a prompt this many tokens long"
+      " (the others as usual): rows of very different lengths in one batch.")
     args = p.parse_args(argv)
     servers = ([args.server] if args.server else []) + args.compare
     names = [name for name, _ in servers]
@@ -337,6 +354,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
          "--target-model and --draft-model go together"),
         (args.max_tokens < 2, "--max-tokens must be >= 2"), (args.runs < 1, "--runs must be >= 1"),
         (args.warmup < 0, "--warmup must be >= 0"), (args.timeout <= 0, "--timeout must be > 0"),
+        (args.long_prompt < 0, "--long-prompt must be >= 0"),
+        (args.long_prompt and not args.in_process, "--long-prompt goes with --in-process"),
         (len(set(names)) != len(names), f"servers need distinct names (NAME=URL): {names}"),
         (any(n not in names for n, _ in args.pid), "--pid NAME must name a server")])
     args.servers, args.pids = servers, dict(args.pid)

@@ -17,6 +17,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from server.engine.head import last_logits
 from server.engine.ragged_cache import RaggedKVCache
 from server.engine.sequence import Sequence
+from server.engine.split_attention import install, plan_segments
 
 
 class UnsupportedCache(ValueError):
@@ -38,6 +39,7 @@ class ModelBatch:
         self.model = model
         self.rows: list[Sequence] = []
         self.cache: list[RaggedKVCache] | None = None
+        install(model)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -75,8 +77,19 @@ class ModelBatch:
         return [c.extract(i) for c in self.cache]
 
     def forward(self, inputs: mx.array) -> mx.array:
-        """Logits (B, T, V) for inputs (B, T), one row per request in `rows` order."""
-        return self.model(inputs, cache=self.cache)
+        """Logits (B, T, V) for inputs (B, T), one row per request in `rows` order. Rows of
+        very different lengths attend in runs, each over the keys its rows use
+        (`split_attention`)."""
+        cache = self.cache or []
+        plan = (plan_segments(cache[0].left_padding.tolist(), cache[0]._idx + inputs.shape[1])
+                if len(cache) and len(self.rows) > 1 else None)
+        for c in cache:
+            c.segments = plan
+        try:
+            return self.model(inputs, cache=self.cache)
+        finally:
+            for c in cache:
+                c.segments = None
 
     def keep(self, fed: int, kept: list[int]) -> None:
         """After feeding every row `fed` tokens, keep the first `kept[i]` of them in row i."""
