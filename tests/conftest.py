@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
+
+# The cost model keeps each model's forward-time table under $XDG_CACHE_HOME; the tests' random
+# models are new every session, so their tables go to a folder of the session's own (servers the
+# tests start inherit it), not into the user's ~/.cache. Set before `server` is imported.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mlx-spec-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 from server.model_files.synthetic import build_foreign_vocab_model, build_pair
 
