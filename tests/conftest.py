@@ -17,7 +17,7 @@ import pytest
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mlx-spec-tests-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
-from server.model_files.synthetic import build_foreign_vocab_model, build_pair
+from server.model_files.synthetic import build_foreign_vocab_model, build_pair  # noqa: E402
 
 
 @pytest.fixture(scope="session")
