@@ -15,9 +15,19 @@ import httpx
 import pytest
 from conftest import free_port
 
-from server.bench.load import add_ratios, level_figures, main, parse_args, prompt, run_load, table
+from server.bench import runners
+from server.bench.load import (
+    add_ratios,
+    answered,
+    level_figures,
+    main,
+    parse_args,
+    prompt,
+    run_load,
+    table,
+)
 from server.bench.results import aligned, named_url, percentile
-from server.bench.runners import Stream
+from server.bench.runners import Stream, retry_delay
 
 
 # ------------------------------------------------------------------------------ figures
@@ -230,6 +240,50 @@ def test_errors_are_counted_and_the_run_ends():
     assert len(row["error_messages"]) == 3  # at most three distinct messages kept
 
 
+class CutAfterFirstChunk(httpx.AsyncByteStream):
+    """A 200 whose body breaks off after its first line, as a reset connection would."""
+
+    async def __aiter__(self):
+        yield b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
+        raise httpx.ReadError("connection reset mid-stream")
+
+
+def test_connection_failures_before_a_response_are_retried_as_the_openai_sdk_does(
+        monkeypatch):
+    """A reset before any response is retried (the wait in the stream's TTFT), at most twice;
+    a stream cut after its response began is an error, not retried: it may have been served."""
+    monkeypatch.setattr(runners, "RETRY_DELAY_S", 0.001)
+    attempts: dict[int, int] = {}
+
+    def answer(body):
+        n = request_number(body)
+        attempts[n] = attempts.get(n, 0) + 1
+        if n == 0 and attempts[n] <= 2:  # twice reset, then served
+            raise httpx.ReadError("connection reset by peer")
+        if n == 1:  # always refused: 1 try + 2 retries
+            raise httpx.ConnectError("connection refused")
+        if n == 2:
+            return httpx.Response(200, stream=CutAfterFirstChunk(),
+                                  headers={"content-type": "text/event-stream"})
+        return mlx_lm_like(body)
+
+    args = parse_args(["--server", "s=http://s", "--concurrency", "3", "--max-tokens", "4",
+                       "--warmup", "0"])
+    (row,) = asyncio.run(run_load(args.servers, args,
+                                  transports={"s": fake_server("s", [], answer)}))
+    assert attempts == {0: 3, 1: 3, 2: 1}
+    assert (row["requests"], row["completed"], row["errors"], row["retries"]) == (3, 1, 2, 4)
+    assert row["tokens"] == 4 and answered(row) == "1/3 (4 retried)"
+    messages = " | ".join(row["error_messages"])
+    assert "ConnectError" in messages and "ReadError: connection reset mid-stream" in messages
+
+
+def test_retry_delays_are_the_openai_sdks():
+    # openai._base_client: min(0.5 * 2 ** n, 8) * (1 - 0.25 * random())
+    assert [retry_delay(n, rand=lambda: 0.0) for n in (0, 1)] == [0.5, 1.0]
+    assert [retry_delay(n, rand=lambda: 1.0) for n in (0, 1)] == [0.375, 0.75]
+
+
 # ------------------------------------------------------------------------------ our app
 @pytest.mark.slow
 def test_against_our_app_on_the_tiny_pair(live_server, tmp_path, capsys):
@@ -266,4 +320,5 @@ def test_a_server_that_is_down_is_errors_not_a_crash(tmp_path, capsys):
     assert row["error_messages"][0].startswith("ConnectError")
     doc = json.loads(jsonl.with_suffix(".json").read_text())
     assert "health_error" in doc["metadata"]["servers"][0]
-    assert "0/2" in capsys.readouterr().out  # the answered column
+    assert row["retries"] == 4  # each refused connection retried twice
+    assert "0/2 (4 retried)" in capsys.readouterr().out  # the answered column

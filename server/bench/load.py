@@ -88,6 +88,7 @@ def level_figures(streams: list[Stream]) -> dict:
     errors = [s.error for s in streams if s.error is not None]
     return {
         "requests": len(streams), "completed": len(ok), "errors": len(errors),
+        "retries": sum(s.retries for s in streams),
         "error_messages": list(dict.fromkeys(errors))[:3], "span_s": span, "tokens": tokens,
         "aggregate_tps": tokens / span if span > 0 and ok else None,
         "ttft_p50_s": percentile([s.arrivals[0] - s.start for s in ok if s.arrivals], 50),
@@ -118,7 +119,8 @@ RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
 def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | None) -> dict:
     """A server's row of a level: the medians of its runs; counts summed."""
     return {"server": name, "concurrency": concurrency, "runs": len(runs),
-            **{k: sum(r[k] for r in runs) for k in ("requests", "completed", "errors", "tokens")},
+            **{k: sum(r.get(k, 0) for r in runs)
+               for k in ("requests", "completed", "errors", "retries", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
             **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
             **{k: summarize([r[k] for r in runs]).median for k in IN_PROCESS if k in runs[0]},
@@ -299,6 +301,12 @@ def in_process(args, on_row, log) -> list[dict]:
     return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))
 
 
+def answered(row: dict) -> str:
+    """"completed/requests", and how many connection retries it took (as the OpenAI SDK's)."""
+    retries = row.get("retries") or 0
+    return f"{row['completed']}/{row['requests']}" + (f" ({retries} retried)" if retries else "")
+
+
 def table(rows: list[dict]) -> list[list[str]]:
     lines = [["streams", "server", "agg tok/s", "TTFT p50 s", "ITL p99 ms", "from draft",
               "peak GB", "answered", "agg ratio", "TTFT ratio", "ITL p99 ratio", "mem ratio"]]
@@ -307,7 +315,7 @@ def table(rows: list[dict]) -> list[list[str]]:
         lines.append([str(r["concurrency"]), r["server"], num(r["aggregate_tps"], ".1f"),
                       num(r["ttft_p50_s"], ".3f"), num(itl, ".1f"),
                       num(r["from_draft_fraction"], ".2f"), num(r["peak_rss_gb"], ".2f"),
-                      f"{r['completed']}/{r['requests']}",
+                      answered(r),
                       *(num(r[k], ".2f", suffix="x") for k in RATIOS.values())])
     if any("forward_bound_tps" in r for r in rows):  # --in-process: the decoding phase alone
         lines[0] += ["decode tok/s", "forward bound", "of bound", "in target fwd",

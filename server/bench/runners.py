@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass, field, replace
 
@@ -84,6 +85,7 @@ class Stream:
     text: list[str] = field(default_factory=list)
     done: bool = False  # the API's end event seen
     error: str | None = None
+    retries: int = 0  # transport failures before a response, retried
 
     @property
     def tokens(self) -> int:
@@ -157,25 +159,54 @@ def server_health(name: str, url: str) -> dict:
     return {"name": name, "url": url, "health": health, "target": (health or {}).get("target")}
 
 
+# Transport failures before any response (a refused or reset connection: a server whose
+# listen backlog overflows under a burst of connections) are retried as the OpenAI SDK
+# retries them: twice, after 0.5 s then 1 s, less up to a quarter at random. The wait counts
+# in the stream's TTFT, as a client would see it. HTTP errors are answers and are not retried.
+RETRIES = 2
+RETRY_DELAY_S = 0.5
+_RETRIED = (httpx.TransportError,)
+
+
+def retry_delay(attempt: int, *, rand=random.random) -> float:
+    """Seconds before retry `attempt` (0-based), the OpenAI SDK's: 0.5 x 2^n, 0-25% jitter."""
+    return RETRY_DELAY_S * 2 ** attempt * (1 - 0.25 * rand())
+
+
 async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict, *,
-                       clock=time.perf_counter) -> Stream:
+                       clock=time.perf_counter, retries: int = RETRIES,
+                       sleep=asyncio.sleep) -> Stream:
     """One streamed request; whatever goes wrong becomes the stream's `error`."""
     stream = Stream(start=clock())
     try:
-        async with client.stream("POST", url + API_PATHS[api], json=body) as r:
-            if r.status_code != 200:
-                stream.error = f"HTTP {r.status_code}: {(await r.aread()).decode()}"[:300]
-                return stream
-            async for line in r.aiter_lines():
-                if line.startswith("data:") and not stream.feed(line, clock()):
-                    break
-        if not stream.done:
-            stream.error = "stream ended before its end event"
+        while True:
+            responded = False
+            try:
+                async with client.stream("POST", url + API_PATHS[api], json=body) as r:
+                    responded = True
+                    await _read(stream, r, clock)
+                break
+            except _RETRIED:
+                if responded or stream.retries >= retries:
+                    raise
+                await sleep(retry_delay(stream.retries))
+                stream.retries += 1
     except (httpx.HTTPError, StreamFailed, ValueError, KeyError, TypeError) as e:
         stream.error = f"{type(e).__name__}: {e}"[:300]
     finally:
         stream.end = clock()
     return stream
+
+
+async def _read(stream: Stream, r: httpx.Response, clock) -> None:
+    if r.status_code != 200:
+        stream.error = f"HTTP {r.status_code}: {(await r.aread()).decode()}"[:300]
+        return
+    async for line in r.aiter_lines():
+        if line.startswith("data:") and not stream.feed(line, clock()):
+            break
+    if not stream.done:
+        stream.error = "stream ended before its end event"
 
 
 class EngineRunner:
