@@ -119,7 +119,7 @@ RATIOS = {"aggregate_tps": "ratio_aggregate", "ttft_p50_s": "ratio_ttft",
 def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | None) -> dict:
     """A server's row of a level: the medians of its runs; counts summed."""
     return {"server": name, "concurrency": concurrency, "runs": len(runs),
-            **{k: sum(r.get(k, 0) for r in runs)
+            **{k: sum(r[k] for r in runs)
                for k in ("requests", "completed", "errors", "retries", "tokens")},
             "all_answered": all(r["errors"] == 0 for r in runs),
             **{k: summarize([r.get(k) for r in runs]).median for k in MEDIANS},
@@ -244,8 +244,9 @@ def in_process(args, on_row, log) -> list[dict]:
     batch, n = max(args.concurrency), args.max_tokens
 
     def figures(ids: list, tokens: int, start: float, from_draft: int | None, **more) -> dict:
-        return {"requests": len(ids), "completed": len(ids), "errors": 0, "error_messages": [],
-                "tokens": tokens, "aggregate_tps": tokens / (time.perf_counter() - start),
+        return {"requests": len(ids), "completed": len(ids), "errors": 0, "retries": 0,
+                "error_messages": [], "tokens": tokens,
+                "aggregate_tps": tokens / (time.perf_counter() - start),
                 "from_draft_fraction": ratio(from_draft, tokens),
                 "peak_gb": (mx.get_peak_memory() - weights) / 1e9, **more}
 
@@ -302,8 +303,9 @@ def in_process(args, on_row, log) -> list[dict]:
 
 
 def answered(row: dict) -> str:
-    """"completed/requests", and how many connection retries it took (as the OpenAI SDK's)."""
-    retries = row.get("retries") or 0
+    """"completed/requests", and how many connection retries it took (as the OpenAI SDK's);
+    result files written before retries were counted have none."""
+    retries = row.get("retries", 0)
     return f"{row['completed']}/{row['requests']}" + (f" ({retries} retried)" if retries else "")
 
 

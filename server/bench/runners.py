@@ -165,7 +165,6 @@ def server_health(name: str, url: str) -> dict:
 # in the stream's TTFT, as a client would see it. HTTP errors are answers and are not retried.
 RETRIES = 2
 RETRY_DELAY_S = 0.5
-_RETRIED = (httpx.TransportError,)
 
 
 def retry_delay(attempt: int, *, rand=random.random) -> float:
@@ -186,7 +185,7 @@ async def stream_async(client: httpx.AsyncClient, url: str, api: str, body: dict
                     responded = True
                     await _read(stream, r, clock)
                 break
-            except _RETRIED:
+            except httpx.TransportError:
                 if responded or stream.retries >= retries:
                     raise
                 await sleep(retry_delay(stream.retries))
