@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 from pydantic import Field
@@ -11,9 +10,11 @@ from api_schemas.openai import OpenAIBaseModel, RequestModel
 
 
 class ModelEntry(OpenAIBaseModel):
+    """OpenAI's model object, plus our `role` and `path`."""
+
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(description="When this server loaded it (Unix seconds).")
     owned_by: str = "local"
     role: Literal["target", "draft"]
     path: str

@@ -196,6 +196,26 @@ class MessageStreamEvent(OpenAIBaseModel):
     type: str
 
 
+class ModelInfo(OpenAIBaseModel):
+    """Anthropic's model object (`GET /v1/models` from an Anthropic client), plus our `role` and
+    `path`."""
+
+    type: Literal["model"] = "model"
+    id: str
+    display_name: str
+    created_at: str = Field(description="When this server loaded it (RFC 3339).")
+    max_input_tokens: int | None = Field(None, description="The model's context length.")
+    role: Literal["target", "draft"]
+    path: str
+
+
+class ModelInfoList(OpenAIBaseModel):
+    data: list[ModelInfo]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool = False
+
+
 class AnthropicErrorBody(OpenAIBaseModel):
     type: str
     message: str

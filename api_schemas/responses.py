@@ -41,6 +41,7 @@ class InputMessage(RequestModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputText]
+    id: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -239,6 +240,37 @@ class ResponseObject(OpenAIBaseModel):
     usage: ResponseUsage | None = None
     # --- extension (not in OpenAI's API) ---------------------------------------------------
     stats: Stats | None = Field(None, description="How the generation went, draft included.")
+
+
+class InputMessageItem(OpenAIBaseModel):
+    """A message of a response's input, as `GET /v1/responses/{id}/input_items` lists it."""
+
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["completed"] = "completed"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: list[InputText]
+
+
+class FunctionCallOutputItem(OpenAIBaseModel):
+    type: Literal["function_call_output"] = "function_call_output"
+    id: str
+    call_id: str
+    output: str
+    status: Literal["completed"] = "completed"
+
+
+# An item a response was made from: its input, and the history that previous_response_id
+# brought (earlier inputs, and earlier outputs as they were).
+ResponseItem = InputMessageItem | OutputMessage | FunctionCallItem | FunctionCallOutputItem
+
+
+class ResponseItemList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ResponseItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 class DeletedResponse(OpenAIBaseModel):

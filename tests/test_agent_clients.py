@@ -1,8 +1,9 @@
-"""The official SDKs and agent frameworks against our Responses and Messages APIs (uvicorn in a
-thread, the tiny pair with its draft; greedy, so every run is the same): openai's
-`responses.create/stream/parse` and a function-tool round trip, an openai-agents Agent with one
-function tool, anthropic's `messages.create/stream/count_tokens`, a tool round trip and its
-exception classes, langchain-anthropic's `invoke` and `bind_tools`."""
+"""The official SDKs and agent frameworks against our Responses, Messages and Models APIs
+(uvicorn in a thread, the tiny pair with its draft; greedy, so every run is the same): openai's
+`responses.create/stream/parse`, a function-tool round trip and `responses.input_items.list`,
+an openai-agents Agent with one function tool, anthropic's `messages.create/stream/count_tokens`,
+a tool round trip and its exception classes, both SDKs' `models.list/retrieve`,
+langchain-anthropic's `invoke` and `bind_tools`."""
 
 from __future__ import annotations
 
@@ -110,6 +111,51 @@ def test_openai_function_tool_round_trip(oai, model):
         oai.responses.create(model=model, previous_response_id="resp_unknown", input="x")
 
 
+def test_openai_input_items_list_the_chain_that_made_a_response(oai, model):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}
+    first = oai.responses.create(model=model, input="Weather in Paris?", tools=[tool],
+                                 tool_choice="required", parallel_tool_calls=False,
+                                 temperature=0, max_output_tokens=80)
+    output = {"type": "function_call_output", "call_id": first.output[0].call_id,
+              "output": "sunny", "id": "fco_mine"}
+    second = oai.responses.create(model=model, previous_response_id=first.id, tools=[tool],
+                                  input=[output, {"role": "user", "content": "And Rome?"}],
+                                  temperature=0, max_output_tokens=4)
+    listed = list(oai.responses.input_items.list(second.id, order="asc"))
+    assert [item.type for item in listed] == [
+        "message", "function_call", "function_call_output", "message"]
+    question, call, result, follow_up = listed
+    assert (question.role, question.content[0].type, question.content[0].text) == (
+        "user", "input_text", "Weather in Paris?")
+    fields = ("id", "call_id", "name", "arguments")
+    assert [getattr(call, f) for f in fields] == [getattr(first.output[0], f) for f in fields]
+    assert (result.id, result.call_id, result.output) == ("fco_mine", call.call_id, "sunny")
+    assert (follow_up.role, follow_up.content[0].text) == ("user", "And Rome?")
+    assert len({item.id for item in listed}) == 4
+    newest_first = oai.responses.input_items.list(second.id)  # order=desc by default
+    assert [item.id for item in newest_first.data] == [item.id for item in reversed(listed)]
+    page = oai.responses.input_items.list(second.id, order="asc", limit=1)
+    assert (page.data[0].id, page.has_more) == (question.id, True)
+    assert [item.id for item in page] == [item.id for item in listed]  # the SDK pages on
+    assert [item.id for item in oai.responses.input_items.list(first.id)] == [question.id]
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai.responses.input_items.list(second.id, after="msg_unknown")
+    assert bad.value.body["param"] == "after"
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.input_items.list("resp_unknown")
+
+
+def test_openai_models_list_and_retrieve(oai, model, tiny_pair):
+    listed = oai.models.list().data
+    assert [(m.id, m.model_extra["role"]) for m in listed] == [
+        (model, "target"), (str(tiny_pair[1]), "draft")]
+    for entry in listed:
+        assert oai.models.retrieve(entry.id) == entry  # `created` is the load time: stable
+    with pytest.raises(openai.NotFoundError) as missing:
+        oai.models.retrieve("gpt-nope")
+    assert missing.value.body["code"] == "model_not_found"
+
+
 def test_openai_agents_agent_with_a_function_tool(live_server, model):
     from agents import Agent, ModelSettings, RunConfig, Runner, function_tool
     from agents.models.openai_responses import OpenAIResponsesModel
@@ -203,6 +249,25 @@ def test_anthropic_error_classes(claude, live_server, model):
         claude.messages.create(model=model, max_tokens=1, messages=[
             {"role": "user", "content": [{"type": "image", "source": {
                 "type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+
+
+def test_anthropic_models_list_and_retrieve(claude, model, tiny_pair):
+    listed = claude.models.list()
+    assert [(m.id, m.type, m.display_name) for m in listed.data] == [
+        (model, "model", model), (str(tiny_pair[1]), "model", str(tiny_pair[1]))]
+    assert (listed.first_id, listed.last_id, listed.has_more) == (
+        model, str(tiny_pair[1]), False)
+    target = listed.data[0]
+    assert target.created_at.tzinfo is not None and target.max_input_tokens > 0
+    assert claude.models.retrieve(model) == target
+    first = claude.models.list(limit=1)
+    assert first.has_more and [m.id for m in first] == [model, str(tiny_pair[1])]  # pages on
+    assert [m.id for m in claude.models.list(before_id=str(tiny_pair[1])).data] == [model]
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.models.retrieve("claude-nope")
+    error = missing.value.body["error"]
+    assert missing.value.body["type"] == "error" and error["type"] == "not_found_error"
+    assert error["message"].startswith("model 'claude-nope' does not exist; this server serves")
 
 
 # --- langchain-anthropic ------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import gc
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class LoadedModel:
     config: dict
     # What its KV states depend on (`model_fingerprint`): the disk prefix cache's key.
     fingerprint: str = ""
+    loaded_at: int = field(default_factory=lambda: int(time.time()))  # Unix seconds
 
     @cached_property
     def vocab_size(self) -> int:

@@ -51,6 +51,7 @@ class ModelCard:
     role: str
     parameters: int
     memory_gb: float
+    created: int  # when it was loaded (Unix seconds)
     num_draft_tokens: int | None = None
 
 
@@ -249,7 +250,7 @@ class InferenceEngine:
     def card(self, model: LoadedModel, role: str) -> ModelCard:
         return ModelCard(
             id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
-            memory_gb=model.nbytes() / 1e9,
+            memory_gb=model.nbytes() / 1e9, created=model.loaded_at,
             num_draft_tokens=self.num_draft_tokens if role == "draft" else None,
         )
 

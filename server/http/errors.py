@@ -1,5 +1,6 @@
 """Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}};
-under /v1/messages in Anthropic's: {"type": "error", "error": {type, message}}, where a full
+under /v1/messages, and for any request with an `anthropic-version` header (Anthropic's
+clients send it), in Anthropic's: {"type": "error", "error": {type, message}}, where a full
 queue is a 529 `overloaded_error` as at Anthropic."""
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ ANTHROPIC_STATUS = {503: 529}
 ANTHROPIC_PREFIX = "/v1/messages"
 
 
+def speaks_anthropic(request: Request) -> bool:
+    """A request to Anthropic's Messages API, or from one of Anthropic's clients."""
+    return (request.url.path.startswith(ANTHROPIC_PREFIX)
+            or "anthropic-version" in request.headers)
+
+
 # An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
 
@@ -88,7 +95,7 @@ class APIError(Exception):
 
     def response_for(self, request: Request) -> JSONResponse:
         """This error in the shape of the API the request spoke."""
-        if request.url.path.startswith(ANTHROPIC_PREFIX):
+        if speaks_anthropic(request):
             return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status,
                                 headers=self.headers)
         return self.response()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from api_schemas.responses import ResponseObject
+from api_schemas.responses import ResponseItem, ResponseObject
 from server.http.errors import APIError
 
 
@@ -14,6 +14,11 @@ from server.http.errors import APIError
 class StoredResponse:
     response: ResponseObject
     conversation: tuple[dict, ...]  # chat messages: the input history, then this output
+    items: tuple[ResponseItem, ...]  # what `input_items` lists: the input history's items
+
+    def context(self) -> list[ResponseItem]:
+        """The items a response that follows this one starts from: its input and its output."""
+        return [*self.items, *self.response.output]
 
 
 class ResponseStore:
@@ -21,10 +26,11 @@ class ResponseStore:
         self.max_entries = max_entries
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
 
-    def put(self, response: ResponseObject, conversation: list[dict]) -> None:
+    def put(self, response: ResponseObject, conversation: list[dict],
+            items: list[ResponseItem]) -> None:
         if self.max_entries <= 0:
             return
-        self._entries[response.id] = StoredResponse(response, tuple(conversation))
+        self._entries[response.id] = StoredResponse(response, tuple(conversation), tuple(items))
         self._entries.move_to_end(response.id)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

@@ -9,10 +9,16 @@ from pydantic import TypeAdapter
 from api_schemas.openai import ChatCompletionRequest
 from api_schemas.responses import (
     FunctionCallInput,
+    FunctionCallItem,
     FunctionCallOutput,
+    FunctionCallOutputItem,
     InputItem,
+    InputMessageItem,
+    InputText,
+    ResponseItem,
     ResponseObject,
     ResponsesRequest,
+    item_id,
 )
 from server.http.chat_translation import chat_request, tool_call, with_tool_call
 
@@ -36,6 +42,29 @@ def input_messages(items: str | list) -> list[dict]:
         else:
             messages.append({"role": item.role, "content": item.text()})
     return messages
+
+
+def request_items(items: str | list) -> list[ResponseItem]:
+    """Input (text, or input items) -> the items `input_items` lists, each with an id (the
+    client's, else a new one)."""
+    if isinstance(items, str):
+        return [InputMessageItem(id=item_id("msg"), role="user",
+                                 content=[InputText(type="input_text", text=items)])]
+    listed: list[ResponseItem] = []
+    for item in items:
+        if isinstance(item, FunctionCallInput):
+            listed.append(FunctionCallItem(id=item.id or item_id("fc"), call_id=item.call_id,
+                                           name=item.name, arguments=item.arguments))
+        elif isinstance(item, FunctionCallOutput):
+            listed.append(FunctionCallOutputItem(id=item.id or item_id("fco"),
+                                                 call_id=item.call_id, output=item.text()))
+        else:
+            kind = "output_text" if item.role == "assistant" else "input_text"
+            content = [InputText(type=kind, text=item.content)] \
+                if isinstance(item.content, str) else item.content
+            listed.append(InputMessageItem(id=item.id or item_id("msg"), role=item.role,
+                                           content=content))
+    return listed
 
 
 def output_messages(response: ResponseObject) -> list[dict]:

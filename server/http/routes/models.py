@@ -1,10 +1,13 @@
-"""GET /v1/models and the draft admin endpoints; GET /health."""
+"""GET /v1/models[/{id}] (in OpenAI's shape, or Anthropic's for a request with an
+`anthropic-version` header) and the draft admin endpoints; GET /health."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from api_schemas.admin import (
@@ -17,9 +20,11 @@ from api_schemas.admin import (
     ModelList,
     UnloadResponse,
 )
-from server.engine.model_kit import IncompatibleDraft, ModelLoadError
+from api_schemas.anthropic import ModelInfo, ModelInfoList
+from server.engine.model_kit import IncompatibleDraft, LoadedModel, ModelLoadError
+from server.http import paging
 from server.http.auth import require_admin_key, require_api_key
-from server.http.errors import APIError, redact_paths
+from server.http.errors import APIError, redact_paths, speaks_anthropic
 from server.http.model_access import local_model_path, weights_problem
 from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
 
@@ -28,13 +33,55 @@ health_router = APIRouter(tags=["health"])
 admin = [Depends(require_admin_key)]
 
 
-@router.get("/models")
-async def list_models(request: Request) -> ModelList:
-    engine = request.app.state.engine
-    data = [ModelEntry(id=engine.model_name, role="target", path=engine.target.path)]
+def served_models(engine) -> list[tuple[ModelEntry, LoadedModel]]:
+    """The target, then the draft if one is loaded: each as a list entry, and the model."""
+    served = [(engine.model_name, "target", engine.target)]
     if engine.draft is not None:
-        data.append(ModelEntry(id=engine.draft.name, role="draft", path=engine.draft.path))
-    return ModelList(data=data)
+        served.append((engine.draft.name, "draft", engine.draft))
+    return [(ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at), model)
+            for name, role, model in served]
+
+
+def anthropic_model(entry: ModelEntry, model: LoadedModel) -> ModelInfo:
+    loaded = datetime.fromtimestamp(entry.created, timezone.utc)
+    return ModelInfo(id=entry.id, display_name=entry.id, role=entry.role, path=entry.path,
+                     created_at=loaded.isoformat().replace("+00:00", "Z"),
+                     max_input_tokens=model.context_length)
+
+
+@router.get("/models", summary="List models",
+            description="OpenAI's model list; with an `anthropic-version` header (Anthropic's"
+            " clients) Anthropic's, paged by `limit`, `after_id` and `before_id`.")
+async def list_models(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Anthropic clients: page size.")]
+    = 20,
+    after_id: Annotated[str | None, Query(description="Anthropic clients: the page after"
+                                                      " this id.")] = None,
+    before_id: Annotated[str | None, Query(description="Anthropic clients: the page before"
+                                                       " this id.")] = None,
+) -> ModelList | ModelInfoList:
+    served = served_models(request.app.state.engine)
+    if not speaks_anthropic(request):
+        return ModelList(data=[entry for entry, _ in served])
+    infos = [anthropic_model(entry, model) for entry, model in served]
+    page, has_more = paging.page(infos, limit, after=("after_id", after_id),
+                                 before=("before_id", before_id))
+    return ModelInfoList(data=page, has_more=has_more, first_id=page[0].id if page else None,
+                         last_id=page[-1].id if page else None)
+
+
+@router.get("/models/{model_id:path}", summary="Retrieve a model",
+            description="One entry of the model list, by id or path (Anthropic's shape for an"
+            " Anthropic client); 404 for a model this server does not serve.")
+async def retrieve_model(model_id: str, request: Request) -> ModelEntry | ModelInfo:
+    served = served_models(request.app.state.engine)
+    for entry, model in served:
+        if model_id in (entry.id, entry.path):
+            return anthropic_model(entry, model) if speaks_anthropic(request) else entry
+    raise APIError(404, f"model {model_id!r} does not exist; this server serves "
+                   + " and ".join(repr(entry.id) for entry, _ in served), param="model",
+                   code="model_not_found")
 
 
 @router.post("/models/draft", dependencies=admin)

@@ -1,10 +1,19 @@
-"""POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id}."""
+"""POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id}, and
+GET /v1/responses/{id}/input_items."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from typing import Annotated, Literal
 
-from api_schemas.responses import DeletedResponse, ResponseObject, ResponsesRequest
+from fastapi import APIRouter, Depends, Query, Request
+
+from api_schemas.responses import (
+    DeletedResponse,
+    ResponseItemList,
+    ResponseObject,
+    ResponsesRequest,
+)
+from server.http import paging
 from server.http.auth import require_api_key
 from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
@@ -14,6 +23,7 @@ from server.http.responses_mapping import (
     chat_from_responses,
     input_messages,
     output_messages,
+    request_items,
     response_skeleton,
 )
 
@@ -23,15 +33,17 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 @router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request):
     engine, store = request.app.state.engine, request.app.state.responses
-    history = [] if body.previous_response_id is None else list(
-        store.get(body.previous_response_id, param="previous_response_id").conversation)
-    conversation = history + input_messages(body.input)
+    previous = None if body.previous_response_id is None else \
+        store.get(body.previous_response_id, param="previous_response_id")
+    conversation = ([] if previous is None else list(previous.conversation)) \
+        + input_messages(body.input)
+    items = ([] if previous is None else previous.context()) + request_items(body.input)
     chat = chat_from_responses(body, conversation)
     skeleton = response_skeleton(body, engine.model_name)
 
     def finished(response: ResponseObject) -> None:
         if body.store:
-            store.put(response, conversation + output_messages(response))
+            store.put(response, conversation + output_messages(response), items)
 
     def make_format(tools, _prompt):
         return ResponsesFormat(engine.model_name, engine.tokenizer, skeleton, tools, finished)
@@ -49,3 +61,22 @@ async def get_response(response_id: str, request: Request):
 async def delete_response(response_id: str, request: Request):
     request.app.state.responses.delete(response_id)
     return DeletedResponse(id=response_id)
+
+
+@router.get("/responses/{response_id}/input_items", response_model=ResponseItemList)
+async def list_input_items(
+    response_id: str, request: Request,
+    after: Annotated[str | None, Query(description="List the items after this item id.")]
+    = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Annotated[Literal["asc", "desc"], Query(description="asc: oldest first.")] = "desc",
+    include: Annotated[list[str] | None, Query(description="Accepted and ignored.")] = None,
+):
+    """The items the response was made from: its input, after the history its
+    `previous_response_id` chain brought."""
+    items = request.app.state.responses.get(response_id).items
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    page, has_more = paging.page(ordered, limit, after=("after", after))
+    return ResponseItemList(data=page, has_more=has_more,
+                            first_id=page[0].id if page else None,
+                            last_id=page[-1].id if page else None)
