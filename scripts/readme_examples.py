@@ -474,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         examples = {e.name: e for e in EXAMPLES}
         regions = {name: region_text(cmd, examples[name].command_lang, out, examples[name].lang)
                    for name, (cmd, out) in done.items()}
-        regions["captured"] = captured_text(meta)
+        if any(examples[name].command is not None for name in done):  # not only the table
+            regions["captured"] = captured_text(meta)
         write_readme(args.readme, regions)
         print(f"rewrote {len(regions)} blocks in {args.readme}")
     print(f"{len(outputs)} examples ran; outputs in {args.out}")

@@ -53,6 +53,12 @@ class ServerSettings(BaseModel):
         description="Serve the playground page at GET / (chat with draft tokens coloured,"
         " compare with and without speculation, load/unload the draft); false: / is a 404.",
     )
+    cors_origins: list[str] | None = Field(
+        None,
+        description="Origins whose web pages may call the API from a browser (CORS), such as"
+        ' ["https://chat.example.org"], or ["*"] for any; default (null): pages served from'
+        " this machine (http or https on localhost, 127.0.0.1 or [::1], any port); [] for none.",
+    )
 
 
 class ModelSettings(BaseModel):

@@ -15,7 +15,7 @@ import re
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -134,29 +134,38 @@ def browser():
         yield browser
 
 
-@pytest.fixture(scope="module")
-def ui_server(tiny_pair):
-    """A fresh tiny-pair engine (the admin tests swap its draft) served by uvicorn in a thread,
-    with an admin key: (url, draft path)."""
+@contextmanager
+def serving(app):
+    """`app` served by uvicorn in a thread on a free loopback port: its port."""
     import uvicorn
 
-    from server.http.app import build_engine, create_app
-
-    settings = make_settings(*tiny_pair, admin_api_key=ADMIN_KEY)
-    engine = build_engine(settings)
-    engine.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine), host="127.0.0.1",
-                                           port=free_port(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{server.config.port}", str(tiny_pair[1])
+        yield server.config.port
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def ui_server(tiny_pair):
+    """A fresh tiny-pair engine (the admin tests swap its draft) served by uvicorn in a thread,
+    with an admin key: (url, draft path)."""
+    from server.http.app import build_engine, create_app
+
+    settings = make_settings(*tiny_pair, admin_api_key=ADMIN_KEY)
+    engine = build_engine(settings)
+    engine.start()
+    try:
+        with serving(create_app(settings, engine)) as port:
+            yield f"http://127.0.0.1:{port}", str(tiny_pair[1])
+    finally:
         engine.stop()
 
 
@@ -325,21 +334,11 @@ def test_json_schema_box_constrains_the_answer(page):
 @pytest.fixture()
 def keyed_server(engine, tiny_pair):
     """The shared engine behind an app that wants an API key on /v1, served in a thread."""
-    import uvicorn
-
     from server.http.app import create_app
 
     settings = make_settings(*tiny_pair, api_key="playground-api-key")
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine), host="127.0.0.1",
-                                           port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.config.port}"
-    server.should_exit = True
-    thread.join(10)
+    with serving(create_app(settings, engine)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @slow
@@ -364,6 +363,36 @@ def test_the_api_key_field_unlocks_a_keyed_server(browser, keyed_server):
         assert all("401" in e for e in page.errors) and len(page.errors) == 2
     finally:
         context.close()
+
+
+FETCH = """async ([url, body]) => {
+    try {
+        const r = await fetch(url, {method: "POST", body: JSON.stringify(body),
+                                    headers: {"Content-Type": "application/json"}});
+        return {status: r.status, body: await r.json()};
+    } catch (e) { return {error: String(e)}; }
+}"""
+
+
+@slow
+def test_a_page_of_this_machine_may_call_the_api_unless_cors_is_off(browser, engine, tiny_pair):
+    """A page from http://localhost:P calls http://127.0.0.1:P (another origin): the default
+    lets it, `cors_origins: []` makes the browser refuse."""
+    from server.http.app import create_app
+
+    body = chat_body(max_tokens=4)
+    with ExitStack() as stack:
+        default, off = (stack.enter_context(serving(create_app(
+            make_settings(*tiny_pair, cors_origins=origins), engine))) for origins in (None, []))
+        context = browser.new_context()
+        stack.callback(context.close)
+        page = context.new_page()
+        page.goto(f"http://localhost:{default}/health")
+        allowed = page.evaluate(FETCH, [f"http://127.0.0.1:{default}/v1/chat/completions", body])
+        assert allowed["status"] == 200
+        assert allowed["body"]["usage"]["completion_tokens"] == 4
+        refused = page.evaluate(FETCH, [f"http://127.0.0.1:{off}/v1/chat/completions", body])
+        assert refused == {"error": "TypeError: Failed to fetch"}
 
 
 @slow

@@ -6,6 +6,7 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from server.config import Settings
 from server.engine.distributed import DistributedEngine, launched_layout
@@ -20,6 +21,9 @@ from server.http.response_store import ResponseStore
 from server.http.routes import cache, completions, messages, models, responses, ui
 
 log = logging.getLogger(__name__)
+
+# `server.cors_origins` left unset: browser pages served from this machine, on any port.
+LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def build_engine(settings: Settings) -> InferenceEngine:
@@ -79,6 +83,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     engine.add_observer(app.state.metrics)
     install_error_handlers(app)
     install_openapi(app)
+    install_cors(app, settings.server.cors_origins)
     app.include_router(completions.router)
     app.include_router(responses.router)
     app.include_router(messages.router)
@@ -88,3 +93,15 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     if settings.server.ui:
         app.include_router(ui.router)
     return app
+
+
+def install_cors(app: FastAPI, origins: list[str] | None) -> None:
+    """Let browser pages of `origins` (None: this machine's) call the API; [] lets none.
+    Allowed pages may reach it on a private address too (Chrome's Private Network Access)."""
+    if origins == []:
+        return
+    app.add_middleware(
+        CORSMiddleware, allow_origins=origins or [],
+        allow_origin_regex=LOOPBACK_ORIGINS if origins is None else None,
+        allow_methods=["*"], allow_headers=["*"], allow_private_network=True,
+        expose_headers=["Retry-After"], max_age=600)
