@@ -172,6 +172,25 @@ class ResponsesRequest(EngineExtensions, _ResponsesFields):
         return self.tool_choice.name if isinstance(self.tool_choice, FunctionToolChoice) else None
 
 
+class InputTokensRequest(ResponsesRequest):
+    """`POST /v1/responses/input_tokens`: a response's request, counted instead of run."""
+
+    input: str | list[InputItem] | None = Field(
+        None, description="Text, or a list of input items; may be left out after a"
+        " previous_response_id.")
+
+    @model_validator(mode="after")
+    def _something_to_count(self):
+        if self.input is None and self.previous_response_id is None:
+            raise ValueError("input or previous_response_id is required")
+        return self
+
+
+class InputTokenCount(OpenAIBaseModel):
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
 # ------------------------------------------------------------------------------ the response
 class OutputText(OpenAIBaseModel):
     type: Literal["output_text"] = "output_text"

@@ -1,9 +1,9 @@
 """The official SDKs and agent frameworks against our Responses, Messages and Models APIs
 (uvicorn in a thread, the tiny pair with its draft; greedy, so every run is the same): openai's
-`responses.create/stream/parse`, a function-tool round trip and `responses.input_items.list`,
-an openai-agents Agent with one function tool, anthropic's `messages.create/stream/count_tokens`,
-a tool round trip and its exception classes, both SDKs' `models.list/retrieve`,
-langchain-anthropic's `invoke` and `bind_tools`."""
+`responses.create/stream/parse`, a function-tool round trip, `responses.input_items.list` and
+`responses.input_tokens.count`, an openai-agents Agent with one function tool, anthropic's
+`messages.create/stream/count_tokens`, a tool round trip and its exception classes, both SDKs'
+`models.list/retrieve`, langchain-anthropic's `invoke` and `bind_tools`."""
 
 from __future__ import annotations
 
@@ -143,6 +143,25 @@ def test_openai_input_items_list_the_chain_that_made_a_response(oai, model):
     assert bad.value.body["param"] == "after"
     with pytest.raises(openai.NotFoundError):
         oai.responses.input_items.list("resp_unknown")
+
+
+def test_openai_input_tokens_count_what_create_reports(oai, model):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    request = dict(model=model, input="Write a function", instructions="Be brief.",
+                   tools=[tool])
+    first = oai.responses.create(**request, temperature=0, max_output_tokens=4)
+    count = oai.responses.input_tokens.count(**request)
+    assert (count.object, count.input_tokens) == ("response.input_tokens",
+                                                  first.usage.input_tokens)
+    follow = dict(model=model, previous_response_id=first.id, input="And in Rust?")
+    second = oai.responses.create(**follow, temperature=0, max_output_tokens=4)
+    assert oai.responses.input_tokens.count(**follow).input_tokens == second.usage.input_tokens
+    assert oai.responses.input_tokens.count(model=model, previous_response_id=first.id
+                                            ).input_tokens < second.usage.input_tokens
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.input_tokens.count(model=model)  # nothing to count
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.input_tokens.count(model=model, previous_response_id="resp_unknown")
 
 
 def test_openai_models_list_and_retrieve(oai, model, tiny_pair):

@@ -46,6 +46,7 @@ ROUTE_ERRORS = {
     ("/v1/responses/{response_id}", "get"): (401, 404),
     ("/v1/responses/{response_id}", "delete"): (401, 404),
     ("/v1/responses/{response_id}/input_items", "get"): (400, 401, 404),
+    ("/v1/responses/input_tokens", "post"): (400, 401, 404),
     ("/v1/messages", "post"): (400, 401, 404, 529),
     ("/v1/messages/count_tokens", "post"): (400, 401, 404),
     ("/v1/cache", "delete"): (401, 403),

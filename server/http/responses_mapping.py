@@ -28,8 +28,10 @@ RENAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
 _ITEMS = TypeAdapter(list[InputItem])
 
 
-def input_messages(items: str | list) -> list[dict]:
-    """Input (text, or input items) -> chat messages."""
+def input_messages(items: str | list | None) -> list[dict]:
+    """Input (text, or input items; None: none) -> chat messages."""
+    if items is None:
+        return []
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []

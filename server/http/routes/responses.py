@@ -1,5 +1,5 @@
-"""POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id}, and
-GET /v1/responses/{id}/input_items."""
+"""POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id},
+GET /v1/responses/{id}/input_items and POST /v1/responses/input_tokens."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from api_schemas.responses import (
     DeletedResponse,
+    InputTokenCount,
+    InputTokensRequest,
     ResponseItemList,
     ResponseObject,
     ResponsesRequest,
@@ -17,6 +19,8 @@ from server.http import paging
 from server.http.auth import require_api_key
 from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
+from server.http.request_mapping import chat_prompt, check_model_name
+from server.http.response_store import ResponseStore, StoredResponse
 from server.http.responses_format import ResponsesFormat
 from server.http.responses_mapping import (
     RENAMES,
@@ -33,10 +37,8 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 @router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request):
     engine, store = request.app.state.engine, request.app.state.responses
-    previous = None if body.previous_response_id is None else \
-        store.get(body.previous_response_id, param="previous_response_id")
-    conversation = ([] if previous is None else list(previous.conversation)) \
-        + input_messages(body.input)
+    previous = _previous(store, body)
+    conversation = _conversation(previous, body)
     items = ([] if previous is None else previous.context()) + request_items(body.input)
     chat = chat_from_responses(body, conversation)
     skeleton = response_skeleton(body, engine.model_name)
@@ -50,6 +52,28 @@ async def create_response(body: ResponsesRequest, request: Request):
 
     with renamed_params(RENAMES):
         return await complete_chat(request, chat, make_format)
+
+
+@router.post("/responses/input_tokens", response_model=InputTokenCount)
+async def count_input_tokens(body: InputTokensRequest, request: Request):
+    """The prompt tokens the same request to POST /v1/responses would have."""
+    engine = request.app.state.engine
+    check_model_name(engine, body.model)
+    conversation = _conversation(_previous(request.app.state.responses, body), body)
+    with renamed_params(RENAMES):
+        prompt = chat_prompt(engine, chat_from_responses(body, conversation))
+    return InputTokenCount(input_tokens=len(prompt))
+
+
+def _previous(store: ResponseStore, body: ResponsesRequest) -> StoredResponse | None:
+    if body.previous_response_id is None:
+        return None
+    return store.get(body.previous_response_id, param="previous_response_id")
+
+
+def _conversation(previous: StoredResponse | None, body: ResponsesRequest) -> list[dict]:
+    """The chat messages before the instructions: the previous chain's, then the input."""
+    return ([] if previous is None else list(previous.conversation)) + input_messages(body.input)
 
 
 @router.get("/responses/{response_id}", response_model=ResponseObject)
