@@ -84,15 +84,17 @@ def test_a_restart_is_served_from_disk_with_identical_output(kit, tmp_path, k):
     assert scheduler.prefix_cache.disk.hit_tokens == stats.cached_tokens
 
 
-def test_a_memory_hit_wins_and_drafting_entries_are_kept_apart(kit, tmp_path):
+def test_a_memory_hit_wins_and_a_plain_entry_serves_a_drafting_request(kit, tmp_path):
     scheduler = restarted(kit, tmp_path)
     plain = request(kit, SYSTEM + "Q?")
     run(scheduler, plain)
     _, stats = run(scheduler, plain)
     assert stats.cached_tokens > 0 and scheduler.prefix_cache.disk.hit_tokens == 0
-    # An entry of the target alone cannot resume a drafting request (no draft KV in it).
-    _, stats = run(restarted(kit, tmp_path), request(kit, SYSTEM + "Q?", k=4))
-    assert stats.cached_tokens == 0
+    # The target's entry on disk serves a drafting request, which starts without the draft
+    # (no draft KV in it): the tokens of no cache at all.
+    drafting = request(kit, SYSTEM + "Q?", k=4)
+    out, stats = run(restarted(kit, tmp_path), drafting)
+    assert stats.cached_tokens > 0 and out == uncached(kit, drafting)
 
 
 def test_a_long_entry_is_not_read_for_a_short_shared_prefix(kit, tmp_path):

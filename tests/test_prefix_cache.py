@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import mlx.core as mx
 import pytest
 from conftest import served
 
@@ -102,6 +103,46 @@ def test_next_turn_hits_the_whole_history_inside_the_chat_template(kit, k):
                   len(turn1))
     assert stats.cached_tokens >= common - 1  # up to where the template's tail differs
     assert stats.cached_tokens >= len(turn1) - 8
+
+
+@pytest.mark.parametrize("first_k, then_k", [(4, 0), (0, 4)])
+def test_an_entry_serves_rows_that_draft_differently(kit, first_k, then_k):
+    """A drafting row's entry (both models' caches) serves a row that does not draft; a plain
+    row's (the target's alone) serves a row that would draft, which then starts without the
+    draft (as a row does that joined a batch too large to draft). Outputs are those of no
+    cache."""
+    scheduler = cached_scheduler(kit)
+    first = request(kit, SYSTEM + "Question one?", k=first_k)
+    run(scheduler, first)
+    then = request(kit, SYSTEM + "Question two, another one?", k=then_k)
+    out, stats = run(scheduler, then)
+    assert out == uncached(kit, then)
+    shared = len(kit.target.tokenizer.encode(SYSTEM))
+    assert stats.cached_tokens >= shared - 2
+    again = request(kit, SYSTEM + "Question three?", k=then_k)
+    _, stats = run(scheduler, again)  # now an entry like its own serves it (ties prefer it)
+    assert stats.cached_tokens >= shared - 2
+    assert (stats.draft_tokens_proposed > 0) == (then_k > 0)
+
+
+def test_lookup_takes_the_longest_hit_of_its_keys_and_the_first_on_a_tie():
+    from mlx_lm.models.cache import KVCache
+
+    def entry(length):
+        row = KVCache()
+        row.update_and_fetch(mx.zeros((1, 1, length, 4)), mx.zeros((1, 1, length, 4)))
+        return [[row]]
+
+    cache = PrefixCache(max_bytes=1 << 30)
+    cache.store(("t",), list(range(10)), entry(10))
+    cache.store(("t", "d"), list(range(6)), entry(6))
+    prompt = list(range(20))
+    assert cache.lookup([("t", "d"), ("t",)], prompt)[1:] == (10, ("t",))
+    cache.store(("t", "d"), list(range(10)), entry(10))
+    assert cache.lookup([("t", "d"), ("t",)], prompt)[1:] == (10, ("t", "d"))
+    assert cache.lookup([("t",), ("t", "d")], prompt)[1:] == (10, ("t",))
+    assert cache.lookup([("x",)], prompt) == (None, 0, None)
+    assert (cache.queried_tokens, cache.hit_tokens) == (80, 30)
 
 
 def test_seeded_sampling_equals_the_uncached_output(kit):
@@ -267,5 +308,5 @@ def test_a_stored_row_does_not_keep_its_batchs_buffers_alive():
     gc.collect()
     held = mx.get_active_memory() - before
     assert held <= 2 * 4 * 256 * 64 * 4 * 1.5  # the two rows, not the 32 (8 MB)
-    found, hit = cache.lookup(("target",), list(range(256)))
+    found, hit, _ = cache.lookup([("target",)], list(range(256)))
     assert hit == 256 and found is not None

@@ -47,9 +47,21 @@ class PrefixCache:
         self.queried_tokens = 0
         self.hit_tokens = 0
 
-    def lookup(self, key: tuple[str, ...], tokens: list[int]) -> tuple[list | None, int]:
-        """A private copy of the cache of the longest stored prefix of `tokens`, and its length."""
+    def lookup(self, keys: list[tuple[str, ...]], tokens: list[int]
+               ) -> tuple[list | None, int, tuple[str, ...] | None]:
+        """A private copy of the cache of the longest stored prefix of `tokens` under any of
+        `keys` (the first of them on a tie), its length, and the key it was stored under.
+        Copies are lazy: the candidates that lose cost nothing."""
         self.queried_tokens += len(tokens)
+        best: tuple[list | None, int, tuple[str, ...] | None] = (None, 0, None)
+        for key in keys:
+            cache, hit = self._lookup(key, tokens)
+            if cache is not None and hit > best[1]:
+                best = (cache, hit, key)
+        self.hit_tokens += best[1]
+        return best
+
+    def _lookup(self, key: tuple[str, ...], tokens: list[int]) -> tuple[list | None, int]:
         if not tokens:
             return None, 0
         cache, rest = self._lru.fetch_nearest_cache(key, tokens)
@@ -65,7 +77,6 @@ class PrefixCache:
                     cache, hit = loaded, length
         if cache is None:
             return None, 0
-        self.hit_tokens += hit
         return cache, hit
 
     def store(self, key: tuple[str, ...], tokens: list[int], caches: list[list]) -> None:

@@ -650,14 +650,26 @@ class Scheduler:
         return (target, self.kit.draft.fingerprint) if drafting else (target,)
 
     def _restore(self, seq: Sequence, context: list[int]) -> None:
-        cache, hit = self.prefix_cache.lookup(self._cache_key(seq), context)
+        """Restore the longest cached prefix of `context`. An entry of a drafting request holds
+        the target's cache too, so it serves a row that does not draft; an entry with the
+        target's alone serves a drafting row, which then starts without the draft, as a row
+        that joined a batch too large to draft (its draft may catch up later, where that
+        pays). A row prefers entries like its own on a tie."""
+        target = (self.kit.target.fingerprint,)
+        both = target + (self.kit.draft.fingerprint,) if self.kit.draft is not None else None
+        drafting = seq.draft_cache is not None
+        keys = [k for k in ([both, target] if drafting else [target, both]) if k is not None]
+        cache, hit, key = self.prefix_cache.lookup(keys, context)
         self.observer.on_prefix_lookup(len(context), hit)
         if cache is None:
             return
+        layers = len(seq.target_cache)
+        if drafting and key == target:
+            seq.draft_cache = None
+        cache = cache[:layers] + (cache[layers:] if seq.draft_cache is not None else [])
         if hit == len(context):  # keep one token to prefill: its logits give the first token
             trim_prompt_cache(cache, 1)
             hit -= 1
-        layers = len(seq.target_cache)
         seq.target_cache = cache[:layers]
         if seq.draft_cache is not None:
             seq.draft_cache = cache[layers:]
