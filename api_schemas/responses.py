@@ -64,12 +64,22 @@ class FunctionCallInput(RequestModel):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None
     id: str | None = None
     status: str | None = None
 
 
+class CustomToolCallInput(RequestModel):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+    id: str | None = None
+
+
 class FunctionCallOutput(RequestModel):
-    type: Literal["function_call_output"]
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | list[InputText]
     id: str | None = None
@@ -87,13 +97,19 @@ def _item_kind(item: Any) -> str | None:
     return getattr(item, "type", None)
 
 
+def _input_item_kind(item: Any) -> str | None:
+    kind = _item_kind(item)
+    return "tool_output" if kind in ("function_call_output", "custom_tool_call_output") else kind
+
+
 InputItem = Annotated[
     Annotated[InputMessage, Tag("message")]
     | Annotated[FunctionCallInput, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")],
-    Discriminator(_item_kind, custom_error_type="input_item",
-                  custom_error_message="input items must be messages, function_call or"
-                  " function_call_output items"),
+    | Annotated[CustomToolCallInput, Tag("custom_tool_call")]
+    | Annotated[FunctionCallOutput, Tag("tool_output")],
+    Discriminator(_input_item_kind, custom_error_type="input_item",
+                  custom_error_message="input items must be messages, function_call,"
+                  " custom_tool_call, function_call_output or custom_tool_call_output items"),
 ]
 
 
@@ -106,8 +122,69 @@ class FunctionTool(RequestModel):
     strict: bool | None = None
 
 
+TOOL_NAME = r"^[A-Za-z0-9_.\-]+$"
+# Tools OpenAI runs on its side: accepted (a client may list them), never offered to the model.
+HOSTED_TOOL_TYPES = ("web_search", "web_search_preview", "web_search_preview_2025_03_11",
+                     "web_search_2025_08_26", "file_search", "code_interpreter",
+                     "image_generation", "mcp")
+
+
+class CustomToolFormat(RequestModel):
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+    @model_validator(mode="after")
+    def _grammar_given(self):
+        if self.type == "grammar" and (self.syntax is None or not self.definition):
+            raise ValueError("a grammar format needs 'syntax' and 'definition'")
+        return self
+
+
+class CustomTool(RequestModel):
+    """A tool that takes free text (`input`), not JSON arguments."""
+
+    type: Literal["custom"]
+    name: str = Field(..., min_length=1, max_length=64, pattern=TOOL_NAME)
+    description: str | None = None
+    format: CustomToolFormat | None = Field(
+        None, description="text (the default), or a grammar: shown to the model in the tool's"
+        " description, not enforced.")
+
+
+class NamespaceTool(RequestModel):
+    """Function and custom tools grouped under a name; calls to them carry `namespace`."""
+
+    type: Literal["namespace"]
+    name: str = Field(..., min_length=1, max_length=64, pattern=TOOL_NAME)
+    description: str = ""
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
+        ..., min_length=1, max_length=128)
+
+
+class HostedTool(RequestModel):
+    """A tool OpenAI would run (web search, file search, ...): accepted and not run."""
+
+    type: Literal[HOSTED_TOOL_TYPES]  # type: ignore[valid-type]
+
+
+def _tool_kind(tool: Any) -> str | None:
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
+    return "hosted" if kind in HOSTED_TOOL_TYPES else kind
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")]
+    | Annotated[NamespaceTool, Tag("namespace")] | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_kind, custom_error_type="tool",
+                  custom_error_message="tools must be function, custom or namespace tools, or"
+                  " hosted tools (" + ", ".join(HOSTED_TOOL_TYPES[:2]) + ", ...), which are"
+                  " accepted and not run"),
+]
+
+
 class FunctionToolChoice(RequestModel):
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: str
 
 
@@ -150,7 +227,7 @@ class _ResponsesFields(RequestModel):
         None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.")
     text: TextConfig | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tools: list[Tool] | None = Field(None, max_length=128)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
 
 
@@ -163,13 +240,22 @@ class ResponsesRequest(EngineExtensions, _ResponsesFields):
             raise ValueError("input must not be empty")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs 'tools'")
+        if self.tool_choice == "required" and not self.offers_tools():
+            raise ValueError("tool_choice 'required' needs a function, custom or namespace tool"
+                             " (hosted tools are not run here)")
         named = self.named_tool()
-        if named is not None and named not in {t.name for t in self.tools}:
-            raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
+        kinds = {(t.type, t.name) for t in self.tools or () if t.type in ("function", "custom")}
+        if named is not None and (self.tool_choice.type, named) not in kinds:
+            raise ValueError(f"tool_choice names the {self.tool_choice.type} tool {named!r},"
+                             " which is not in 'tools'")
         return self
 
     def named_tool(self) -> str | None:
         return self.tool_choice.name if isinstance(self.tool_choice, FunctionToolChoice) else None
+
+    def offers_tools(self) -> bool:
+        """Whether any tool is offered to the model (hosted tools are not)."""
+        return any(t.type in ("function", "custom", "namespace") for t in self.tools or ())
 
 
 class InputTokensRequest(ResponsesRequest):
@@ -213,6 +299,17 @@ class FunctionCallItem(OpenAIBaseModel):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = Field(None, description="The namespace tool it belongs to.")
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class CustomToolCallItem(OpenAIBaseModel):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str = Field(default_factory=lambda: item_id("ctc"))
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = Field(None, description="The namespace tool it belongs to.")
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
@@ -246,7 +343,8 @@ class ResponseObject(OpenAIBaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str
-    output: list[OutputMessage | FunctionCallItem] = Field(default_factory=list)
+    output: list[OutputMessage | FunctionCallItem | CustomToolCallItem] = Field(
+        default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     store: bool = True
@@ -272,7 +370,7 @@ class InputMessageItem(OpenAIBaseModel):
 
 
 class FunctionCallOutputItem(OpenAIBaseModel):
-    type: Literal["function_call_output"] = "function_call_output"
+    type: Literal["function_call_output", "custom_tool_call_output"] = "function_call_output"
     id: str
     call_id: str
     output: str
@@ -281,7 +379,8 @@ class FunctionCallOutputItem(OpenAIBaseModel):
 
 # An item a response was made from: its input, and the history that previous_response_id
 # brought (earlier inputs, and earlier outputs as they were).
-ResponseItem = InputMessageItem | OutputMessage | FunctionCallItem | FunctionCallOutputItem
+ResponseItem = (InputMessageItem | OutputMessage | FunctionCallItem | CustomToolCallItem
+                | FunctionCallOutputItem)
 
 
 class ResponseItemList(OpenAIBaseModel):

@@ -205,11 +205,103 @@ async def test_responses_json_schema_format(client):
     assert r["text"]["format"]["name"] == "num"
 
 
+# A namespace tool (Codex's multi_agent_v1 is one), a custom tool with a grammar (Codex's
+# apply_patch), and what the model is offered for them (`server.http.responses_tools`).
+NAMESPACE_TOOL = {"type": "namespace", "name": "weather", "description": "Weather tools.",
+                  "tools": [RESPONSES_TOOL]}
+PATCH_GRAMMAR = "start: /[a-z ]+/"
+CUSTOM_TOOL = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
+OFFERED = {
+    "weather__get_weather": {"type": "function", "function": {
+        "name": "weather__get_weather", "description": "Weather tools.", "parameters": WEATHER,
+        "strict": True}},
+    "apply_patch": {"type": "function", "function": {
+        "name": "apply_patch", "parameters": {
+            "type": "object", "properties": {"input": {"type": "string"}},
+            "required": ["input"], "additionalProperties": False},
+        "description": f"Edit files.\n\nThe input must match this lark grammar:\n{PATCH_GRAMMAR}"}},
+}
+
+
+async def test_namespace_and_custom_tools_are_offered_as_functions(client):
+    """Forced calls equal chat completions' with the offered functions, turned into a
+    namespaced function_call and a custom_tool_call (its `input` unwrapped)."""
+    cases = [([NAMESPACE_TOOL], "required", ["weather__get_weather"]),
+             ([NAMESPACE_TOOL, CUSTOM_TOOL], {"type": "custom", "name": "apply_patch"},
+              ["weather__get_weather", "apply_patch"])]
+    for tools, choice, offered in cases:
+        r = await responses(client, input="Weather in Paris?", tools=tools, tool_choice=choice,
+                            parallel_tool_calls=False, max_output_tokens=60)
+        want = await chat(client, [{"role": "user", "content": "Weather in Paris?"}],
+                          tools=[OFFERED[name] for name in offered], parallel_tool_calls=False,
+                          tool_choice={"type": "function", "function": {"name": offered[-1]}},
+                          max_tokens=60)
+        (call,) = want["choices"][0]["message"]["tool_calls"]
+        (item,) = r["output"]
+        if offered[-1] == "apply_patch":
+            assert (item["type"], item["name"], item["namespace"]) == (
+                "custom_tool_call", "apply_patch", None)
+            assert item["input"] == json.loads(call["function"]["arguments"])["input"]
+        else:
+            assert (item["type"], item["name"], item["namespace"]) == (
+                "function_call", "get_weather", "weather")
+            assert item["arguments"] == call["function"]["arguments"]
+
+
+async def test_custom_tool_call_streams_its_input_and_round_trips(client):
+    body = {"input": "Fix it", "tools": [CUSTOM_TOOL], "max_output_tokens": 60,
+            "tool_choice": {"type": "custom", "name": "apply_patch"}, "temperature": 0}
+    whole = await responses(client, **body)
+    events = await read_events(client, "/v1/responses", {**body, "stream": True})
+    names = [name for name, _ in events]
+    (added,) = [d["item"] for n, d in events if n == "response.output_item.added"]
+    (delta,) = [d["delta"] for n, d in events if n == "response.custom_tool_call_input.delta"]
+    (done,) = [d["input"] for n, d in events if n == "response.custom_tool_call_input.done"]
+    (item,) = whole["output"]
+    assert (added["type"], added["input"], added["status"]) == (
+        "custom_tool_call", "", "in_progress")
+    assert delta == done == item["input"] and names[-1] == "response.completed"
+    assert events[-1][1]["response"]["output"][0]["input"] == item["input"]
+    # Stateless, as Codex sends it: the call and its output as input items.
+    history = [{"role": "user", "content": "Fix it"},
+               {"type": "custom_tool_call", "call_id": item["call_id"], "name": "apply_patch",
+                "input": item["input"]},
+               {"type": "custom_tool_call_output", "call_id": item["call_id"], "output": "ok"}]
+    follow = await responses(client, input=history, tools=[CUSTOM_TOOL], max_output_tokens=10)
+    want = await chat(client, [
+        {"role": "user", "content": "Fix it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": item["call_id"], "type": "function", "function": {
+                "name": "apply_patch", "arguments": json.dumps({"input": item["input"]})}}]},
+        {"role": "tool", "tool_call_id": item["call_id"], "content": "ok"}],
+        tools=[OFFERED["apply_patch"]], max_tokens=10)
+    assert output_text(follow) == want["choices"][0]["message"]["content"]
+
+
+async def test_hosted_tools_are_accepted_and_not_offered(client):
+    plain = await responses(client, input=PROMPT, max_output_tokens=8)
+    hosted = await responses(client, input=PROMPT, max_output_tokens=8,
+                             tools=[{"type": "web_search", "external_web_access": False}])
+    assert output_text(hosted) == output_text(plain)
+    assert hosted["tools"] == [{"type": "web_search"}]
+    counts = [(await client.post("/v1/responses/input_tokens", json={
+        "input": PROMPT, "tools": tools})).json()["input_tokens"]
+        for tools in ([], [{"type": "file_search"}], [RESPONSES_TOOL])]
+    assert counts[0] == counts[1] < counts[2]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input"),
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "local_shell"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "required"}, None),
+    ({"input": "x", "tools": [NAMESPACE_TOOL, {**RESPONSES_TOOL, "name": "weather__get_weather"}
+                              ]}, "tools"),
+    ({"input": "x", "tools": [{**CUSTOM_TOOL, "format": {"type": "grammar"}}]}, "tools"),
+    ({"input": "x", "tools": [CUSTOM_TOOL], "tool_choice": {"type": "function",
+                                                             "name": "apply_patch"}}, None),
     ({"input": "x", "tool_choice": "required"}, None),
     ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
 ])

@@ -3,7 +3,8 @@
 `ResponseBuilder` turns tokens into the documented events (each with its `sequence_number`)
 and keeps the response object they describe; a collected response is the same builder run
 over the whole output, so streamed and collected answers agree. Content goes into a message
-item, each tool call into a function_call item, in the order the model wrote them.
+item, each tool call into a function_call or custom_tool_call item (`ToolTable` says which), in
+the order the model wrote them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from api_schemas.openai import Stats
 from api_schemas.responses import (
-    FunctionCallItem,
+    CustomToolCallItem,
     IncompleteDetails,
     InputTokensDetails,
     OutputMessage,
@@ -24,12 +25,13 @@ from api_schemas.responses import (
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import OutputSplit
+from server.http.responses_tools import ToolTable
 from server.http.streaming import ResponseFormat, json_dict
 
 
 class ResponseBuilder:
-    def __init__(self, response: ResponseObject, split: OutputSplit):
-        self.response, self.split = response, split
+    def __init__(self, response: ResponseObject, split: OutputSplit, tools: ToolTable):
+        self.response, self.split, self.tools = response, split, tools
         self._sequence = 0
         self._message: OutputMessage | None = None  # the message item being written
         self._from_draft = False
@@ -104,23 +106,25 @@ class ResponseBuilder:
     def _calls(self, calls: list[dict]) -> list[dict]:
         events = self._close_message() if calls else []
         for call in calls:
-            function = call["function"]
-            item = FunctionCallItem(call_id=call["id"], name=function["name"], arguments="",
-                                    status="in_progress")
+            item = self.tools.output_item(call)
             self.response.output.append(item)
-            where = {"item_id": item.id, "output_index": self._index}
-            events.append(self.event("response.output_item.added",
-                                      output_index=self._index, item=json_dict(item)))
-            item.arguments, item.status = function["arguments"], "completed"
-            events += [
-                self.event("response.function_call_arguments.delta", **where,
-                            delta=item.arguments),
-                self.event("response.function_call_arguments.done", **where,
-                            name=item.name, arguments=item.arguments),
-                self.event("response.output_item.done", output_index=self._index,
-                            item=json_dict(item)),
-            ]
+            events += self._call_events(item)
         return events
+
+    def _call_events(self, item) -> list[dict]:
+        """A call's events: added in progress, its input or arguments whole, then done."""
+        field = "input" if isinstance(item, CustomToolCallItem) else "arguments"
+        text, kind = getattr(item, field), ("response.custom_tool_call_input" if field ==
+                                            "input" else "response.function_call_arguments")
+        where = {"item_id": item.id, "output_index": self._index}
+        added = item.model_copy(update={field: "", "status": "in_progress"})
+        done = {"input": text} if field == "input" else {"name": item.name, "arguments": text}
+        return [self.event("response.output_item.added", output_index=self._index,
+                           item=json_dict(added)),
+                self.event(f"{kind}.delta", **where, delta=text),
+                self.event(f"{kind}.done", **where, **done),
+                self.event("response.output_item.done", output_index=self._index,
+                           item=json_dict(item))]
 
 
 def _sse(events: list[dict]) -> list[dict]:
@@ -132,13 +136,15 @@ class ResponsesFormat(ResponseFormat):
     `on_finish` receives it once it is complete (the response store)."""
 
     def __init__(self, model: str, tokenizer, skeleton: ResponseObject, tool_calls,
-                 on_finish: Callable[[ResponseObject], None]):
+                 tools: ToolTable, on_finish: Callable[[ResponseObject], None]):
         super().__init__(model, tokenizer, "resp")
         self._skeleton, self._tool_calls, self._on_finish = skeleton, tool_calls, on_finish
+        self._tools = tools
         self._builder: ResponseBuilder | None = None
 
     def _new_builder(self) -> ResponseBuilder:
-        return ResponseBuilder(self._skeleton.model_copy(deep=True), OutputSplit(self._tool_calls))
+        return ResponseBuilder(self._skeleton.model_copy(deep=True), OutputSplit(self._tool_calls),
+                               self._tools)
 
     def stream_open(self) -> list[dict]:
         self._builder = self._new_builder()

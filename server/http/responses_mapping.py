@@ -1,6 +1,8 @@
 """A Responses API request -> the chat completion request that the engine path takes, and the
 response object it echoes. Input items become chat messages: a message item a turn, a
-function_call an assistant tool call, a function_call_output a `tool` turn."""
+function_call or custom_tool_call an assistant tool call (`server.http.responses_tools` names
+it as the model was offered it), a function_call_output or custom_tool_call_output a `tool`
+turn."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from pydantic import TypeAdapter
 
 from api_schemas.openai import ChatCompletionRequest
 from api_schemas.responses import (
+    CustomToolCallInput,
+    CustomToolCallItem,
     FunctionCallInput,
     FunctionCallItem,
     FunctionCallOutput,
@@ -20,7 +24,8 @@ from api_schemas.responses import (
     ResponsesRequest,
     item_id,
 )
-from server.http.chat_translation import chat_request, tool_call, with_tool_call
+from server.http.chat_translation import chat_request, with_tool_call
+from server.http.responses_tools import ToolTable, history_call, offered_name
 
 # Chat fields a chat-side 400 names -> the Responses fields they came from.
 RENAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
@@ -36,8 +41,8 @@ def input_messages(items: str | list | None) -> list[dict]:
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
     for item in items:
-        if isinstance(item, FunctionCallInput):
-            with_tool_call(messages, tool_call(item.call_id, item.name, item.arguments))
+        if isinstance(item, (FunctionCallInput, CustomToolCallInput)):
+            with_tool_call(messages, history_call(item))
         elif isinstance(item, FunctionCallOutput):
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": item.text()})
@@ -56,9 +61,14 @@ def request_items(items: str | list) -> list[ResponseItem]:
     for item in items:
         if isinstance(item, FunctionCallInput):
             listed.append(FunctionCallItem(id=item.id or item_id("fc"), call_id=item.call_id,
-                                           name=item.name, arguments=item.arguments))
+                                           name=item.name, arguments=item.arguments,
+                                           namespace=item.namespace))
+        elif isinstance(item, CustomToolCallInput):
+            listed.append(CustomToolCallItem(id=item.id or item_id("ctc"), call_id=item.call_id,
+                                             name=item.name, input=item.input,
+                                             namespace=item.namespace))
         elif isinstance(item, FunctionCallOutput):
-            listed.append(FunctionCallOutputItem(id=item.id or item_id("fco"),
+            listed.append(FunctionCallOutputItem(id=item.id or item_id("fco"), type=item.type,
                                                  call_id=item.call_id, output=item.text()))
         else:
             kind = "output_text" if item.role == "assistant" else "input_text"
@@ -75,8 +85,10 @@ def output_messages(response: ResponseObject) -> list[dict]:
         [item.model_dump() for item in response.output]))
 
 
-def chat_from_responses(body: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
-    """`conversation`: the chat messages before the instructions are put in front."""
+def chat_from_responses(body: ResponsesRequest, conversation: list[dict],
+                        tools: ToolTable) -> ChatCompletionRequest:
+    """`conversation`: the chat messages before the instructions are put in front; `tools`:
+    the request's, as the model is offered them."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fmt = body.text.format if body.text else None
     return chat_request({
@@ -86,9 +98,7 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[dict]) -> Cha
         "temperature": body.temperature,
         "top_p": body.top_p,
         "stream": body.stream,
-        "tools": [{"type": "function", "function": t.model_dump(exclude={"type"},
-                                                                exclude_none=True)}
-                  for t in body.tools or ()] or None,
+        "tools": tools.chat_tools or None,
         "tool_choice": _tool_choice(body),
         "parallel_tool_calls": body.parallel_tool_calls,
         "response_format": _response_format(fmt),
@@ -98,8 +108,10 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[dict]) -> Cha
 
 def _tool_choice(body: ResponsesRequest):
     named = body.named_tool()
-    if named is not None:
-        return {"type": "function", "function": {"name": named}}
+    if named is not None:  # a top-level tool (a namespace's cannot be named)
+        return {"type": "function", "function": {"name": offered_name(named, None)}}
+    if body.tool_choice == "auto" and not body.offers_tools():
+        return None  # hosted tools only: nothing to call
     return body.tool_choice
 
 

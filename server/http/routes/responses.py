@@ -30,6 +30,7 @@ from server.http.responses_mapping import (
     request_items,
     response_skeleton,
 )
+from server.http.responses_tools import ToolTable
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["responses"])
 
@@ -40,15 +41,17 @@ async def create_response(body: ResponsesRequest, request: Request):
     previous = _previous(store, body)
     conversation = _conversation(previous, body)
     items = ([] if previous is None else previous.context()) + request_items(body.input)
-    chat = chat_from_responses(body, conversation)
+    tools = ToolTable(body.tools)
+    chat = chat_from_responses(body, conversation, tools)
     skeleton = response_skeleton(body, engine.model_name)
 
     def finished(response: ResponseObject) -> None:
         if body.store:
             store.put(response, conversation + output_messages(response), items)
 
-    def make_format(tools, _prompt):
-        return ResponsesFormat(engine.model_name, engine.tokenizer, skeleton, tools, finished)
+    def make_format(tool_calls, _prompt):
+        return ResponsesFormat(engine.model_name, engine.tokenizer, skeleton, tool_calls, tools,
+                               finished)
 
     with renamed_params(RENAMES):
         return await complete_chat(request, chat, make_format)
@@ -61,7 +64,8 @@ async def count_input_tokens(body: InputTokensRequest, request: Request):
     check_model_name(engine, body.model)
     conversation = _conversation(_previous(request.app.state.responses, body), body)
     with renamed_params(RENAMES):
-        prompt = chat_prompt(engine, chat_from_responses(body, conversation))
+        prompt = chat_prompt(engine, chat_from_responses(body, conversation,
+                                                         ToolTable(body.tools)))
     return InputTokenCount(input_tokens=len(prompt))
 
 
