@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -289,6 +290,36 @@ async def test_hosted_tools_are_accepted_and_not_offered(client):
         "input": PROMPT, "tools": tools})).json()["input_tokens"]
         for tools in ([], [{"type": "file_search"}], [RESPONSES_TOOL])]
     assert counts[0] == counts[1] < counts[2]
+
+
+CODEX_REQUEST = Path(__file__).parent / "data" / "codex_0.171_request.json"
+
+
+async def test_a_codex_cli_turn_and_the_next_with_a_namespaced_call(client):
+    """Codex CLI 0.171's request as it sent it (texts shortened and three of its eight function
+    tools left out, to fit the test model's context; ids replaced): function tools,
+    a namespace tool, web_search, developer messages, `reasoning`, `include`,
+    `client_metadata`, `store: false`, streamed. Then its next turn, stateless: the history,
+    the output, a call to a namespace's tool and its output."""
+    body = {**json.loads(CODEX_REQUEST.read_text()), "model": "", "max_output_tokens": 8,
+            "temperature": 0}
+    events = await read_events(client, "/v1/responses", body)
+    assert [n for n, _ in events][:2] == ["response.created", "response.in_progress"]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(name == data["type"] for name, data in events)
+    final = events[-1][1]["response"]
+    assert events[-1][0] == f"response.{final['status']}" and final["store"] is False
+    assert [t["type"] for t in final["tools"]] == [t["type"] for t in body["tools"]]
+    call = {"type": "function_call", "call_id": "call_1", "name": "spawn_agent",
+            "namespace": "multi_agent_v1", "arguments": "{}"}
+    result = {"type": "function_call_output", "call_id": "call_1", "output": "started"}
+    turn = {**body, "stream": False, "input": [*body["input"], *final["output"], call, result]}
+    namespaced = await responses(client, **turn)
+    flat = {**call, "name": "multi_agent_v1__spawn_agent", "namespace": None}
+    offered = await responses(client, **{**turn, "input": [*turn["input"][:-2], flat, result]})
+    assert output_text(namespaced) == output_text(offered)
+    assert namespaced["usage"]["input_tokens"] == offered["usage"]["input_tokens"] > \
+        final["usage"]["input_tokens"]
 
 
 @pytest.mark.parametrize("body, param", [
