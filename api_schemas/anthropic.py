@@ -62,8 +62,15 @@ ContentBlock = Annotated[
 
 
 class InputMessage(RequestModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
+
+    @model_validator(mode="after")
+    def _system_is_text(self):
+        if self.role == "system" and not isinstance(self.content, str) and any(
+                not isinstance(block, TextBlock) for block in self.content):
+            raise ValueError("a system message holds text blocks only")
+        return self
 
 
 # ------------------------------------------------------------------------------ tools

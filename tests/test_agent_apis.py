@@ -365,6 +365,22 @@ async def test_messages_stream_events_and_equality(client):
     assert delta["usage"]["output_tokens"] == 16 == delta["stats"]["generation_tokens"]
 
 
+async def test_messages_system_turn_inside_the_conversation(client):
+    """A message of role system (Anthropic's SystemMessageParam; Claude Code 2.1 sends one
+    after the first user turn) is a system turn where it stands."""
+    turns = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Which?"},
+             {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+             {"role": "user", "content": "Any."}]
+    r = await messages(client, max_tokens=12, messages=turns)
+    want = await chat(client, [{**t, "content": SYSTEM} if t["role"] == "system" else t
+                               for t in turns], max_tokens=12)
+    assert r["content"][0]["text"] == want["choices"][0]["message"]["content"]
+    bad = {"model": "", "max_tokens": 1, "messages": [{"role": "system", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}
+    r = await client.post("/v1/messages", json=bad)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
 async def test_messages_stop_sequence(client):
     body = {"max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]}
     text = (await messages(client, **body))["content"][0]["text"]

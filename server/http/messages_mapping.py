@@ -1,9 +1,9 @@
 """An Anthropic Messages request -> the chat completion request that the engine path takes.
 
-`system` becomes a system turn; a user turn's `tool_result` blocks become `tool` turns (before
-its text, as Anthropic orders them); an assistant's `tool_use` blocks become its tool calls;
-`tool_choice` any -> required, tool -> the named function, disable_parallel_tool_use ->
-parallel_tool_calls false.
+`system`, and a message of role `system`, become system turns; a user turn's `tool_result`
+blocks become `tool` turns (before its text, as Anthropic orders them); an assistant's
+`tool_use` blocks become its tool calls; `tool_choice` any -> required, tool -> the named
+function, disable_parallel_tool_use -> parallel_tool_calls false.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
             messages.append({"role": message.role, "content": message.content})
             continue
         text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+        if message.role == "system":
+            messages.append({"role": "system", "content": text})
+            continue
         if message.role == "assistant":
             messages.append({"role": "assistant", "content": text})
             for block in message.content:
