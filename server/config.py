@@ -189,7 +189,9 @@ class DistributedSettings(BaseModel):
 class GenerationDefaults(BaseModel):
     """What a request gets for a field it leaves out."""
 
-    max_tokens: int = Field(512, ge=1, description="Default max_tokens.")
+    max_tokens: int = Field(
+        512, ge=1, description="Default max_tokens of chat and text completions (a Responses"
+        " request without max_output_tokens may fill the context, as at OpenAI).")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Default temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default top_p.")
     draft: DraftSource = Field(

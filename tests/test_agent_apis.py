@@ -122,6 +122,19 @@ async def test_responses_stream_events_and_equality(client):
         "output_tokens": 20}
 
 
+async def test_without_max_output_tokens_a_response_may_fill_the_context(client, tiny_pair):
+    """OpenAI's rule for the Responses API (Codex sends no limit); chat completions keep
+    `defaults.max_tokens` (512)."""
+    context = json.loads((tiny_pair[0] / "config.json").read_text())["max_position_embeddings"]
+    text = "one two three " * 420
+    r = await responses(client, input=text, ignore_eos=True)
+    usage = r["usage"]
+    assert 512 < usage["output_tokens"] == context - usage["input_tokens"]
+    assert r["status"] == "incomplete"
+    want = await chat(client, [{"role": "user", "content": text}], ignore_eos=True)
+    assert want["usage"]["completion_tokens"] == 512
+
+
 async def test_responses_store_get_delete(client):
     r = await responses(client, input=PROMPT, max_output_tokens=4)
     got = await client.get(f"/v1/responses/{r['id']}")

@@ -21,9 +21,12 @@ FormatFactory = Callable[[Callable[[], ToolCallParser] | None, list[int]], Respo
 
 
 async def complete(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                   prompt: list[int], fmt: ResponseFormat):
+                   prompt: list[int], fmt: ResponseFormat, *, fill_context: bool = False):
+    """`fill_context`: without a token limit, generate up to the end of the context (the
+    Responses API's rule), not `defaults.max_tokens`."""
     state = request.app.state
-    params = generation_params(body, prompt, state.engine, state.settings.defaults)
+    params = generation_params(body, prompt, state.engine, state.settings.defaults,
+                               fill_context=fill_context)
     job = state.engine.submit(params)
     endpoint = request.url.path
 
@@ -37,10 +40,11 @@ async def complete(request: Request, body: ChatCompletionRequest | CompletionReq
 
 
 async def complete_chat(request: Request, body: ChatCompletionRequest,
-                        make_format: FormatFactory):
+                        make_format: FormatFactory, *, fill_context: bool = False):
     engine = request.app.state.engine
     check_model_name(engine, body.model)
     tools = parser_factory(engine.tokenizer, body.active_tools(),
                            forced=body.forced_functions() is not None)
     prompt = chat_prompt(engine, body)
-    return await complete(request, body, prompt, make_format(tools, prompt))
+    return await complete(request, body, prompt, make_format(tools, prompt),
+                          fill_context=fill_context)

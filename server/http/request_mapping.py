@@ -63,8 +63,10 @@ def generation_params(
     prompt: list[int],
     engine: InferenceEngine,
     defaults: GenerationDefaults,
+    *,
+    fill_context: bool = False,
 ) -> GenerationParams:
-    max_tokens = enforce_model_limits(body, prompt, engine, defaults)
+    max_tokens = enforce_model_limits(body, prompt, engine, defaults, fill_context=fill_context)
     speculation_defaults = SpeculationParams(
         source=defaults.draft,
         acceptance=body.acceptance or defaults.acceptance,
@@ -137,11 +139,14 @@ def enforce_model_limits(
     prompt: list[int],
     engine: InferenceEngine,
     defaults: GenerationDefaults,
+    *,
+    fill_context: bool = False,
 ) -> int:
     """400 for what the loaded model cannot do; return the number of tokens to generate.
 
     A prompt must leave room for one token; an explicit max_tokens must fit the context left
-    after the prompt (OpenAI's 400, naming the numbers); the default is cut to that room.
+    after the prompt (OpenAI's 400, naming the numbers); the default is cut to that room, or
+    is that room with `fill_context`.
     `top_k` may be at most the vocabulary size (equal to it keeps every token, like 0).
     """
     vocab = engine.target.vocab_size
@@ -159,7 +164,7 @@ def enforce_model_limits(
                        param=prompt_param, code="context_length_exceeded")
     room = context - len(prompt)
     if requested is None:
-        return min(defaults.max_tokens, room)
+        return room if fill_context else min(defaults.max_tokens, room)
     if requested > room:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
             else "max_tokens"

@@ -54,7 +54,7 @@ async def create_response(body: ResponsesRequest, request: Request):
                                finished)
 
     with renamed_params(RENAMES):
-        return await complete_chat(request, chat, make_format)
+        return await complete_chat(request, chat, make_format, fill_context=True)
 
 
 @router.post("/responses/input_tokens", response_model=InputTokenCount)
