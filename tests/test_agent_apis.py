@@ -378,6 +378,40 @@ async def test_messages_stream_events_and_equality(client):
     assert delta["usage"]["output_tokens"] == 16 == delta["stats"]["generation_tokens"]
 
 
+CLAUDE_CODE_REQUEST = Path(__file__).parent / "data" / "claude_code_2.1.197_request.json"
+
+
+async def test_a_claude_code_turn_and_the_next_with_a_tool_result(client):
+    """Claude Code 2.1.197's request as it sent it (texts shortened, six of its 26 tools kept,
+    ids replaced): system blocks with cache_control, a system turn after the user's,
+    `thinking`, `context_management`, `output_config.effort`, `metadata`, streamed. Its
+    `max_tokens: 32000` does not fit the test model's context (a 400 naming the numbers), so
+    the turns here ask for 8. Then its next turn: a Bash tool_use and its tool_result."""
+    sent = json.loads(CLAUDE_CODE_REQUEST.read_text())
+    r = await client.post("/v1/messages", json={**sent, "model": ""})
+    assert r.status_code == 400 and "32000" in r.json()["error"]["message"]
+    body = {**sent, "model": "", "max_tokens": 8, "temperature": 0}
+    events = await read_events(client, "/v1/messages", body)
+    names = [name for name, _ in events]
+    assert names[:2] == ["message_start", "ping"] and names[-1] == "message_stop"
+    start = events[0][1]["message"]
+    prompt = start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"]
+    count = await client.post("/v1/messages/count_tokens", json=body)
+    assert count.json()["input_tokens"] == prompt
+    text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "README.md"}
+    turn = {**body, "stream": False, "messages": [
+        *body["messages"], {"role": "assistant", "content": [{"type": "text", "text": text},
+                                                             use]},
+        {"role": "user", "content": [result]}]}
+    answer = await messages(client, **turn)
+    usage = answer["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] > prompt
+    assert usage["cache_read_input_tokens"] >= prompt - 1  # the first turn's prompt, cached
+    assert answer["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+
+
 async def test_messages_system_turn_inside_the_conversation(client):
     """A message of role system (Anthropic's SystemMessageParam; Claude Code 2.1 sends one
     after the first user turn) is a system turn where it stands."""
