@@ -66,3 +66,19 @@ def test_the_shipped_config_yaml_keeps_the_defaults_but_the_models_and_drafter(m
               for key, value in values.items()
               if (section, key) not in chosen and defaults[section][key] != value]
     assert differ == []
+
+
+def test_every_flag_sets_its_key(tmp_path):
+    from server.__main__ import parse_args, settings_from_args
+
+    config = tmp_path / "config.yaml"
+    config.write_text("models:\n  model_name: from-file\n  num_draft_tokens: 2\n")
+    args = parse_args(["--config", str(config), "--model", "m", "--model-name", "served",
+                       "--draft-model", "none", "--num-draft-tokens", "3", "--host", "0.0.0.0",
+                       "--port", "9001", "--distributed-mode", "pipeline"])
+    s = settings_from_args(args)
+    assert (s.models.model, s.models.model_name, s.models.draft_model,
+            s.models.num_draft_tokens) == ("m", "served", "none", 3)
+    assert (s.server.host, s.server.port, s.distributed.mode) == ("0.0.0.0", 9001, "pipeline")
+    assert settings_from_args(parse_args(["--config", str(config)])).models.model_name == \
+        "from-file"
