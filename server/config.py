@@ -192,6 +192,10 @@ class GenerationDefaults(BaseModel):
     max_tokens: int = Field(
         512, ge=1, description="Default max_tokens of chat and text completions (a Responses"
         " request without max_output_tokens may fill the context, as at OpenAI).")
+    fit_max_tokens: bool = Field(
+        False, description="Cut a max_tokens (max_output_tokens) larger than the room the"
+        " prompt leaves in the context to that room, instead of a 400: agents ask for more"
+        " than small contexts hold (Claude Code always asks for 32,000).")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Default temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default top_p.")
     draft: DraftSource = Field(

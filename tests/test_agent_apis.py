@@ -7,9 +7,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import jsonschema
 import pytest
-from conftest import served
+from conftest import make_settings, served
+
+from server.http.app import create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -410,6 +413,20 @@ async def test_a_claude_code_turn_and_the_next_with_a_tool_result(client):
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] > prompt
     assert usage["cache_read_input_tokens"] >= prompt - 1  # the first turn's prompt, cached
     assert answer["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+
+
+async def test_fit_max_tokens_cuts_an_agents_max_tokens_to_the_context(engine, tiny_pair):
+    settings = make_settings(*tiny_pair)
+    settings.defaults.fit_max_tokens = True
+    body = {"model": "", "max_tokens": 32000, "ignore_eos": True, "temperature": 0,
+            "messages": [{"role": "user", "content": "one two three " * 480}]}
+    context = json.loads((tiny_pair[0] / "config.json").read_text())["max_position_embeddings"]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(settings, engine)),
+                                 base_url="http://t", timeout=60) as c:
+        r = (await c.post("/v1/messages", json=body)).json()
+    usage = r["usage"]
+    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert r["stop_reason"] == "max_tokens" and usage["output_tokens"] == context - prompt > 0
 
 
 async def test_messages_system_turn_inside_the_conversation(client):

@@ -145,8 +145,8 @@ def enforce_model_limits(
     """400 for what the loaded model cannot do; return the number of tokens to generate.
 
     A prompt must leave room for one token; an explicit max_tokens must fit the context left
-    after the prompt (OpenAI's 400, naming the numbers); the default is cut to that room, or
-    is that room with `fill_context`.
+    after the prompt (OpenAI's 400, naming the numbers), unless `defaults.fit_max_tokens` cuts
+    it to that room; the default is cut to that room, or is that room with `fill_context`.
     `top_k` may be at most the vocabulary size (equal to it keeps every token, like 0).
     """
     vocab = engine.target.vocab_size
@@ -165,6 +165,8 @@ def enforce_model_limits(
     room = context - len(prompt)
     if requested is None:
         return room if fill_context else min(defaults.max_tokens, room)
+    if requested > room and defaults.fit_max_tokens:
+        return room
     if requested > room:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
             else "max_tokens"
