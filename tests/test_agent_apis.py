@@ -312,7 +312,7 @@ CODEX_REQUEST = Path(__file__).parent / "data" / "codex_0.171_request.json"
 
 
 async def test_a_codex_cli_turn_and_the_next_with_a_namespaced_call(client):
-    """Codex CLI 0.171's request as it sent it (texts shortened and three of its eight function
+    """Codex CLI 0.171's request as it sent it (texts shortened and three of its seven function
     tools left out, to fit the test model's context; ids replaced): function tools,
     a namespace tool, web_search, developer messages, `reasoning`, `include`,
     `client_metadata`, `store: false`, streamed. Then its next turn, stateless: the history,
