@@ -79,3 +79,15 @@ def test_client_disconnect_frees_the_worker(server_url):
         r = client.post(f"{server_url}/v1/chat/completions",
                         json={"messages": body["messages"], "max_tokens": 3})
         assert r.status_code == 200
+
+
+def test_head_is_get_without_the_body(server_url):
+    for path in ["/health", "/v1/models", "/"]:
+        got, head = httpx.get(server_url + path), httpx.head(server_url + path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-length"] == str(len(got.content))
+        assert head.headers["content-type"] == got.headers["content-type"]
+    r = httpx.head(server_url + "/v1/chat/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.content == b""
+    r = httpx.request("HEAD", server_url + "/v1/nothing")
+    assert r.status_code == 404

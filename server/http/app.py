@@ -84,6 +84,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     install_error_handlers(app)
     install_openapi(app)
     install_cors(app, settings.server.cors_origins)
+    app.add_middleware(HeadAsGet)
     app.include_router(completions.router)
     app.include_router(responses.router)
     app.include_router(messages.router)
@@ -93,6 +94,19 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     if settings.server.ui:
         app.include_router(ui.router)
     return app
+
+
+class HeadAsGet:
+    """HEAD is answered as GET without its body (RFC 9110), on every GET route: FastAPI's
+    routes take GET only. uvicorn drops the body, since its own scope still says HEAD."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
 
 
 def install_cors(app: FastAPI, origins: list[str] | None) -> None:
