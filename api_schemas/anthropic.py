@@ -47,17 +47,30 @@ class ToolResultBlock(RequestModel):
         return self.content or ""
 
 
+class ThinkingBlock(RequestModel):
+    """An earlier assistant turn's reasoning (`thinking` or `redacted_thinking`): accepted and
+    left out of the prompt, as Anthropic leaves earlier turns' thinking out of the context."""
+
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+
+
 def _block_kind(block: Any) -> str | None:
-    return block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
+    kind = block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
+    return "thinking" if kind == "redacted_thinking" else kind
 
 
 ContentBlock = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ToolUseBlock, Tag("tool_use")]
-    | Annotated[ToolResultBlock, Tag("tool_result")],
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")],
     Discriminator(_block_kind, custom_error_type="content_block",
-                  custom_error_message="content blocks must be text, tool_use or tool_result"
-                  " (image, document and thinking input are not supported)"),
+                  custom_error_message="content blocks must be text, tool_use, tool_result or"
+                  " (in assistant turns) thinking (image and document input are not"
+                  " supported)"),
 ]
 
 
@@ -66,10 +79,12 @@ class InputMessage(RequestModel):
     content: str | list[ContentBlock]
 
     @model_validator(mode="after")
-    def _system_is_text(self):
-        if self.role == "system" and not isinstance(self.content, str) and any(
-                not isinstance(block, TextBlock) for block in self.content):
+    def _blocks_fit_the_role(self):
+        blocks = [] if isinstance(self.content, str) else self.content
+        if self.role == "system" and any(not isinstance(b, TextBlock) for b in blocks):
             raise ValueError("a system message holds text blocks only")
+        if self.role != "assistant" and any(isinstance(b, ThinkingBlock) for b in blocks):
+            raise ValueError("thinking blocks belong to assistant messages")
         return self
 
 

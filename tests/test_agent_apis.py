@@ -429,6 +429,26 @@ async def test_fit_max_tokens_cuts_an_agents_max_tokens_to_the_context(engine, t
     assert r["stop_reason"] == "max_tokens" and usage["output_tokens"] == context - prompt > 0
 
 
+async def test_messages_earlier_thinking_is_left_out_of_the_prompt(client):
+    """As at Anthropic, an assistant turn's thinking blocks are not part of what the model
+    sees: the same answer as without them. In a user turn they are a 400."""
+    thinking = [{"type": "thinking", "thinking": "Let me see.", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "opaque"}]
+    turns = [{"role": "user", "content": PROMPT},
+             {"role": "assistant", "content": [*thinking, {"type": "text", "text": "Which?"}]},
+             {"role": "user", "content": "Any."}]
+    plain = [*turns[:1], {"role": "assistant", "content": "Which?"}, turns[2]]
+    with_thinking = await messages(client, max_tokens=12, messages=turns)
+    without = await messages(client, max_tokens=12, messages=plain)
+    assert with_thinking["content"] == without["content"]
+    assert with_thinking["usage"]["input_tokens"] + \
+        with_thinking["usage"]["cache_read_input_tokens"] == \
+        without["usage"]["input_tokens"] + without["usage"]["cache_read_input_tokens"]
+    bad = {"model": "", "max_tokens": 1, "messages": [{"role": "user", "content": thinking}]}
+    r = await client.post("/v1/messages", json=bad)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
 async def test_messages_system_turn_inside_the_conversation(client):
     """A message of role system (Anthropic's SystemMessageParam; Claude Code 2.1 sends one
     after the first user turn) is a system turn where it stands."""
