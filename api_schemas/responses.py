@@ -78,6 +78,16 @@ class CustomToolCallInput(RequestModel):
     id: str | None = None
 
 
+class ReasoningInput(RequestModel):
+    """An earlier turn's reasoning (another model's, since this server writes none): listed by
+    input_items, left out of the prompt, as a model's own reasoning is in later turns."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    encrypted_content: str | None = None
+
+
 class FunctionCallOutput(RequestModel):
     type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
@@ -106,10 +116,12 @@ InputItem = Annotated[
     Annotated[InputMessage, Tag("message")]
     | Annotated[FunctionCallInput, Tag("function_call")]
     | Annotated[CustomToolCallInput, Tag("custom_tool_call")]
-    | Annotated[FunctionCallOutput, Tag("tool_output")],
+    | Annotated[FunctionCallOutput, Tag("tool_output")]
+    | Annotated[ReasoningInput, Tag("reasoning")],
     Discriminator(_input_item_kind, custom_error_type="input_item",
                   custom_error_message="input items must be messages, function_call,"
-                  " custom_tool_call, function_call_output or custom_tool_call_output items"),
+                  " custom_tool_call, function_call_output, custom_tool_call_output or"
+                  " reasoning items"),
 ]
 
 
@@ -377,10 +389,17 @@ class FunctionCallOutputItem(OpenAIBaseModel):
     status: Literal["completed"] = "completed"
 
 
+class ReasoningItem(OpenAIBaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    encrypted_content: str | None = None
+
+
 # An item a response was made from: its input, and the history that previous_response_id
 # brought (earlier inputs, and earlier outputs as they were).
 ResponseItem = (InputMessageItem | OutputMessage | FunctionCallItem | CustomToolCallItem
-                | FunctionCallOutputItem)
+                | FunctionCallOutputItem | ReasoningItem)
 
 
 class ResponseItemList(OpenAIBaseModel):

@@ -296,6 +296,20 @@ async def test_custom_tool_call_streams_its_input_and_round_trips(client):
     assert output_text(follow) == want["choices"][0]["message"]["content"]
 
 
+async def test_earlier_reasoning_items_are_listed_and_left_out_of_the_prompt(client):
+    reasoning = {"type": "reasoning", "id": "rs_1", "encrypted_content": "opaque",
+                 "summary": [{"type": "summary_text", "text": "Thought."}]}
+    turns = [{"role": "user", "content": PROMPT}, reasoning,
+             {"role": "assistant", "content": "Which?"}, {"role": "user", "content": "Any."}]
+    with_reasoning = await responses(client, input=turns, max_output_tokens=8)
+    without = await responses(client, input=[t for t in turns if t is not reasoning],
+                              max_output_tokens=8)
+    assert output_text(with_reasoning) == output_text(without)
+    listed = (await client.get(f"/v1/responses/{with_reasoning['id']}/input_items",
+                               params={"order": "asc"})).json()["data"]
+    assert listed[1] == reasoning
+
+
 async def test_hosted_tools_are_accepted_and_not_offered(client):
     plain = await responses(client, input=PROMPT, max_output_tokens=8)
     hosted = await responses(client, input=PROMPT, max_output_tokens=8,
@@ -339,7 +353,7 @@ async def test_a_codex_cli_turn_and_the_next_with_a_namespaced_call(client):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input"),
     ({"input": "x", "tools": [{"type": "local_shell"}]}, "tools"),

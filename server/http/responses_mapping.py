@@ -19,6 +19,8 @@ from api_schemas.responses import (
     InputItem,
     InputMessageItem,
     InputText,
+    ReasoningInput,
+    ReasoningItem,
     ResponseItem,
     ResponseObject,
     ResponsesRequest,
@@ -46,6 +48,8 @@ def input_messages(items: str | list | None) -> list[dict]:
         elif isinstance(item, FunctionCallOutput):
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": item.text()})
+        elif isinstance(item, ReasoningInput):
+            continue  # not part of the prompt
         else:
             messages.append({"role": item.role, "content": item.text()})
     return messages
@@ -70,6 +74,9 @@ def request_items(items: str | list) -> list[ResponseItem]:
         elif isinstance(item, FunctionCallOutput):
             listed.append(FunctionCallOutputItem(id=item.id or item_id("fco"), type=item.type,
                                                  call_id=item.call_id, output=item.text()))
+        elif isinstance(item, ReasoningInput):
+            listed.append(ReasoningItem(id=item.id or item_id("rs"), summary=item.summary,
+                                        encrypted_content=item.encrypted_content))
         else:
             kind = "output_text" if item.role == "assistant" else "input_text"
             content = [InputText(type=kind, text=item.content)] \
