@@ -57,7 +57,8 @@ class ServerSettings(BaseModel):
         None,
         description="Origins whose web pages may call the API from a browser (CORS), such as"
         ' ["https://chat.example.org"], or ["*"] for any; default (null): pages served from'
-        " this machine (http or https on localhost, 127.0.0.1 or [::1], any port); [] for none.",
+        " this machine (http or https on localhost, 127.0.0.1 or [::1], any port); [] for none."
+        " The admin endpoints never answer another origin's page.",
     )
 
 

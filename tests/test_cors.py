@@ -58,6 +58,20 @@ async def test_a_streamed_answer_and_an_error_carry_the_header(engine, tiny_pair
         assert r.headers["access-control-allow-origin"] == origin["Origin"]
 
 
+async def test_admin_endpoints_never_answer_another_origin(engine, tiny_pair):
+    for origins in (None, ["*"]):
+        async with await client_for(engine, tiny_pair, origins) as c:
+            for path, method in [("/v1/models/draft", "POST"), ("/v1/models/draft", "DELETE"),
+                                 ("/v1/models/draft/compatibility", "POST"),
+                                 ("/v1/cache", "DELETE")]:
+                r = await c.options(path, headers=preflight("http://localhost:5173", method))
+                assert "access-control-allow-origin" not in r.headers, (origins, path)
+            r = await c.delete("/v1/cache", headers={"Origin": "http://localhost:5173"})
+            assert "access-control-allow-origin" not in r.headers
+            r = await c.get("/v1/models", headers={"Origin": "http://localhost:5173"})
+            assert "access-control-allow-origin" in r.headers
+
+
 async def test_named_origins_any_or_none(engine, tiny_pair):
     async with await client_for(engine, tiny_pair, ["https://chat.example.org"]) as c:
         r = await c.options("/v1/messages", headers=preflight("https://chat.example.org"))

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 # `server.cors_origins` left unset: browser pages served from this machine, on any port.
 LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+# The admin endpoints (model and cache changes) never answer another origin's page.
+ADMIN_PATHS = ("/v1/models/draft", "/v1/cache")
 
 
 def build_engine(settings: Settings) -> InferenceEngine:
@@ -109,13 +111,25 @@ class HeadAsGet:
         await self.app(scope, receive, send)
 
 
+class CrossOrigin:
+    """CORS on every path but the admin endpoints'."""
+
+    def __init__(self, app, **cors):
+        self.app, self.cors = app, CORSMiddleware(app, **cors)
+
+    async def __call__(self, scope, receive, send):
+        admin = scope["type"] == "http" and scope["path"].startswith(ADMIN_PATHS)
+        await (self.app if admin else self.cors)(scope, receive, send)
+
+
 def install_cors(app: FastAPI, origins: list[str] | None) -> None:
-    """Let browser pages of `origins` (None: this machine's) call the API; [] lets none.
-    Allowed pages may reach it on a private address too (Chrome's Private Network Access)."""
+    """Let browser pages of `origins` (None: this machine's) call the API, not its admin
+    endpoints; [] lets none. Allowed pages may reach it on a private address too (Chrome's
+    Private Network Access)."""
     if origins == []:
         return
     app.add_middleware(
-        CORSMiddleware, allow_origins=origins or [],
+        CrossOrigin, allow_origins=origins or [],
         allow_origin_regex=LOOPBACK_ORIGINS if origins is None else None,
         allow_methods=["*"], allow_headers=["*"], allow_private_network=True,
         expose_headers=["Retry-After"], max_age=600)
