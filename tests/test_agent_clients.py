@@ -1,9 +1,10 @@
 """The official SDKs and agent frameworks against our Responses, Messages and Models APIs
 (uvicorn in a thread, the tiny pair with its draft; greedy, so every run is the same): openai's
-`responses.create/stream/parse`, a function-tool round trip, `responses.input_items.list` and
-`responses.input_tokens.count`, an openai-agents Agent with one function tool, anthropic's
-`messages.create/stream/count_tokens`, a tool round trip and its exception classes, both SDKs'
-`models.list/retrieve`, langchain-anthropic's `invoke` and `bind_tools`."""
+`responses.create/stream/parse`, a function-tool round trip, custom and namespace tools,
+`responses.input_items.list` and `responses.input_tokens.count`, an openai-agents Agent with
+one function tool, anthropic's `messages.create/stream/count_tokens`, a tool round trip and its
+exception classes, both SDKs' `models.list/retrieve`, langchain-anthropic's `invoke` and
+`bind_tools`."""
 
 from __future__ import annotations
 
@@ -109,6 +110,28 @@ def test_openai_function_tool_round_trip(oai, model):
     assert by_id.output_text == by_items.output_text
     with pytest.raises(openai.NotFoundError):
         oai.responses.create(model=model, previous_response_id="resp_unknown", input="x")
+
+
+def test_openai_custom_and_namespace_tools(oai, model):
+    """The SDK's own types for a custom tool call (and its streamed input events) and a
+    namespaced function call."""
+    patch = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+    kwargs = dict(model=model, input="Fix it", tools=[patch], temperature=0,
+                  tool_choice={"type": "custom", "name": "apply_patch"}, max_output_tokens=200)
+    (call,) = oai.responses.create(**kwargs).output
+    assert type(call).__name__ == "ResponseCustomToolCall" and call.name == "apply_patch"
+    with oai.responses.stream(**kwargs) as stream:
+        kinds = [type(event).__name__ for event in stream]
+        final = stream.get_final_response()
+    assert "ResponseCustomToolCallInputDeltaEvent" in kinds
+    assert final.output[0].input == call.input
+    space = {"type": "namespace", "name": "weather", "description": "Weather tools.",
+             "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}]}
+    (fn,) = oai.responses.create(model=model, input="Weather?", tools=[space], temperature=0,
+                                 tool_choice="required", parallel_tool_calls=False,
+                                 max_output_tokens=80).output
+    assert (fn.type, fn.name, fn.namespace) == ("function_call", "get_weather", "weather")
 
 
 def test_openai_input_items_list_the_chain_that_made_a_response(oai, model):
