@@ -27,7 +27,7 @@ from api_schemas.responses import (
     item_id,
 )
 from server.http.chat_translation import chat_request, with_tool_call
-from server.http.responses_tools import ToolTable, history_call, offered_name
+from server.http.responses_tools import ToolTable, history_call
 
 # Chat fields a chat-side 400 names -> the Responses fields they came from.
 RENAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
@@ -115,8 +115,8 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[dict],
 
 def _tool_choice(body: ResponsesRequest):
     named = body.named_tool()
-    if named is not None:  # a top-level tool (a namespace's cannot be named)
-        return {"type": "function", "function": {"name": offered_name(named, None)}}
+    if named is not None:  # a top-level tool, offered under its own name
+        return {"type": "function", "function": {"name": named}}
     if body.tool_choice == "auto" and not body.offers_tools():
         return None  # hosted tools only: nothing to call
     return body.tool_choice
