@@ -145,6 +145,26 @@ def test_lookup_takes_the_longest_hit_of_its_keys_and_the_first_on_a_tie():
     assert (cache.queried_tokens, cache.hit_tokens) == (80, 30)
 
 
+@pytest.mark.parametrize("k", [0, 4])
+def test_a_prompt_cancelled_part_way_leaves_what_it_prefilled(kit, k):
+    """A client that times out during a long prefill and retries: the retry resumes where the
+    first attempt stopped, and its output is that of no cache."""
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16, idle_prefill_chunk=16))
+    scheduler.prefix_cache = PrefixCache(1 << 30)
+    p = request(kit, SYSTEM * 2 + "Long question?", k=k)
+    seq = scheduler.submit(p, lambda event: None)
+    while seq.prefilled < 48:
+        scheduler.step()
+    done = seq.prefilled
+    assert done < len(p.prompt_tokens) - 16  # still part way
+    scheduler.cancel(seq)
+    scheduler.step()
+    assert seq.phase is Phase.DONE
+    out, stats = run(scheduler, p)
+    assert out == uncached(kit, p)
+    assert done - 1 <= stats.cached_tokens < len(p.prompt_tokens)
+
+
 def test_seeded_sampling_equals_the_uncached_output(kit):
     scheduler = cached_scheduler(kit)
     p = request(kit, SYSTEM + "Tell me more", k=4, temperature=0.9, seed=3)

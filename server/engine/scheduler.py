@@ -314,6 +314,7 @@ class Scheduler:
             seq.finish()
         for seq in [s for s in self.prefilling if s.cancelled]:
             self.prefilling.remove(seq)
+            self._keep_partial_prefill(seq)
             seq.finish()
         self._retire([s for s in self.target.rows if s.cancelled])
 
@@ -639,6 +640,16 @@ class Scheduler:
             seq.finish()
 
     # -- the prefix cache -----------------------------------------------------------------------
+    def _keep_partial_prefill(self, seq: Sequence) -> None:
+        """A request cancelled part way through a long prompt (its client timed out) leaves
+        what it prefilled to the prefix cache: the client's retry resumes from there instead
+        of starting over, and a retry that times out again still gets further."""
+        if not self._caching(seq) or seq.target_cache is None or \
+                seq.prefilled <= seq.cached_tokens:
+            return
+        caches = [seq.target_cache] + ([seq.draft_cache] if seq.draft_cache is not None else [])
+        self.prefix_cache.store(self._cache_key(seq), list(seq.prompt[:seq.prefilled]), caches)
+
     def _caching(self, seq: Sequence) -> bool:
         return self.prefix_cache is not None and seq.params.cache_prompt
 
