@@ -13,7 +13,6 @@ from server.http.errors import APIError
 @dataclass(frozen=True)
 class StoredResponse:
     response: ResponseObject
-    conversation: tuple[dict, ...]  # chat messages: the input history, then this output
     items: tuple[ResponseItem, ...]  # what `input_items` lists: the input history's items
 
     def context(self) -> list[ResponseItem]:
@@ -26,11 +25,10 @@ class ResponseStore:
         self.max_entries = max_entries
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
 
-    def put(self, response: ResponseObject, conversation: list[dict],
-            items: list[ResponseItem]) -> None:
+    def put(self, response: ResponseObject, items: list[ResponseItem]) -> None:
         if self.max_entries <= 0:
             return
-        self._entries[response.id] = StoredResponse(response, tuple(conversation), tuple(items))
+        self._entries[response.id] = StoredResponse(response, tuple(items))
         self._entries.move_to_end(response.id)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

@@ -86,10 +86,10 @@ def request_items(items: str | list) -> list[ResponseItem]:
     return listed
 
 
-def output_messages(response: ResponseObject) -> list[dict]:
-    """A response's output as chat history (what previous_response_id brings back)."""
-    return input_messages(_ITEMS.validate_python(
-        [item.model_dump() for item in response.output]))
+def item_messages(items: list[ResponseItem]) -> list[dict]:
+    """Stored items (an input history, a response's output) as chat messages: what
+    previous_response_id brings back."""
+    return input_messages(_ITEMS.validate_python([item.model_dump() for item in items]))
 
 
 def chat_from_responses(body: ResponsesRequest, conversation: list[dict],

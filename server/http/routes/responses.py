@@ -26,7 +26,7 @@ from server.http.responses_mapping import (
     RENAMES,
     chat_from_responses,
     input_messages,
-    output_messages,
+    item_messages,
     request_items,
     response_skeleton,
 )
@@ -47,7 +47,7 @@ async def create_response(body: ResponsesRequest, request: Request):
 
     def finished(response: ResponseObject) -> None:
         if body.store:
-            store.put(response, conversation + output_messages(response), items)
+            store.put(response, items)
 
     def make_format(tool_calls, _prompt):
         return ResponsesFormat(engine.model_name, engine.tokenizer, skeleton, tool_calls, tools,
@@ -77,7 +77,8 @@ def _previous(store: ResponseStore, body: ResponsesRequest) -> StoredResponse | 
 
 def _conversation(previous: StoredResponse | None, body: ResponsesRequest) -> list[dict]:
     """The chat messages before the instructions: the previous chain's, then the input."""
-    return ([] if previous is None else list(previous.conversation)) + input_messages(body.input)
+    history = [] if previous is None else item_messages(previous.context())
+    return history + input_messages(body.input)
 
 
 @router.get("/responses/{response_id}", response_model=ResponseObject)
