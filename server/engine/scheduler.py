@@ -654,11 +654,18 @@ class Scheduler:
         return self.prefix_cache is not None and seq.params.cache_prompt
 
     def _cache_key(self, seq: Sequence) -> tuple[str, ...]:
-        """Entries of drafting requests hold both models' caches; plain ones the target's. Keys
-        are the models' fingerprints, so no entry outlives the weights it was computed with."""
+        """Entries of drafting requests hold both models' caches; plain ones the target's."""
         drafting = seq.draft_cache is not None or (self.draft is not None and seq in self.draft)
-        target = self.kit.target.fingerprint
-        return (target, self.kit.draft.fingerprint) if drafting else (target,)
+        return self._entry_key(drafting)
+
+    def _entry_key(self, with_draft: bool) -> tuple[str, ...] | None:
+        """The key of entries holding the target's cache (and the draft's): the models'
+        fingerprints, so no entry outlives the weights it was computed with. None: no draft."""
+        if not with_draft:
+            return (self.kit.target.fingerprint,)
+        if self.kit.draft is None:
+            return None
+        return (self.kit.target.fingerprint, self.kit.draft.fingerprint)
 
     def _restore(self, seq: Sequence, context: list[int]) -> None:
         """Restore the longest cached prefix of `context`. An entry of a drafting request holds
@@ -666,16 +673,14 @@ class Scheduler:
         target's alone serves a drafting row, which then starts without the draft, as a row
         that joined a batch too large to draft (its draft may catch up later, where that
         pays). A row prefers entries like its own on a tie."""
-        target = (self.kit.target.fingerprint,)
-        both = target + (self.kit.draft.fingerprint,) if self.kit.draft is not None else None
         drafting = seq.draft_cache is not None
-        keys = [k for k in ([both, target] if drafting else [target, both]) if k is not None]
-        cache, hit, key = self.prefix_cache.lookup(keys, context)
+        keys = [self._entry_key(with_draft) for with_draft in (drafting, not drafting)]
+        cache, hit, key = self.prefix_cache.lookup([k for k in keys if k is not None], context)
         self.observer.on_prefix_lookup(len(context), hit)
         if cache is None:
             return
         layers = len(seq.target_cache)
-        if drafting and key == target:
+        if drafting and key == self._entry_key(False):
             seq.draft_cache = None
         cache = cache[:layers] + (cache[layers:] if seq.draft_cache is not None else [])
         if hit == len(context):  # keep one token to prefill: its logits give the first token
