@@ -14,8 +14,10 @@ ITEMS = [SimpleNamespace(id=name) for name in "abcde"]
 
 
 def ids(result):
-    items, more = result
-    return "".join(item.id for item in items), more
+    items = result["data"]
+    assert (result["first_id"], result["last_id"]) == (
+        (items[0].id, items[-1].id) if items else (None, None))
+    return "".join(item.id for item in items), result["has_more"]
 
 
 @pytest.mark.parametrize("limit,after,before,expected", [

@@ -65,10 +65,8 @@ async def list_models(
     if not speaks_anthropic(request):
         return ModelList(data=[entry for entry, _ in served])
     infos = [anthropic_model(entry, model) for entry, model in served]
-    page, has_more = paging.page(infos, limit, after=("after_id", after_id),
-                                 before=("before_id", before_id))
-    return ModelInfoList(data=page, has_more=has_more, first_id=page[0].id if page else None,
-                         last_id=page[-1].id if page else None)
+    return ModelInfoList(**paging.page(infos, limit, after=("after_id", after_id),
+                                       before=("before_id", before_id)))
 
 
 @router.get("/models/{model_id:path}", summary="Retrieve a model",

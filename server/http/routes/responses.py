@@ -105,7 +105,4 @@ async def list_input_items(
     `previous_response_id` chain brought."""
     items = request.app.state.responses.get(response_id).items
     ordered = list(items) if order == "asc" else list(reversed(items))
-    page, has_more = paging.page(ordered, limit, after=("after", after))
-    return ResponseItemList(data=page, has_more=has_more,
-                            first_id=page[0].id if page else None,
-                            last_id=page[-1].id if page else None)
+    return ResponseItemList(**paging.page(ordered, limit, after=("after", after)))
