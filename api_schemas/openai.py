@@ -76,6 +76,8 @@ MIN_TEMPERATURE = 1e-5
 # OpenAI sends this for a token the model gives no probability (log 0 = -inf is not JSON).
 LOGPROB_FLOOR = -9999.0
 _TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
+# At most this many choices in one response (`n` times the prompts), OpenAI's bound on `n`.
+MAX_CHOICES = 128
 
 
 def _json_logprob(value: float) -> float:
@@ -262,7 +264,7 @@ class _OpenAISampling(RequestModel):
     max_tokens: int | None = Field(
         None, ge=1, description="At most the model's context length minus the prompt's tokens."
     )
-    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate for each prompt.")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = Field(
@@ -361,32 +363,39 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int] | list[str]
+    # One prompt (a string or token ids) or several (a list of either): a choice per prompt,
+    # or `n` per prompt, prompt i's j-th at index i * n + j.
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
+    max_tokens: int | None = Field(
+        None, ge=0, description="At most the model's context length minus the prompt's tokens;"
+        " 0 (with echo) only scores the prompt.")
     suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list):
-            if len(v) == 0:
-                raise ValueError("prompt must not be empty")
-            if isinstance(v[0], str):
-                if len(v) != 1:
-                    raise ValueError("only one prompt per request is supported")
-                return v[0]
-        elif v == "":
-            raise ValueError("prompt must not be empty")
+    def _prompts(cls, v):
+        prompts = v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("a prompt must not be empty")
+        if len(prompts) > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} prompts per request")
         return v
 
     @model_validator(mode="after")
     def _checks(self):
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens may be 0 only with echo (to score the prompt)")
+        if self.n * len(self.prompts()) > MAX_CHOICES:
+            raise ValueError(f"n times the number of prompts may be at most {MAX_CHOICES}")
         return self
+
+    def prompts(self) -> list[str | list[int]]:
+        v = self.prompt
+        return list(v) if isinstance(v, list) and isinstance(v[0], (str, list)) else [v]
 
     def token_limit(self) -> int | None:
         return self.max_tokens
@@ -440,9 +449,11 @@ class ChatLogprobs(OpenAIBaseModel):
 
 
 class CompletionLogprobs(OpenAIBaseModel):
+    """With `echo`, the prompt's tokens come first; its first token has no logprob (null)."""
+
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[LogProb] = Field(default_factory=list)
-    top_logprobs: list[dict[str, LogProb]] | None = None
+    token_logprobs: list[LogProb | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, LogProb] | None] | None = None
     text_offset: list[int] = Field(default_factory=list)
 
 
@@ -461,6 +472,8 @@ class ChatChoice(OpenAIBaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str
+    stats: Stats | None = Field(None, exclude_if=lambda v: v is None,
+                                description="Of this choice, when a response has several.")
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -470,7 +483,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    stats: Stats
+    stats: Stats | None = Field(None, description="None when there are several choices: each"
+                                " then has its own.")
 
 
 class Delta(OpenAIBaseModel):
@@ -503,6 +517,8 @@ class CompletionChoice(OpenAIBaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     from_draft: bool | None = None
+    stats: Stats | None = Field(None, exclude_if=lambda v: v is None,
+                                description="Of this choice, when a response has several.")
 
 
 class CompletionResponse(OpenAIBaseModel):

@@ -24,7 +24,8 @@ BAD_REQUESTS = [
     ("max_tokens negative", CHAT, {"messages": MSG, "max_tokens": -5}, 400, "max_tokens"),
     ("max_tokens zero", CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens wrong type", CHAT, {"messages": MSG, "max_tokens": "ten"}, 400, "max_tokens"),
-    ("n = 2", CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+    ("n = 129", CHAT, {"messages": MSG, "n": 129}, 400, "n"),
+    ("n = 0", CHAT, {"messages": MSG, "n": 0}, 400, "n"),
     ("temperature too high", CHAT, {"messages": MSG, "temperature": 3}, 400, "temperature"),
     ("top_p zero", CHAT, {"messages": MSG, "top_p": 0}, 400, "top_p"),
     ("negative num_draft_tokens", CHAT, {"messages": MSG, "num_draft_tokens": -1}, 400,
@@ -47,9 +48,16 @@ BAD_REQUESTS = [
      "hybrid_min_match"),
     ("prompt missing", TEXT, {"max_tokens": 3}, 400, "prompt"),
     ("prompt empty", TEXT, {"prompt": ""}, 400, "prompt"),
-    ("several prompts", TEXT, {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("an empty prompt among several", TEXT, {"prompt": ["a", ""]}, 400, "prompt"),
+    ("an empty token list", TEXT, {"prompt": [[1, 2], []]}, 400, "prompt"),
+    ("129 prompts", TEXT, {"prompt": ["a"] * 129}, 400, "prompt"),
+    ("n times the prompts over 128", TEXT, {"prompt": ["a"] * 5, "n": 26}, 400, None),
+    ("more choices than the queue", TEXT, {"prompt": ["a"] * 2, "n": 40}, 400, "n"),
+    ("mixed prompt types", TEXT, {"prompt": ["a", [1, 2]]}, 400, "prompt"),
+    ("token id out of range in a list", TEXT, {"prompt": [[1], [10_000_000]]}, 400, "prompt"),
     ("token id out of range", TEXT, {"prompt": [1, 10_000_000]}, 400, "prompt"),
-    ("echo", TEXT, {"prompt": "a", "echo": True}, 400, None),
+    ("max_tokens 0 without echo", TEXT, {"prompt": "a", "max_tokens": 0}, 400, None),
+    ("suffix", TEXT, {"prompt": "a", "suffix": "b"}, 400, None),
 ]
 
 
@@ -69,7 +77,7 @@ async def test_bad_request(client, name, url, body, status, param):
 
 
 async def test_streamed_bad_request_is_an_http_error(client):
-    async with client.stream("POST", CHAT, json={"messages": MSG, "n": 3, "stream": True}) as r:
+    async with client.stream("POST", CHAT, json={"messages": MSG, "n": 300, "stream": True}) as r:
         assert r.status_code == 400
         assert json.loads(await r.aread())["error"]["param"] == "n"
 

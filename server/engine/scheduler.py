@@ -650,6 +650,12 @@ class Scheduler:
         caches = [seq.target_cache] + ([seq.draft_cache] if seq.draft_cache is not None else [])
         self.prefix_cache.store(self._cache_key(seq), list(seq.prompt[:seq.prefilled]), caches)
 
+    def keep_prefill(self, tokens: list[int], target_cache: list) -> None:
+        """A prompt the target prefilled outside any request (`scoring`) serves the requests
+        that follow it, as a prefix-cache entry."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self._entry_key(False), list(tokens), [target_cache])
+
     def _caching(self, seq: Sequence) -> bool:
         return self.prefix_cache is not None and seq.params.cache_prompt
 

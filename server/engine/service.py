@@ -30,6 +30,7 @@ from server.engine.scheduler import (
     SchedulerObserver,
     ShuttingDown,
 )
+from server.engine.scoring import PromptLogprobs, PromptScorer
 from server.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,11 @@ class InferenceEngine:
         return self.scheduler.batch_size if self.scheduler is not None else 0
 
     @property
+    def caches_prompts(self) -> bool:
+        """Whether a prefix cache keeps prompts for the requests that follow."""
+        return self.prefix_cache_bytes > 0 or self.disk_cache_dir is not None
+
+    @property
     def draining(self) -> bool:
         """True once shutdown began: new requests get 503."""
         return self.scheduler is not None and self.scheduler.draining
@@ -268,6 +274,19 @@ class InferenceEngine:
         handle = RequestHandle(self, asyncio.get_running_loop())
         handle.sequence = self.scheduler.submit(params, handle.sink)
         return handle
+
+    async def prompt_logprobs(self, tokens: list[int], top: int, *,
+                              cache_prompt: bool = True) -> PromptLogprobs:
+        """The target's log-probability of each prompt token after the first (and the `top`
+        most likely tokens there), a chunk per call between scheduler steps. With
+        `cache_prompt` the work then goes to the prefix cache, for the generation after it."""
+        scorer = PromptScorer(self.kit.target.model, tokens, top, self.vocab_size,
+                              self.scheduler_config.prefill_chunk)
+        while not await self._call(scorer.step):
+            pass
+        if cache_prompt:
+            await self._call(lambda: self.scheduler.keep_prefill(tokens, scorer.cache))
+        return scorer.result
 
     # -- admin --------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[], Any]) -> Any:

@@ -18,7 +18,7 @@ from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
 from server.http.openapi import install_openapi
 from server.http.response_store import ResponseStore
-from server.http.routes import cache, completions, messages, models, responses, ui
+from server.http.routes import cache, completions, messages, models, responses, tokens, ui
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.include_router(models.router)
     app.include_router(models.health_router)
     app.include_router(cache.router)
+    app.include_router(tokens.router)
     if settings.server.ui:
         app.include_router(ui.router)
     return app

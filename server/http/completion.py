@@ -1,7 +1,7 @@
 """One request through the engine, for every generation API: the chat request's prompt, its
-GenerationParams, the scheduler, then a `ResponseFormat` that shapes the answer, streamed or
-collected. The Responses and Messages routes translate their bodies into a chat completion
-request and come through here too, so there is one generation path.
+GenerationParams, the scheduler, then a `ResponseFormat` per choice that shapes the answer,
+streamed or collected. The Responses and Messages routes translate their bodies into a chat
+completion request and come through here too, so there is one generation path.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from fastapi import Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
+from server.engine.params import GenerationParams
+from server.http.choices import Choices
 from server.http.request_mapping import chat_prompt, check_model_name, generation_params
 from server.http.streaming import ResponseFormat, collect, stream_response
 from server.http.tools import ToolCallParser, parser_factory
@@ -20,14 +22,23 @@ from server.http.tools import ToolCallParser, parser_factory
 FormatFactory = Callable[[Callable[[], ToolCallParser] | None, list[int]], ResponseFormat]
 
 
-async def complete(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                   prompt: list[int], fmt: ResponseFormat, *, fill_context: bool = False):
-    """`fill_context`: without a token limit, generate up to the end of the context (the
+def plan(request: Request, body: ChatCompletionRequest | CompletionRequest,
+         prompts: list[list[int]], *, fill_context: bool = False) -> list[GenerationParams]:
+    """Each prompt's GenerationParams; a 4xx for what the loaded model cannot do.
+
+    `fill_context`: without a token limit, generate up to the end of the context (the
     Responses API's rule), not `defaults.max_tokens`."""
     state = request.app.state
-    params = generation_params(body, prompt, state.engine, state.settings.defaults,
-                               fill_context=fill_context)
-    job = state.engine.submit(params)
+    return [generation_params(body, prompt, state.engine, state.settings.defaults,
+                              fill_context=fill_context) for prompt in prompts]
+
+
+async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
+              params: list[GenerationParams], formats: list[ResponseFormat]):
+    """Generate `body.n` choices per prompt; `formats`: one per choice, in index order."""
+    state = request.app.state
+    choices = Choices(state.engine, params, body.n)
+    formats = [fmt.sibling_of(formats[0], i) for i, fmt in enumerate(formats)]
     endpoint = request.url.path
 
     def observe(done):
@@ -35,8 +46,8 @@ async def complete(request: Request, body: ChatCompletionRequest | CompletionReq
 
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await stream_response(job, fmt, usage, observe)
-    return await collect(job, fmt, observe, request.is_disconnected)
+        return await stream_response(choices, formats, usage, observe)
+    return await collect(choices, formats, observe, request.is_disconnected)
 
 
 async def complete_chat(request: Request, body: ChatCompletionRequest,
@@ -46,5 +57,5 @@ async def complete_chat(request: Request, body: ChatCompletionRequest,
     tools = parser_factory(engine.tokenizer, body.active_tools(),
                            forced=body.forced_functions() is not None)
     prompt = chat_prompt(engine, body)
-    return await complete(request, body, prompt, make_format(tools, prompt),
-                          fill_context=fill_context)
+    params = plan(request, body, [prompt], fill_context=fill_context)
+    return await run(request, body, params, [make_format(tools, prompt) for _ in range(body.n)])

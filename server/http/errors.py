@@ -123,8 +123,14 @@ def as_api_error(exc: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+# Pydantic names the member of a union a value failed as in its location ("prompt.str",
+# "content.list[...]"): not a field the client sent.
+_UNION_MEMBERS = re.compile(r"^(str|int|float|bool|none|.*\[.*\])$")
+
+
 def _loc_param(loc) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")
+             and not (isinstance(p, str) and _UNION_MEMBERS.match(p))]
     return ".".join(parts) or None
 
 

@@ -50,6 +50,9 @@ ROUTE_ERRORS = {
     ("/v1/messages", "post"): (400, 401, 404, 529),
     ("/v1/messages/count_tokens", "post"): (400, 401, 404),
     ("/v1/cache", "delete"): (401, 403),
+    ("/tokenize", "post"): (400, 401, 404),
+    ("/detokenize", "post"): (400, 401, 404),
+    ("/tokenizer_info", "get"): (401,),
     ("/health", "get"): (),
     ("/metrics", "get"): (),
 }

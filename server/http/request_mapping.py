@@ -20,6 +20,7 @@ def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
 
 
 def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[int]:
+    """`body`: anything with `messages` and `active_tools()` (a chat or a /tokenize body)."""
     messages = [m.template_dict() for m in body.messages]
     try:
         return render_chat(engine.tokenizer, messages, body.active_tools())
@@ -27,18 +28,23 @@ def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[in
         raise APIError(400, f"chat template failed: {e}", param="messages") from e
 
 
-def completion_prompt(engine: InferenceEngine, body: CompletionRequest) -> list[int]:
-    if isinstance(body.prompt, str):
-        tokens = text_tokens(engine.tokenizer, body.prompt)
+def completion_prompt(engine: InferenceEngine, prompt: str | list[int]) -> list[int]:
+    """One prompt of a /v1/completions body (a string or token ids) as token ids."""
+    if isinstance(prompt, str):
+        tokens = text_tokens(engine.tokenizer, prompt)
         if not tokens:
             raise APIError(400, "prompt encodes to no tokens", param="prompt")
         return tokens
+    check_token_ids(engine, prompt, "prompt")
+    return list(prompt)
+
+
+def check_token_ids(engine: InferenceEngine, ids: list[int], param: str) -> None:
     vocab = engine.target.vocab_size
-    bad = [t for t in body.prompt if not 0 <= t < vocab]
+    bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        raise APIError(400, f"prompt token ids out of range [0, {vocab}): {bad[:5]}",
-                       param="prompt")
-    return list(body.prompt)
+        raise APIError(400, f"{param} token ids out of range [0, {vocab}): {bad[:5]}",
+                       param=param)
 
 
 def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, vocab: int):

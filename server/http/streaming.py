@@ -8,9 +8,12 @@ APIs in their own modules (named events, no `[DONE]`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from sse_starlette import EventSourceResponse
 from starlette.responses import Response
@@ -35,15 +38,21 @@ from api_schemas.openai import (
     response_id,
 )
 from server.engine.events import Finished, RequestCancelled, TokenEvent
-from server.engine.service import RequestHandle
+from server.engine.scoring import PromptLogprobs
+from server.http.choices import Choices
 from server.http.errors import APIError, as_api_error
 from server.http.tools import ToolCallParser
 
 
-def usage_of(stats) -> Usage:
-    return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.generation_tokens,
-                 total_tokens=stats.prompt_tokens + stats.generation_tokens,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens))
+def usage_of(stats: list, n: int = 1) -> Usage:
+    """The usage of choices' stats (index order, `n` per prompt): each prompt counts once."""
+    prompts = stats[::n]
+    prompt = sum(s.prompt_tokens for s in prompts)
+    completion = sum(s.generation_tokens for s in stats)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                 total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(
+                     cached_tokens=sum(s.cached_tokens for s in prompts)))
 
 
 class ResponseFormat:
@@ -53,6 +62,12 @@ class ResponseFormat:
         self.model, self.tokenizer = model, tokenizer
         self.id = response_id(prefix)
         self.created = int(time.time())
+        self.index = 0  # of its choice in a response with several
+
+    def sibling_of(self, first: ResponseFormat, index: int) -> ResponseFormat:
+        """This format as choice `index` of the response `first` shapes."""
+        self.id, self.created, self.index = first.id, first.created, index
+        return self
 
     def token_str(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -67,8 +82,12 @@ class ResponseFormat:
     def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
         out = [{"data": _dump(self.final_chunk(done))}]
         if include_usage:
-            out.append({"data": _dump(self.usage_chunk(done))})
+            out.append({"data": _dump(self.usage_chunk(usage_of([done.stats])))})
         return out
+
+    def response(self, events: list[TokenEvent], done: Finished):
+        stats = Stats(**done.stats.to_dict())
+        return self.wrap([self.choice(events, done)], usage_of([done.stats]), stats)
 
     def stream_error(self, error: APIError) -> list[dict]:
         """An error after the stream started: reported in-band, then the stream ends."""
@@ -89,6 +108,7 @@ class ChatFormat(ResponseFormat):
         self._stream_tools = tool_calls() if tool_calls is not None else None
 
     def _chunk(self, choice: ChatChunkChoice, **extra) -> ChatCompletionChunk:
+        choice.index = self.index
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                    choices=[choice], **extra)
 
@@ -128,11 +148,15 @@ class ChatFormat(ResponseFormat):
         deltas = [ToolCallDelta(index=first + i, **c) for i, c in enumerate(calls)] or None
         return Delta(role=role, content=content or None, tool_calls=deltas)
 
-    def usage_chunk(self, done: Finished):
+    def usage_chunk(self, usage: Usage):
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                   choices=[], usage=usage_of(done.stats))
+                                   choices=[], usage=usage)
 
-    def response(self, events: list[TokenEvent], done: Finished):
+    def wrap(self, choices: list[ChatChoice], usage: Usage, stats: Stats | None):
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
+                                      choices=choices, usage=usage, stats=stats)
+
+    def choice(self, events: list[TokenEvent], done: Finished) -> ChatChoice:
         text, reason = "".join(e.text for e in events), done.finish_reason
         message = AssistantMessage(content=text)
         if self._tool_calls is not None:
@@ -145,22 +169,32 @@ class ChatFormat(ResponseFormat):
             else:
                 message = AssistantMessage(content=content)
             reason = _tool_finish_reason(reason, parser)
-        choice = ChatChoice(message=message, finish_reason=reason,
-                            logprobs=self.logprobs(events))
-        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
-                                      choices=[choice], usage=usage_of(done.stats),
-                                      stats=Stats(**done.stats.to_dict()))
+        return ChatChoice(index=self.index, message=message, finish_reason=reason,
+                          logprobs=self.logprobs(events))
 
 
 def _tool_finish_reason(reason: str, parser: ToolCallParser) -> str:
     return "tool_calls" if parser.calls and reason == "stop" else reason
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A completion's prompt, returned before its text (`echo`), with its tokens'
+    log-probabilities when `logprobs` was asked (`scores`)."""
+
+    text: str
+    tokens: list[int]
+    scores: PromptLogprobs | None = None
+
+
 class TextFormat(ResponseFormat):
-    def __init__(self, model: str, tokenizer):
+    def __init__(self, model: str, tokenizer, echo: Echo | None = None):
         super().__init__(model, tokenizer, "cmpl")
+        self.echo = echo
+        self._offset = len(echo.text) if echo is not None else 0  # a stream's text so far
 
     def _response(self, choice: CompletionChoice, **extra) -> CompletionResponse:
+        choice.index = self.index
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
                                   choices=[choice], **extra)
 
@@ -173,26 +207,83 @@ class TextFormat(ResponseFormat):
             out.token_logprobs.append(e.logprob)
             out.text_offset.append(offset)
             offset += len(e.text)
-            out.top_logprobs.append({self.token_str(t): lp for t, lp in (e.top_logprobs or ())})
+            out.top_logprobs.append(self.top_dict(e.top_logprobs or ()))
         return out
 
+    def top_dict(self, top) -> dict[str, float]:
+        """Legacy completions' {text: logprob}: where two ids decode to one text, the more
+        likely one's (a token that is the most likely has the top value)."""
+        out: dict[str, float] = {}
+        for token, logprob in top:
+            text = self.token_str(token)
+            out[text] = max(logprob, out.get(text, -math.inf))
+        return out
+
+    def echo_logprobs(self) -> CompletionLogprobs | None:
+        """The prompt's tokens: the first with no logprob (nothing precedes it)."""
+        if self.echo is None or self.echo.scores is None:
+            return None
+        scores, strs = self.echo.scores, [self.token_str(t) for t in self.echo.tokens]
+        offsets = list(itertools.accumulate((len(t) for t in strs[:-1]), initial=0))
+        tops = [self.top_dict(top) for top in scores.top]
+        return CompletionLogprobs(tokens=strs, token_logprobs=[None, *scores.logprobs],
+                                  top_logprobs=[None, *tops], text_offset=offsets)
+
+    def stream_open(self) -> list[dict]:
+        if self.echo is None:
+            return []
+        choice = CompletionChoice(text=self.echo.text, logprobs=self.echo_logprobs())
+        return [{"data": _dump(self._response(choice))}]
+
     def token_chunk(self, event: TokenEvent, first: bool):
+        logprobs = self.logprobs([event], self._offset)
+        self._offset += len(event.text)
         return self._response(CompletionChoice(text=event.text, from_draft=event.from_draft,
-                                               logprobs=self.logprobs([event])))
+                                               logprobs=logprobs))
 
     def final_chunk(self, done: Finished):
         return self._response(CompletionChoice(text="", finish_reason=done.finish_reason),
                               stats=Stats(**done.stats.to_dict()))
 
-    def usage_chunk(self, done: Finished):
+    def usage_chunk(self, usage: Usage):
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                  choices=[], usage=usage_of(done.stats))
+                                  choices=[], usage=usage)
 
-    def response(self, events: list[TokenEvent], done: Finished):
-        choice = CompletionChoice(text="".join(e.text for e in events),
-                                  finish_reason=done.finish_reason, logprobs=self.logprobs(events))
-        return self._response(choice, usage=usage_of(done.stats),
-                              stats=Stats(**done.stats.to_dict()))
+    def wrap(self, choices: list[CompletionChoice], usage: Usage, stats: Stats | None):
+        return CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=choices, usage=usage, stats=stats)
+
+    def choice(self, events: list[TokenEvent], done: Finished) -> CompletionChoice:
+        text = "".join(e.text for e in events)
+        prompt = self.echo.text if self.echo is not None else ""
+        logprobs = _joined(self.echo_logprobs(), self.logprobs(events, len(prompt)))
+        return CompletionChoice(index=self.index, text=prompt + text,
+                                finish_reason=done.finish_reason, logprobs=logprobs)
+
+
+def _joined(*parts: CompletionLogprobs | None) -> CompletionLogprobs | None:
+    """Logprobs of consecutive texts (an echoed prompt, then the completion) as one."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    out = CompletionLogprobs(top_logprobs=[])
+    for p in parts:
+        out.tokens += p.tokens
+        out.token_logprobs += p.token_logprobs
+        out.top_logprobs += p.top_logprobs
+        out.text_offset += p.text_offset
+    return out
+
+
+def combined_response(formats: list[ResponseFormat],
+                      results: list[tuple[list[TokenEvent], Finished]], n: int):
+    """One response of several choices (`formats` and `results` in index order, `n` per
+    prompt): each choice carries its own stats, the usage counts each prompt once."""
+    choices = [fmt.choice(events, done) for fmt, (events, done) in zip(formats, results,
+                                                                        strict=True)]
+    for choice, (_, done) in zip(choices, results, strict=True):
+        choice.stats = Stats(**done.stats.to_dict())
+    return formats[0].wrap(choices, usage_of([done.stats for _, done in results], n), None)
 
 
 def _dump(model) -> str:
@@ -207,75 +298,80 @@ def json_dict(model) -> dict:
 Observer = Callable[[Finished], None]
 
 
-async def collect(job: RequestHandle, fmt: ResponseFormat, observe: Observer,
+async def collect(choices: Choices, formats: list[ResponseFormat], observe: Observer,
                   disconnected: Callable[[], Awaitable[bool]] | None = None):
-    """Run a job to the end and build the non-streamed response.
+    """Run the choices' jobs to the end and build the non-streamed response.
 
     A client that goes away while it waits cancels its request too (`disconnected` is polled).
     """
-    events, done = [], None
-    watcher = asyncio.create_task(_watch(job, disconnected)) if disconnected else None
+    events: list[list[TokenEvent]] = [[] for _ in formats]
+    done: list[Finished | None] = [None] * len(formats)
+    watcher = asyncio.create_task(_watch(choices, disconnected)) if disconnected else None
     try:
-        async for event in job:
+        await choices.start()
+        async for i, event in choices.events():
             if isinstance(event, Finished):
-                done = event
-                observe(done)
+                done[i] = event
+                observe(event)
             else:
-                events.append(event)
+                events[i].append(event)
     except RequestCancelled:
         return Response(status_code=499)  # nobody is listening any more
     finally:
         if watcher is not None:
             watcher.cancel()
-        job.cancel()  # no-op when finished; frees the row if this request was cancelled
-    return fmt.response(events, done)
+        choices.cancel()  # no-op when finished; frees the rows if this request was cancelled
+    if len(formats) == 1:
+        return formats[0].response(events[0], done[0])
+    return combined_response(formats, list(zip(events, done, strict=True)), choices.n)
 
 
 DISCONNECT_POLL_S = 0.25
 
 
-async def _watch(job: RequestHandle, disconnected: Callable[[], Awaitable[bool]]) -> None:
+async def _watch(choices: Choices, disconnected: Callable[[], Awaitable[bool]]) -> None:
     while not await disconnected():
         await asyncio.sleep(DISCONNECT_POLL_S)
-    job.cancel()
+    choices.cancel()
 
 
-async def stream_response(job: RequestHandle, fmt: ResponseFormat, include_usage: bool,
+async def stream_response(choices: Choices, formats: list[ResponseFormat], include_usage: bool,
                           observe: Observer):
-    """Fetch the first event before answering, so an early failure is still an HTTP error."""
-    events = job.__aiter__()
-    try:
-        first = await events.__anext__()
-    except BaseException:
-        job.cancel()
-        raise
-    return EventSourceResponse(_sse(job, events, first, fmt, include_usage, observe), ping=15)
+    """Fetch each choice's first event before answering, so an early failure is still an HTTP
+    error."""
+    await choices.start()
+    return EventSourceResponse(_sse(choices, formats, include_usage, observe), ping=15)
 
 
-async def _sse(job: RequestHandle, events: AsyncIterator, first, fmt: ResponseFormat,
-               include_usage: bool, observe: Observer):
+async def _sse(choices: Choices, formats: list[ResponseFormat], include_usage: bool,
+               observe: Observer):
+    """One choice: its format's stream. Several: their chunks interleaved as their tokens
+    come, each choice closed by its own final chunk, then one usage chunk for all."""
+    single = len(formats) == 1
+    started = [False] * len(formats)
+    stats: list = [None] * len(formats)
     try:
-        for message in fmt.stream_open():
-            yield message
-        event, is_first = first, True
-        while True:
-            if isinstance(event, Finished):
-                observe(event)
-                for message in fmt.stream_close(event, include_usage):
-                    yield message
-                break
-            for message in fmt.stream_token(event, is_first):
+        for fmt in formats:
+            for message in fmt.stream_open():
                 yield message
-            is_first = False
-            try:
-                event = await events.__anext__()
-            except StopAsyncIteration:
-                break
-            except Exception as e:  # the response has started: report in-band, then end
-                for message in fmt.stream_error(as_api_error(e)):
+        try:
+            async for i, event in choices.events():
+                if isinstance(event, Finished):
+                    observe(event)
+                    stats[i] = event.stats
+                    for message in formats[i].stream_close(event, include_usage and single):
+                        yield message
+                    continue
+                for message in formats[i].stream_token(event, not started[i]):
                     yield message
-                break
-        for message in fmt.stream_end():
+                started[i] = True
+        except Exception as e:  # the response has started: report in-band, then end
+            for message in formats[0].stream_error(as_api_error(e)):
+                yield message
+        else:
+            if include_usage and not single:
+                yield {"data": _dump(formats[0].usage_chunk(usage_of(stats, choices.n)))}
+        for message in formats[0].stream_end():
             yield message
     finally:
-        job.cancel()  # client gone or stream over: the worker stops within a token
+        choices.cancel()  # client gone or stream over: the workers stop within a token

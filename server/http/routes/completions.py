@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.http.auth import require_api_key
-from server.http.completion import complete, complete_chat
+from server.http.completion import complete_chat, plan, run
 from server.http.request_mapping import check_model_name, completion_prompt
-from server.http.streaming import ChatFormat, TextFormat
+from server.http.streaming import ChatFormat, Echo, TextFormat
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"])
 
@@ -24,5 +24,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     engine = request.app.state.engine
     check_model_name(engine, body.model)
-    fmt = TextFormat(engine.model_name, engine.tokenizer)
-    return await complete(request, body, completion_prompt(engine, body), fmt)
+    given = body.prompts()
+    prompts = [completion_prompt(engine, prompt) for prompt in given]
+    params = plan(request, body, prompts)
+    formats = []
+    for text, tokens in zip(given, prompts, strict=True):
+        echo = await _echo(engine, body, text, tokens) if body.echo else None
+        formats += [TextFormat(engine.model_name, engine.tokenizer, echo)
+                    for _ in range(body.n)]
+    return await run(request, body, params, formats)
+
+
+async def _echo(engine, body: CompletionRequest, given: str | list[int],
+                tokens: list[int]) -> Echo:
+    """The prompt as it was sent (ids decoded), scored when `logprobs` is asked."""
+    text = given if isinstance(given, str) else engine.tokenizer.decode(tokens)
+    scores = None
+    if body.logprobs is not None:
+        scores = await engine.prompt_logprobs(tokens, body.logprobs,
+                                              cache_prompt=body.cache_prompt is not False)
+    return Echo(text, tokens, scores)
