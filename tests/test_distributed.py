@@ -167,6 +167,20 @@ def test_structured_output_matches(launch, live_server):
     assert text(ours) == text(chat(live_server, "Give me JSON", **extra))
 
 
+def test_prompt_scoring_and_choices_match(launch, live_server):
+    """`echo` + `logprobs` scores the prompt on the sharded target (chunks of 128 tokens),
+    then generates from what it prefilled; `n` siblings share the prompt."""
+    body = {"prompt": "The quick brown fox " * 40, "echo": True, "logprobs": 2,
+            "max_tokens": 6, "n": 2}
+    ours, theirs = complete(launch.url, **body), complete(live_server, **body)
+    assert [c["text"] for c in ours["choices"]] == [c["text"] for c in theirs["choices"]]
+    for a, b in zip(ours["choices"], theirs["choices"], strict=True):
+        assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
+        assert a["logprobs"]["token_logprobs"][1:] == pytest.approx(
+            b["logprobs"]["token_logprobs"][1:], abs=1e-3)
+    assert ours["usage"]["completion_tokens"] == 12
+
+
 def test_a_stream_that_is_cancelled_frees_its_row(launch, live_server):
     body = {"prompt": "go", "max_tokens": 2000, "ignore_eos": True, "stream": True,
             "temperature": 0}
