@@ -190,3 +190,22 @@ async def test_cancelling_a_streamed_n_request_frees_every_row(client, engine):
             break
         await asyncio.sleep(0.05)
     assert engine.batch_size == 0
+
+
+async def test_n_forced_tool_calls_each_parse(client):
+    """Each choice has its own grammar and tool-call parser."""
+    tools = [{"type": "function", "function": {
+        "name": "ping", "parameters": {"type": "object", "properties": {},
+                                       "additionalProperties": False}}}]
+    body = {"messages": [{"role": "user", "content": "Ping?"}], "tools": tools,
+            "tool_choice": "required", "parallel_tool_calls": False, "n": 3,
+            "temperature": 0.7, "seed": 11, "max_tokens": 100}
+    r = await client.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for c in choices:
+        assert c["finish_reason"] == "tool_calls"
+        (call,) = c["message"]["tool_calls"]
+        assert call["function"] == {"name": "ping", "arguments": "{}"}
+    assert len({c["message"]["tool_calls"][0]["id"] for c in choices}) == 3
