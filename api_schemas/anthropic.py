@@ -1,7 +1,7 @@
 """Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): the subset
 this server serves, with our extensions (`from_draft` on text deltas, `stats` on the message)
-as documented extra fields. Fields we do not use (`thinking`, `service_tier`, `cache_control`
-on blocks, ...) are accepted and ignored.
+as documented extra fields. Fields we do not use (`service_tier`, `cache_control` on blocks,
+...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -120,12 +120,21 @@ class OutputConfig(RequestModel):
 
 
 # ------------------------------------------------------------------------------ the requests
+class ThinkingConfig(RequestModel):
+    """A thinking model: "disabled" asks its template not to think; "enabled" and "adaptive"
+    let it (its template decides how much: `budget_tokens` is accepted, not enforced)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=0)
+
+
 class CountTokensRequest(RequestModel):
     """The prompt of a request: what `/v1/messages/count_tokens` counts."""
 
     model: str = Field(..., max_length=1024)
     messages: list[InputMessage] = Field(..., min_length=1)
     system: str | list[TextBlock] | None = None
+    thinking: ThinkingConfig | None = None
     tool_choice: ToolChoice | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
 
@@ -176,6 +185,14 @@ class TextContent(OpenAIBaseModel):
     text: str
 
 
+class ThinkingContent(OpenAIBaseModel):
+    """A thinking model's reasoning (`signature` is empty: nothing here is encrypted)."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
 class ToolUseContent(OpenAIBaseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -198,7 +215,7 @@ class Message(OpenAIBaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[TextContent | ToolUseContent] = Field(default_factory=list)
+    content: list[ThinkingContent | TextContent | ToolUseContent] = Field(default_factory=list)
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None = None
     stop_sequence: str | None = None
     usage: MessageUsage

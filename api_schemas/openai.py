@@ -118,6 +118,9 @@ class ChatMessage(RequestModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="An assistant's earlier calls.")
     tool_call_id: str | None = Field(None, description="The call a `tool` message answers.")
+    reasoning_content: str | None = Field(
+        None, description="An assistant turn's reasoning, for templates that render it.")
+    reasoning: str | None = Field(None, description="The same, as vLLM and mlx_lm name it.")
 
     @field_validator("content", mode="before")
     @classmethod
@@ -155,6 +158,9 @@ class ChatMessage(RequestModel):
             out["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        reasoning = self.reasoning_content or self.reasoning
+        if reasoning and self.role == "assistant":
+            out["reasoning_content"] = reasoning
         return out
 
 
@@ -318,10 +324,15 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_completion_tokens: int | None = Field(None, ge=1)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="A thinking model: \"none\" asks its template not to think; the"
+        " others let it think (its template decides how much).")
     response_format: ResponseFormat | None = None
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and mlx_lm's extension: variables for the chat template (`enable_thinking`, ...).
+    chat_template_kwargs: dict[str, Any] | None = None
     # Deprecated by OpenAI: refused with a 400 that names the replacement.
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
@@ -339,6 +350,13 @@ class ChatCompletionRequest(SamplingRequest):
         if named is not None and named not in {t.function.name for t in self.tools}:
             raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
         return self
+
+    def template_kwargs(self) -> dict:
+        """What the chat template is rendered with besides the messages and tools."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return kwargs
 
     def named_tool(self) -> str | None:
         return self.tool_choice.function.name if isinstance(self.tool_choice,
@@ -457,9 +475,17 @@ class CompletionLogprobs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+def _reasoning_field():
+    return Field(None, exclude_if=lambda v: v is None,
+                 description="A thinking model's reasoning (the same text in `reasoning`, as"
+                 " vLLM and mlx_lm name it, and `reasoning_content`, as DeepSeek does).")
+
+
 class AssistantMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning: str | None = _reasoning_field()
+    reasoning_content: str | None = _reasoning_field()
     tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
@@ -490,6 +516,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class Delta(OpenAIBaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = _reasoning_field()
+    reasoning_content: str | None = _reasoning_field()
     tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=lambda v: v is None)
 
 

@@ -78,14 +78,23 @@ class CustomToolCallInput(RequestModel):
     id: str | None = None
 
 
+class ReasoningText(OpenAIBaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
 class ReasoningInput(RequestModel):
-    """An earlier turn's reasoning (another model's, since this server writes none): listed by
-    input_items, left out of the prompt, as a model's own reasoning is in later turns."""
+    """An earlier turn's reasoning: listed by input_items; its text (`content`, as this server
+    writes it) goes to the assistant turn after it, for templates that render reasoning."""
 
     type: Literal["reasoning"]
     id: str | None = None
     summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
     encrypted_content: str | None = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or ())
 
 
 class FunctionCallOutput(RequestModel):
@@ -219,6 +228,12 @@ class TextConfig(RequestModel):
 
 
 # ------------------------------------------------------------------------------ the request
+class ReasoningConfig(RequestModel):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="A thinking model: \"none\" asks its template not to think.")
+    summary: str | None = Field(None, description="Accepted; this server writes no summaries.")
+
+
 class _ResponsesFields(RequestModel):
     """OpenAI's request fields, in the order of its reference."""
 
@@ -232,6 +247,7 @@ class _ResponsesFields(RequestModel):
     metadata: dict[str, str] | None = Field(None, max_length=16)
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = Field(None, max_length=256)
+    reasoning: ReasoningConfig | None = None
     store: bool = Field(True, description="Keep the response for GET and previous_response_id"
                         " (a bounded in-memory store: server.responses_store_size).")
     stream: bool = False
@@ -345,6 +361,18 @@ class IncompleteDetails(OpenAIBaseModel):
     reason: Literal["max_output_tokens"]
 
 
+class ReasoningItem(OpenAIBaseModel):
+    """A thinking model's reasoning (its text in `content`), or an input's reasoning item."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str = Field(default_factory=lambda: item_id("rs"))
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningText] | None = Field(None, exclude_if=lambda v: v is None)
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = Field(
+        None, exclude_if=lambda v: v is None)
+
+
 class ResponseObject(OpenAIBaseModel):
     id: str = Field(default_factory=lambda: item_id("resp"))
     object: Literal["response"] = "response"
@@ -355,7 +383,7 @@ class ResponseObject(OpenAIBaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str
-    output: list[OutputMessage | FunctionCallItem | CustomToolCallItem] = Field(
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem | CustomToolCallItem] = Field(
         default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
@@ -387,13 +415,6 @@ class FunctionCallOutputItem(OpenAIBaseModel):
     call_id: str
     output: str
     status: Literal["completed"] = "completed"
-
-
-class ReasoningItem(OpenAIBaseModel):
-    type: Literal["reasoning"] = "reasoning"
-    id: str
-    summary: list[dict[str, Any]] = Field(default_factory=list)
-    encrypted_content: str | None = None
 
 
 # An item a response was made from: its input, and the history that previous_response_id

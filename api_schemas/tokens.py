@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from api_schemas.openai import ChatMessage, OpenAIBaseModel, RequestModel, ToolDefinition
@@ -19,6 +21,8 @@ class TokenizeRequest(RequestModel):
     add_special_tokens: bool = Field(
         True, description="`prompt` only: add the tokenizer's special tokens (its BOS).")
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="`messages` only: variables for the chat template.")
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -27,6 +31,9 @@ class TokenizeRequest(RequestModel):
         if self.tools is not None and self.messages is None:
             raise ValueError("'tools' needs 'messages'")
         return self
+
+    def template_kwargs(self) -> dict:
+        return dict(self.chat_template_kwargs or {})
 
     def active_tools(self) -> list[dict] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None

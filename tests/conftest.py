@@ -45,6 +45,14 @@ def foreign_model(model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def thinking_pair(tiny_pair, model_dir) -> tuple[Path, Path]:
+    """The tiny pair taught to write `<think>` ... `</think>` (`thinking_model`)."""
+    from thinking_model import build_thinking_pair
+
+    return build_thinking_pair(tiny_pair, model_dir / "thinking")
+
+
+@pytest.fixture(scope="session")
 def loaded_pair(tiny_pair):
     """(target_model, tokenizer, draft_model) loaded with mlx_lm.load."""
     from mlx_lm import load
@@ -213,21 +221,30 @@ def running_server(args: list[str], log: Path):
 @pytest.fixture(scope="module")
 def live_server(engine, tiny_pair):
     """Our app (the shared tiny-pair engine) served by uvicorn in a thread: its URL."""
+    from server.http.app import create_app
+
+    with uvicorn_thread(create_app(make_settings(*tiny_pair), engine)) as url:
+        yield url
+
+
+@contextmanager
+def uvicorn_thread(app):
+    """`app` served by uvicorn in a thread of this process: its URL."""
     import threading
     import time
 
     import uvicorn
 
-    from server.http.app import create_app
-
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(*tiny_pair), engine),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -10,6 +10,7 @@ Without a browser they skip, except in CI (CI=true), where a missing browser fai
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -329,6 +330,44 @@ def test_json_schema_box_constrains_the_answer(page):
     answer = "".join(page.page.locator("#chat .assistant span.tok").all_inner_texts())
     assert set(json.loads(answer)) == {"ok"}
     assert page.errors == []
+
+
+@slow
+def test_a_thinking_model_reasoning_shows_apart_and_is_not_sent_back(browser, thinking_pair):
+    """Reasoning tokens are in italics (`data-reasoning`) and coloured too; the next turn
+    sends back the answer only."""
+    from thinking_model import PROMPT
+
+    from server.http.app import build_engine, create_app
+
+    settings = make_settings(*thinking_pair)
+    engine = build_engine(settings)
+    engine.start()
+    context = browser.new_context(viewport=ui.VIEWPORT)
+    try:
+        with serving(create_app(settings, engine)) as port:
+            url = f"http://127.0.0.1:{port}"
+            page = Page(context.new_page())
+            page.page.goto(url + "/")
+            page.page.wait_for_selector("#model-list li[data-role='target']")
+            page.page.fill("#max-tokens", "24")
+            ui.ask(page.page, PROMPT)
+            expected = httpx.post(f"{url}/v1/chat/completions", timeout=60, json=chat_body(
+                PROMPT, max_tokens=24, temperature=0)).json()["choices"][0]["message"]
+            spans = page.page.locator("#chat .assistant span.tok[data-reasoning='true']")
+            assert "".join(spans.all_inner_texts()) == expected["reasoning"]
+            answer = page.page.locator("#chat .assistant span.tok:not([data-reasoning])")
+            assert "".join(answer.all_inner_texts()) == expected["content"]
+            assert spans.first.evaluate("e => getComputedStyle(e).fontStyle") == "italic"
+            sent = []
+            page.page.on("request", lambda r: r.post_data and sent.append(r.post_data))
+            ui.ask(page.page, "And tomorrow?")
+            history = json.loads(sent[-1])["messages"]
+            assert history[1] == {"role": "assistant", "content": expected["content"]}
+            assert page.errors == []
+    finally:
+        context.close()
+        engine.stop()
 
 
 @pytest.fixture()

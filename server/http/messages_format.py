@@ -2,7 +2,8 @@
 
 `MessageBuilder` turns tokens into Anthropic's events and keeps the message they describe; a
 collected message is the same builder run over the whole output, so both agree. Content goes
-into text blocks, each tool call into a tool_use block, in the order the model wrote them.
+into text blocks, a thinking model's reasoning into thinking blocks, each tool call into a
+tool_use block, in the order the model wrote them.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from api_schemas.anthropic import (
     Message,
     MessageUsage,
     TextContent,
+    ThinkingContent,
     ToolUseContent,
     message_id,
 )
 from api_schemas.openai import Stats
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
-from server.http.output_split import OutputSplit
+from server.http.output_split import Output, OutputSplit
+from server.http.reasoning import reasoning_split
 from server.http.streaming import ResponseFormat, json_dict
 
 
@@ -43,7 +46,7 @@ def tool_input(arguments: str) -> dict:
 class MessageBuilder:
     def __init__(self, message: Message, split: OutputSplit):
         self.message, self.split = message, split
-        self._text: TextContent | None = None  # the text block being written
+        self._open: TextContent | ThinkingContent | None = None  # the block being written
         self._from_draft = False
 
     def open(self) -> list[dict]:
@@ -51,12 +54,10 @@ class MessageBuilder:
 
     def token(self, event: TokenEvent) -> list[dict]:
         self._from_draft = event.from_draft
-        content, calls = self.split.feed(event.text)
-        return self._content(content) + self._calls(calls)
+        return self._output(self.split.feed(event.text))
 
     def close(self, done: Finished) -> list[dict]:
-        content, calls = self.split.finish()
-        events = self._content(content) + self._calls(calls) + self._close_text()
+        events = self._output(self.split.finish()) + self._close_block()
         m, stats = self.message, done.stats
         m.stop_reason = stop_reason(done, self.split.made_calls)
         m.stop_sequence = done.stop_sequence if m.stop_reason == "stop_sequence" else None
@@ -69,32 +70,43 @@ class MessageBuilder:
                  "usage": json_dict(m.usage), "stats": json_dict(m.stats)}
         return events + [delta, {"type": "message_stop"}]
 
+    def _output(self, out: Output) -> list[dict]:
+        return (self._text(ThinkingContent, out.reasoning) + self._text(TextContent, out.content)
+                + self._calls(out.calls))
+
     @property
     def _index(self) -> int:
         return len(self.message.content) - 1
 
-    def _content(self, text: str) -> list[dict]:
+    def _text(self, kind: type, text: str) -> list[dict]:
+        """Append to the open block of `kind` (text or thinking), opening it first (and
+        closing another) if need be."""
         if not text:
             return []
         events = []
-        if self._text is None:
-            self._text = TextContent(text="")
-            self.message.content.append(self._text)
+        if not isinstance(self._open, kind):
+            events = self._close_block()
+            self._open = kind(**{"text" if kind is TextContent else "thinking": ""})
+            self.message.content.append(self._open)
             events.append({"type": "content_block_start", "index": self._index,
-                           "content_block": json_dict(self._text)})
-        self._text.text += text
+                           "content_block": json_dict(self._open)})
+        if kind is ThinkingContent:
+            self._open.thinking += text
+            return events + [{"type": "content_block_delta", "index": self._index,
+                              "delta": {"type": "thinking_delta", "thinking": text}}]
+        self._open.text += text
         return events + [{"type": "content_block_delta", "index": self._index,
                           "delta": {"type": "text_delta", "text": text},
                           "from_draft": self._from_draft}]
 
-    def _close_text(self) -> list[dict]:
-        block, self._text = self._text, None
+    def _close_block(self) -> list[dict]:
+        block, self._open = self._open, None
         if block is None:
             return []
         return [{"type": "content_block_stop", "index": self.message.content.index(block)}]
 
     def _calls(self, calls: list[dict]) -> list[dict]:
-        events = self._close_text() if calls else []
+        events = self._close_block() if calls else []
         for call in calls:
             function = call["function"]
             block = ToolUseContent(id=message_id("toolu"), name=function["name"],
@@ -115,15 +127,16 @@ def _sse(events: list[dict]) -> list[dict]:
 
 
 class MessagesFormat(ResponseFormat):
-    def __init__(self, model: str, tokenizer, tool_calls, prompt_tokens: int):
+    def __init__(self, model: str, tokenizer, tool_calls, prompt: list[int]):
         super().__init__(model, tokenizer, "msg")
-        self._tool_calls = tool_calls
-        self._start = Message(model=model, usage=MessageUsage(input_tokens=prompt_tokens,
+        self._tool_calls, self._prompt = tool_calls, prompt
+        self._start = Message(model=model, usage=MessageUsage(input_tokens=len(prompt),
                                                               output_tokens=0))
         self._builder: MessageBuilder | None = None
 
     def _new_builder(self) -> MessageBuilder:
-        return MessageBuilder(self._start.model_copy(deep=True), OutputSplit(self._tool_calls))
+        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._prompt))
+        return MessageBuilder(self._start.model_copy(deep=True), split)
 
     def stream_open(self) -> list[dict]:
         self._builder = self._new_builder()

@@ -14,6 +14,7 @@ from api_schemas.anthropic import (
     CountTokensRequest,
     MessagesRequest,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -37,7 +38,10 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
             messages.append({"role": "system", "content": text})
             continue
         if message.role == "assistant":
-            messages.append({"role": "assistant", "content": text})
+            thinking = "".join(b.thinking or "" for b in message.content
+                               if isinstance(b, ThinkingBlock) and b.type == "thinking")
+            messages.append({"role": "assistant", "content": text,
+                             **({"reasoning_content": thinking} if thinking else {})})
             for block in message.content:
                 if isinstance(block, ToolUseBlock):
                     with_tool_call(messages, tool_call(block.id, block.name,
@@ -66,6 +70,7 @@ def chat_from_messages(body: CountTokensRequest) -> ChatCompletionRequest:
         "tool_choice": None if choice is None else _CHOICES.get(choice.type) or
         {"type": "function", "function": {"name": choice.name}},
         "parallel_tool_calls": False if choice and choice.disable_parallel_tool_use else None,
+        "reasoning_effort": _effort(body.thinking),
     }
     if isinstance(body, MessagesRequest):
         fields |= {"max_completion_tokens": body.max_tokens, "stop": body.stop_sequences,
@@ -73,6 +78,12 @@ def chat_from_messages(body: CountTokensRequest) -> ChatCompletionRequest:
                    "response_format": _response_format(body), **body.extensions(),
                    "top_k": body.top_k}
     return chat_request(fields, RENAMES)
+
+
+def _effort(thinking) -> str | None:
+    if thinking is None:
+        return None
+    return "none" if thinking.type == "disabled" else "medium"
 
 
 def _response_format(body: MessagesRequest) -> dict | None:

@@ -22,10 +22,28 @@ def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
 def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[int]:
     """`body`: anything with `messages` and `active_tools()` (a chat or a /tokenize body)."""
     messages = [m.template_dict() for m in body.messages]
+    kwargs = template_kwargs(body)
     try:
-        return render_chat(engine.tokenizer, messages, body.active_tools())
+        return render_chat(engine.tokenizer, messages, body.active_tools(), kwargs)
     except Exception as e:  # a template that rejects this conversation (roles, order)
         raise APIError(400, f"chat template failed: {e}", param="messages") from e
+
+
+# Arguments the renderer sets itself, or that would change what it returns.
+RESERVED_TEMPLATE_KWARGS = {"messages", "conversation", "tools", "documents", "chat_template",
+                            "add_generation_prompt", "continue_final_message", "tokenize",
+                            "return_dict", "return_tensors", "return_assistant_tokens_mask",
+                            "padding", "truncation", "max_length", "tokenizer_kwargs"}
+
+
+def template_kwargs(body) -> dict:
+    """A chat body's template variables (`chat_template_kwargs`, `reasoning_effort`)."""
+    kwargs = body.template_kwargs() if hasattr(body, "template_kwargs") else {}
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",
+                       param="chat_template_kwargs", code="invalid_value")
+    return kwargs
 
 
 def completion_prompt(engine: InferenceEngine, prompt: str | list[int]) -> list[int]:

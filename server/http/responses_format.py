@@ -19,12 +19,16 @@ from api_schemas.responses import (
     InputTokensDetails,
     OutputMessage,
     OutputText,
+    OutputTokensDetails,
+    ReasoningItem,
+    ReasoningText,
     ResponseObject,
     ResponseUsage,
 )
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
-from server.http.output_split import OutputSplit
+from server.http.output_split import Output, OutputSplit
+from server.http.reasoning import reasoning_split
 from server.http.responses_tools import ToolTable
 from server.http.streaming import ResponseFormat, json_dict
 
@@ -33,8 +37,9 @@ class ResponseBuilder:
     def __init__(self, response: ResponseObject, split: OutputSplit, tools: ToolTable):
         self.response, self.split, self.tools = response, split, tools
         self._sequence = 0
-        self._message: OutputMessage | None = None  # the message item being written
+        self._open: OutputMessage | ReasoningItem | None = None  # the item being written
         self._from_draft = False
+        self._reasoning_tokens = 0
 
     def event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -48,63 +53,77 @@ class ResponseBuilder:
 
     def token(self, event: TokenEvent) -> list[dict]:
         self._from_draft = event.from_draft
-        content, calls = self.split.feed(event.text)
-        return self._content(content) + self._calls(calls)
+        self._reasoning_tokens += self.split.in_reasoning
+        return self._output(self.split.feed(event.text))
 
     def close(self, done: Finished) -> list[dict]:
-        content, calls = self.split.finish()
-        events = self._content(content) + self._calls(calls)
+        events = self._output(self.split.finish())
         complete = done.finish_reason == "stop"
-        events += self._close_message("completed" if complete else "incomplete")
+        events += self._close_item("completed" if complete else "incomplete")
         r, stats = self.response, done.stats
         r.status = "completed" if complete else "incomplete"
         r.incomplete_details = None if complete else IncompleteDetails(reason="max_output_tokens")
         r.usage = ResponseUsage(
             input_tokens=stats.prompt_tokens, output_tokens=stats.generation_tokens,
             input_tokens_details=InputTokensDetails(cached_tokens=stats.cached_tokens),
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=self._reasoning_tokens),
             total_tokens=stats.prompt_tokens + stats.generation_tokens)
         r.stats = Stats(**stats.to_dict())
         kind = "response.completed" if complete else "response.incomplete"
         return events + [self.event(kind, response=json_dict(r))]
 
-    def _content(self, text: str) -> list[dict]:
+    def _output(self, out: Output) -> list[dict]:
+        return (self._text(ReasoningItem, out.reasoning) + self._text(OutputMessage, out.content)
+                + self._calls(out.calls))
+
+    def _text(self, kind: type, text: str) -> list[dict]:
+        """Append to the open item of `kind` (a message's text, or reasoning), opening it
+        first (and closing another) if need be."""
         if not text:
             return []
-        events = [] if self._message is not None else self._open_message()
-        part = self._message.content[0]
+        events = []
+        if not isinstance(self._open, kind):
+            events = self._close_item() + self._open_item(kind())
+        part = self._open.content[0]
         part.text += text
-        return events + [self.event(
-            "response.output_text.delta", item_id=self._message.id, output_index=self._index,
-            content_index=0, delta=text, logprobs=[], from_draft=self._from_draft)]
+        where = {"item_id": self._open.id, "output_index": self._index, "content_index": 0}
+        if kind is ReasoningItem:
+            return events + [self.event("response.reasoning_text.delta", **where, delta=text)]
+        return events + [self.event("response.output_text.delta", **where, delta=text,
+                                    logprobs=[], from_draft=self._from_draft)]
 
     @property
     def _index(self) -> int:
         return len(self.response.output) - 1
 
-    def _open_message(self) -> list[dict]:
-        self._message = OutputMessage()
-        self.response.output.append(self._message)
+    def _open_item(self, item: OutputMessage | ReasoningItem) -> list[dict]:
+        self._open = item
+        item.status, item.content = "in_progress", []
+        self.response.output.append(item)
         added = self.event("response.output_item.added", output_index=self._index,
-                            item=json_dict(self._message))
-        self._message.content.append(OutputText(text=""))
-        return [added, self.event("response.content_part.added", item_id=self._message.id,
-                                   output_index=self._index, content_index=0,
-                                   part=json_dict(self._message.content[0]))]
+                           item=json_dict(item))
+        item.content.append(OutputText(text="") if isinstance(item, OutputMessage)
+                            else ReasoningText(text=""))
+        return [added, self.event("response.content_part.added", item_id=item.id,
+                                  output_index=self._index, content_index=0,
+                                  part=json_dict(item.content[0]))]
 
-    def _close_message(self, status: str = "completed") -> list[dict]:
-        message, self._message = self._message, None
-        if message is None:
+    def _close_item(self, status: str = "completed") -> list[dict]:
+        item, self._open = self._open, None
+        if item is None:
             return []
-        message.status = status
-        index, part = self.response.output.index(message), message.content[0]
-        where = {"item_id": message.id, "output_index": index, "content_index": 0}
-        return [self.event("response.output_text.done", **where, text=part.text, logprobs=[]),
-                self.event("response.content_part.done", **where, part=json_dict(part)),
+        item.status = status
+        index, part = self.response.output.index(item), item.content[0]
+        where = {"item_id": item.id, "output_index": index, "content_index": 0}
+        done = (self.event("response.output_text.done", **where, text=part.text, logprobs=[])
+                if isinstance(item, OutputMessage) else
+                self.event("response.reasoning_text.done", **where, text=part.text))
+        return [done, self.event("response.content_part.done", **where, part=json_dict(part)),
                 self.event("response.output_item.done", output_index=index,
-                            item=json_dict(message))]
+                           item=json_dict(item))]
 
     def _calls(self, calls: list[dict]) -> list[dict]:
-        events = self._close_message() if calls else []
+        events = self._close_item() if calls else []
         for call in calls:
             item = self.tools.output_item(call)
             self.response.output.append(item)
@@ -136,15 +155,16 @@ class ResponsesFormat(ResponseFormat):
     `on_finish` receives it once it is complete (the response store)."""
 
     def __init__(self, model: str, tokenizer, skeleton: ResponseObject, tool_calls,
-                 tools: ToolTable, on_finish: Callable[[ResponseObject], None]):
+                 tools: ToolTable, on_finish: Callable[[ResponseObject], None],
+                 prompt: list[int]):
         super().__init__(model, tokenizer, "resp")
         self._skeleton, self._tool_calls, self._on_finish = skeleton, tool_calls, on_finish
-        self._tools = tools
+        self._tools, self._prompt = tools, prompt
         self._builder: ResponseBuilder | None = None
 
     def _new_builder(self) -> ResponseBuilder:
-        return ResponseBuilder(self._skeleton.model_copy(deep=True), OutputSplit(self._tool_calls),
-                               self._tools)
+        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._prompt))
+        return ResponseBuilder(self._skeleton.model_copy(deep=True), split, self._tools)
 
     def stream_open(self) -> list[dict]:
         self._builder = self._new_builder()

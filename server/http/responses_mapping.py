@@ -42,16 +42,21 @@ def input_messages(items: str | list | None) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
+    reasoning = ""  # goes to the assistant turn after it
     for item in items:
+        if isinstance(item, ReasoningInput):
+            reasoning += item.text()
+            continue
         if isinstance(item, (FunctionCallInput, CustomToolCallInput)):
             with_tool_call(messages, history_call(item))
         elif isinstance(item, FunctionCallOutput):
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": item.text()})
-        elif isinstance(item, ReasoningInput):
-            continue  # not part of the prompt
         else:
             messages.append({"role": item.role, "content": item.text()})
+        if reasoning and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = reasoning
+            reasoning = ""
     return messages
 
 
@@ -76,6 +81,7 @@ def request_items(items: str | list) -> list[ResponseItem]:
                                                  call_id=item.call_id, output=item.text()))
         elif isinstance(item, ReasoningInput):
             listed.append(ReasoningItem(id=item.id or item_id("rs"), summary=item.summary,
+                                        content=item.content,
                                         encrypted_content=item.encrypted_content))
         else:
             kind = "output_text" if item.role == "assistant" else "input_text"
@@ -109,6 +115,7 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[dict],
         "tool_choice": _tool_choice(body),
         "parallel_tool_calls": body.parallel_tool_calls,
         "response_format": _response_format(fmt),
+        "reasoning_effort": body.reasoning.effort if body.reasoning else None,
         **body.extensions(),
     }, RENAMES)
 

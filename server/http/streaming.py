@@ -41,6 +41,8 @@ from server.engine.events import Finished, RequestCancelled, TokenEvent
 from server.engine.scoring import PromptLogprobs
 from server.http.choices import Choices
 from server.http.errors import APIError, as_api_error
+from server.http.output_split import Output, OutputSplit
+from server.http.reasoning import reasoning_split
 from server.http.tools import ToolCallParser
 
 
@@ -98,14 +100,27 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
-    """`tool_calls`: a ToolCallParser factory when the request offers tools; the text then
-    goes through it, streamed or not, so both split content and calls the same way."""
+    """`tool_calls`: a ToolCallParser factory when the request offers tools; `prompt`: the
+    prompt's tokens, where a thinking model's reply starts (reasoning or answer). The text goes
+    through an `OutputSplit`, streamed or not, so both split reasoning, content and calls the
+    same way."""
 
     def __init__(self, model: str, tokenizer,
-                 tool_calls: Callable[[], ToolCallParser] | None = None):
+                 tool_calls: Callable[[], ToolCallParser] | None = None,
+                 prompt: list[int] | None = None):
         super().__init__(model, tokenizer, "chatcmpl")
-        self._tool_calls = tool_calls
-        self._stream_tools = tool_calls() if tool_calls is not None else None
+        self._tool_calls, self._prompt = tool_calls, prompt
+        self._plain = tool_calls is None and not self._thinks
+        self._stream = self._split()
+
+    @property
+    def _thinks(self) -> bool:
+        return self._prompt is not None and self.tokenizer.has_thinking
+
+    def _split(self) -> OutputSplit:
+        return OutputSplit(self._tool_calls,
+                           reasoning_split(self.tokenizer, self._prompt) if self._thinks
+                           else None)
 
     def _chunk(self, choice: ChatChunkChoice, **extra) -> ChatCompletionChunk:
         choice.index = self.index
@@ -126,27 +141,25 @@ class ChatFormat(ResponseFormat):
         return ChatLogprobs(content=content)
 
     def token_chunk(self, event: TokenEvent, first: bool):
-        role = "assistant" if first else None
-        if self._stream_tools is None:
-            delta = Delta(role=role, content=event.text)
-        else:
-            delta = self._tool_delta(*self._stream_tools.feed(event.text), role=role)
+        delta = self._delta(self._stream.feed(event.text), role="assistant" if first else None)
         return self._chunk(ChatChunkChoice(delta=delta, from_draft=event.from_draft,
                                            logprobs=self.logprobs([event])))
 
     def final_chunk(self, done: Finished):
-        delta, reason = Delta(), done.finish_reason
-        if self._stream_tools is not None:
-            delta = self._tool_delta(*self._stream_tools.finish())
-            reason = _tool_finish_reason(reason, self._stream_tools)
+        out = self._stream.finish()
+        delta = Delta() if self._plain else self._delta(out)
+        reason = _tool_finish_reason(done.finish_reason, self._stream)
         return self._chunk(ChatChunkChoice(delta=delta, finish_reason=reason),
                            stats=Stats(**done.stats.to_dict()))
 
-    def _tool_delta(self, content: str, calls: list[dict], role=None) -> Delta:
-        """A delta of content and/or whole calls (OpenAI's `index` counts calls in the stream)."""
-        first = len(self._stream_tools.calls) - len(calls)
-        deltas = [ToolCallDelta(index=first + i, **c) for i, c in enumerate(calls)] or None
-        return Delta(role=role, content=content or None, tool_calls=deltas)
+    def _delta(self, out: Output, role=None) -> Delta:
+        """A delta of reasoning, content and/or whole calls (OpenAI's `index` counts calls in
+        the stream)."""
+        first = len(self._stream.calls) - len(out.calls)
+        deltas = [ToolCallDelta(index=first + i, **c) for i, c in enumerate(out.calls)] or None
+        reasoning = out.reasoning or None
+        return Delta(role=role, content=out.content if self._plain else out.content or None,
+                     reasoning=reasoning, reasoning_content=reasoning, tool_calls=deltas)
 
     def usage_chunk(self, usage: Usage):
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
@@ -157,24 +170,20 @@ class ChatFormat(ResponseFormat):
                                       choices=choices, usage=usage, stats=stats)
 
     def choice(self, events: list[TokenEvent], done: Finished) -> ChatChoice:
-        text, reason = "".join(e.text for e in events), done.finish_reason
-        message = AssistantMessage(content=text)
-        if self._tool_calls is not None:
-            parser = self._tool_calls()
-            content, calls = parser.feed(text)
-            rest, more = parser.finish()
-            content += rest
-            if parser.calls:
-                message = AssistantMessage(content=content or None, tool_calls=calls + more)
-            else:
-                message = AssistantMessage(content=content)
-            reason = _tool_finish_reason(reason, parser)
-        return ChatChoice(index=self.index, message=message, finish_reason=reason,
+        split = self._split()
+        out = split.feed("".join(e.text for e in events)) + split.finish()
+        reasoning = out.reasoning or None
+        content = out.content or None if out.calls or (self._thinks and not out.content) \
+            else out.content
+        message = AssistantMessage(content=content, reasoning=reasoning,
+                                   reasoning_content=reasoning, tool_calls=out.calls or None)
+        return ChatChoice(index=self.index, message=message,
+                          finish_reason=_tool_finish_reason(done.finish_reason, split),
                           logprobs=self.logprobs(events))
 
 
-def _tool_finish_reason(reason: str, parser: ToolCallParser) -> str:
-    return "tool_calls" if parser.calls and reason == "stop" else reason
+def _tool_finish_reason(reason: str, split: OutputSplit) -> str:
+    return "tool_calls" if split.made_calls and reason == "stop" else reason
 
 
 @dataclass(frozen=True)

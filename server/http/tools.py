@@ -76,14 +76,18 @@ def call_format(tokenizer, *, forced: bool) -> ToolCallFormat:
 
 
 # ----------------------------------------------------------------------------- the prompt
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
-    """Prompt tokens for `messages` (OpenAI dicts) and `tools` (OpenAI tool objects or None)."""
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None,
+                template_kwargs: dict | None = None) -> list[int]:
+    """Prompt tokens for `messages` (OpenAI dicts) and `tools` (OpenAI tool objects or None);
+    `template_kwargs`: more variables for the template (`enable_thinking`, ...)."""
     native_tools = bool(tools) and template_renders_tools(tokenizer)
     messages = [template_message(m, native_calls=template_renders_tool_calls(tokenizer))
                 for m in messages]
     if tools and not native_tools:
         messages = with_tools_system_prompt(messages, tools)
-    kwargs = {"tools": tools} if native_tools else {}
+    kwargs = dict(template_kwargs or {})
+    if native_tools:
+        kwargs["tools"] = tools
     try:
         return chat_tokens(tokenizer, messages, **kwargs)
     except Exception:
@@ -97,7 +101,7 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None) -> li
 def template_message(message: dict, *, native_calls: bool) -> dict:
     """One OpenAI message as chat templates expect it (HF: call arguments as a dict)."""
     out = {"role": message["role"], "content": message.get("content") or ""}
-    for key in ("name", "tool_call_id"):
+    for key in ("name", "tool_call_id", "reasoning_content"):
         if message.get(key) is not None:
             out[key] = message[key]
     calls = message.get("tool_calls")

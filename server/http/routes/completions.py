@@ -17,7 +17,8 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine = request.app.state.engine
     return await complete_chat(
-        request, body, lambda tools, _: ChatFormat(engine.model_name, engine.tokenizer, tools))
+        request, body,
+        lambda tools, prompt: ChatFormat(engine.model_name, engine.tokenizer, tools, prompt))
 
 
 @router.post("/completions")

@@ -21,7 +21,7 @@ async def create_message(body: MessagesRequest, request: Request):
     engine = request.app.state.engine
 
     def make_format(tools, prompt):
-        return MessagesFormat(engine.model_name, engine.tokenizer, tools, len(prompt))
+        return MessagesFormat(engine.model_name, engine.tokenizer, tools, prompt)
 
     with renamed_params(RENAMES):
         return await complete_chat(request, chat_from_messages(body), make_format)

@@ -76,7 +76,9 @@ async function streamChat(body, view, signal) {
     first = first ?? performance.now();
     count += 1;
     drafted += choice.from_draft ? 1 : 0;
-    view.token((choice.delta && choice.delta.content) || "", choice.from_draft);
+    const delta = choice.delta || {};
+    if (delta.reasoning) view.token(delta.reasoning, choice.from_draft, true);
+    view.token(delta.content || "", choice.from_draft);
     const seconds = (performance.now() - first) / 1000;
     view.progress({
       count, drafted, ttft: (first - started) / 1000,
@@ -133,11 +135,14 @@ function requestBody(messages, { speculate = true } = {}) {
 }
 
 // --------------------------------------------------------------------------- rendering
-function tokenSpan(text, fromDraft) {
+// A thinking model's reasoning shows in italics (`data-reasoning`); it is not sent back.
+function tokenSpan(text, fromDraft, reasoning = false) {
   const span = document.createElement("span");
   span.className = "tok";
   span.dataset.fromDraft = String(fromDraft);
-  span.title = fromDraft ? "draft token, accepted by the target" : "target token";
+  if (reasoning) span.dataset.reasoning = "true";
+  span.title = (fromDraft ? "draft token, accepted by the target" : "target token") +
+    (reasoning ? " (reasoning)" : "");
   span.textContent = text;
   return span;
 }
@@ -146,9 +151,9 @@ function tokenSpan(text, fromDraft) {
 function outputView(element, { live = false } = {}) {
   return {
     text: "",
-    token(text, fromDraft) {
-      this.text += text;
-      if (text) element.append(tokenSpan(text, fromDraft));
+    token(text, fromDraft, reasoning = false) {
+      if (!reasoning) this.text += text;
+      if (text) element.append(tokenSpan(text, fromDraft, reasoning));
       if (live) element.scrollIntoView({ block: "end" });
     },
     progress({ count, drafted, ttft, tps }) {
