@@ -352,11 +352,19 @@ class ChatCompletionRequest(SamplingRequest):
         return self
 
     def template_kwargs(self) -> dict:
-        """What the chat template is rendered with besides the messages and tools."""
+        """What the chat template is rendered with besides the messages and tools. A grammar
+        holds the whole reply (structured output, a forced call), leaving no room to think:
+        a thinking model is asked not to, unless the request says otherwise."""
         kwargs = dict(self.chat_template_kwargs or {})
         if self.reasoning_effort is not None:
             kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        if self.constrains_output():
+            kwargs.setdefault("enable_thinking", False)
         return kwargs
+
+    def constrains_output(self) -> bool:
+        fmt = self.response_format
+        return self.forced_functions() is not None or (fmt is not None and fmt.type != "text")
 
     def named_tool(self) -> str | None:
         return self.tool_choice.function.name if isinstance(self.tool_choice,

@@ -5,6 +5,8 @@ official SDKs."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import openai
 import pytest
@@ -203,3 +205,19 @@ async def test_a_model_that_does_not_think_has_no_reasoning_fields(tiny_pair):
     async with served(*tiny_pair) as (client, _):
         r = await client.post("/v1/chat/completions", json=chat())
         assert set(r.json()["choices"][0]["message"]) == {"role", "content"}
+
+
+@pytest.mark.parametrize("extra", [{}, {"chat_template_kwargs": {"enable_thinking": True}}])
+async def test_structured_output_is_the_answer(client, reference, extra):
+    """A grammar holds the whole reply: the template is asked not to think (unless the
+    request insists), and the JSON is the answer either way, never reasoning."""
+    tokenizer = reference[0]
+    body = chat(response_format={"type": "json_object"}, max_tokens=60, **extra)
+    r = await client.post("/v1/chat/completions", json=body)
+    message = r.json()["choices"][0]["message"]
+    assert "reasoning" not in message
+    json.loads(message["content"])
+    thinking = extra.get("chat_template_kwargs", {}).get("enable_thinking", False)
+    prompt = tokenizer.apply_chat_template(USER, add_generation_prompt=True,
+                                           enable_thinking=thinking)
+    assert r.json()["usage"]["prompt_tokens"] == len(prompt)

@@ -13,13 +13,14 @@ from fastapi import Request
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.engine.params import GenerationParams
 from server.http.choices import Choices
+from server.http.reasoning import ReplyStart
 from server.http.request_mapping import chat_prompt, check_model_name, generation_params
 from server.http.streaming import ResponseFormat, collect, stream_response
 from server.http.tools import ToolCallParser, parser_factory
 
 # Builds the format of a chat request's answer from its tool-call parser factory (or None)
-# and its prompt tokens.
-FormatFactory = Callable[[Callable[[], ToolCallParser] | None, list[int]], ResponseFormat]
+# and where its reply starts (`ReplyStart`: the prompt, whether a grammar holds the reply).
+FormatFactory = Callable[[Callable[[], ToolCallParser] | None, ReplyStart], ResponseFormat]
 
 
 def plan(request: Request, body: ChatCompletionRequest | CompletionRequest,
@@ -58,4 +59,5 @@ async def complete_chat(request: Request, body: ChatCompletionRequest,
                            forced=body.forced_functions() is not None)
     prompt = chat_prompt(engine, body)
     params = plan(request, body, [prompt], fill_context=fill_context)
-    return await run(request, body, params, [make_format(tools, prompt) for _ in range(body.n)])
+    start = ReplyStart(prompt, constrained=params[0].constraint is not None)
+    return await run(request, body, params, [make_format(tools, start) for _ in range(body.n)])

@@ -22,7 +22,7 @@ from api_schemas.openai import Stats
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import Output, OutputSplit
-from server.http.reasoning import reasoning_split
+from server.http.reasoning import ReplyStart, reasoning_split
 from server.http.streaming import ResponseFormat, json_dict
 
 
@@ -127,15 +127,15 @@ def _sse(events: list[dict]) -> list[dict]:
 
 
 class MessagesFormat(ResponseFormat):
-    def __init__(self, model: str, tokenizer, tool_calls, prompt: list[int]):
+    def __init__(self, model: str, tokenizer, tool_calls, start: ReplyStart):
         super().__init__(model, tokenizer, "msg")
-        self._tool_calls, self._prompt = tool_calls, prompt
-        self._start = Message(model=model, usage=MessageUsage(input_tokens=len(prompt),
+        self._tool_calls, self._reply = tool_calls, start
+        self._start = Message(model=model, usage=MessageUsage(input_tokens=len(start.prompt),
                                                               output_tokens=0))
         self._builder: MessageBuilder | None = None
 
     def _new_builder(self) -> MessageBuilder:
-        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._prompt))
+        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._reply))
         return MessageBuilder(self._start.model_copy(deep=True), split)
 
     def stream_open(self) -> list[dict]:

@@ -9,24 +9,35 @@ reasoning when the prompt's last marker opens one, as `mlx_lm.server` decides.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mlx_lm.generate import TextStateMachine
 
 REASONING, ANSWER = "reasoning", "normal"
 
 
-def starts_in_reasoning(tokenizer, prompt: list[int]) -> bool:
-    return tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(prompt)
+@dataclass(frozen=True)
+class ReplyStart:
+    """Where a reply starts: after `prompt`; `constrained`: a grammar (structured output, a
+    forced call) holds the reply, so all of it is the answer, even after a prompt that opens
+    a reasoning (the grammar would not let the model close it)."""
+
+    prompt: list[int]
+    constrained: bool = False
+
+    def in_reasoning(self, tokenizer) -> bool:
+        return not self.constrained and \
+            tokenizer.rfind_think_start(self.prompt) > tokenizer.rfind_think_end(self.prompt)
 
 
 class ReasoningSplit:
     """Feed a reply's text; get back (reasoning, answer) text, the markers dropped. Text that
     may be the start of a marker is held back until the next feed shows it is not."""
 
-    def __init__(self, tokenizer, prompt: list[int]):
+    def __init__(self, tokenizer, start: ReplyStart):
         machine = TextStateMachine({ANSWER: [(tokenizer.think_start, REASONING)],
                                     REASONING: [(tokenizer.think_end, ANSWER)]})
-        initial = REASONING if starts_in_reasoning(tokenizer, prompt) else ANSWER
-        self._state = machine.make_state(initial)
+        self._state = machine.make_state(REASONING if start.in_reasoning(tokenizer) else ANSWER)
 
     def feed(self, text: str) -> tuple[str, str]:
         self._state, segments = TextStateMachine.split(self._state, text)
@@ -45,6 +56,6 @@ def _join(segments: list[tuple[str, str]], state: str) -> str:
     return "".join(text for s, text in segments if s == state)
 
 
-def reasoning_split(tokenizer, prompt: list[int]) -> ReasoningSplit | None:
-    """A split for a reply to `prompt`, or None when the model does not think."""
-    return ReasoningSplit(tokenizer, prompt) if tokenizer.has_thinking else None
+def reasoning_split(tokenizer, start: ReplyStart) -> ReasoningSplit | None:
+    """A split for a reply that starts at `start`, or None when the model does not think."""
+    return ReasoningSplit(tokenizer, start) if tokenizer.has_thinking else None

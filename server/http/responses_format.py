@@ -28,7 +28,7 @@ from api_schemas.responses import (
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import Output, OutputSplit
-from server.http.reasoning import reasoning_split
+from server.http.reasoning import ReplyStart, reasoning_split
 from server.http.responses_tools import ToolTable
 from server.http.streaming import ResponseFormat, json_dict
 
@@ -156,14 +156,14 @@ class ResponsesFormat(ResponseFormat):
 
     def __init__(self, model: str, tokenizer, skeleton: ResponseObject, tool_calls,
                  tools: ToolTable, on_finish: Callable[[ResponseObject], None],
-                 prompt: list[int]):
+                 start: ReplyStart):
         super().__init__(model, tokenizer, "resp")
         self._skeleton, self._tool_calls, self._on_finish = skeleton, tool_calls, on_finish
-        self._tools, self._prompt = tools, prompt
+        self._tools, self._start = tools, start
         self._builder: ResponseBuilder | None = None
 
     def _new_builder(self) -> ResponseBuilder:
-        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._prompt))
+        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._start))
         return ResponseBuilder(self._skeleton.model_copy(deep=True), split, self._tools)
 
     def stream_open(self) -> list[dict]:

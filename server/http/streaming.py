@@ -42,7 +42,7 @@ from server.engine.scoring import PromptLogprobs
 from server.http.choices import Choices
 from server.http.errors import APIError, as_api_error
 from server.http.output_split import Output, OutputSplit
-from server.http.reasoning import reasoning_split
+from server.http.reasoning import ReplyStart, reasoning_split
 from server.http.tools import ToolCallParser
 
 
@@ -100,26 +100,26 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
-    """`tool_calls`: a ToolCallParser factory when the request offers tools; `prompt`: the
-    prompt's tokens, where a thinking model's reply starts (reasoning or answer). The text goes
+    """`tool_calls`: a ToolCallParser factory when the request offers tools; `start`: where
+    a thinking model's reply starts (reasoning or answer). The text goes
     through an `OutputSplit`, streamed or not, so both split reasoning, content and calls the
     same way."""
 
     def __init__(self, model: str, tokenizer,
                  tool_calls: Callable[[], ToolCallParser] | None = None,
-                 prompt: list[int] | None = None):
+                 start: ReplyStart | None = None):
         super().__init__(model, tokenizer, "chatcmpl")
-        self._tool_calls, self._prompt = tool_calls, prompt
+        self._tool_calls, self._start = tool_calls, start
         self._plain = tool_calls is None and not self._thinks
         self._stream = self._split()
 
     @property
     def _thinks(self) -> bool:
-        return self._prompt is not None and self.tokenizer.has_thinking
+        return self._start is not None and self.tokenizer.has_thinking
 
     def _split(self) -> OutputSplit:
         return OutputSplit(self._tool_calls,
-                           reasoning_split(self.tokenizer, self._prompt) if self._thinks
+                           reasoning_split(self.tokenizer, self._start) if self._thinks
                            else None)
 
     def _chunk(self, choice: ChatChunkChoice, **extra) -> ChatCompletionChunk:

@@ -18,7 +18,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine = request.app.state.engine
     return await complete_chat(
         request, body,
-        lambda tools, prompt: ChatFormat(engine.model_name, engine.tokenizer, tools, prompt))
+        lambda tools, start: ChatFormat(engine.model_name, engine.tokenizer, tools, start))
 
 
 @router.post("/completions")

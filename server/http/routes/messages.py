@@ -20,8 +20,8 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 async def create_message(body: MessagesRequest, request: Request):
     engine = request.app.state.engine
 
-    def make_format(tools, prompt):
-        return MessagesFormat(engine.model_name, engine.tokenizer, tools, prompt)
+    def make_format(tools, start):
+        return MessagesFormat(engine.model_name, engine.tokenizer, tools, start)
 
     with renamed_params(RENAMES):
         return await complete_chat(request, chat_from_messages(body), make_format)

@@ -49,9 +49,9 @@ async def create_response(body: ResponsesRequest, request: Request):
         if body.store:
             store.put(response, items)
 
-    def make_format(tool_calls, prompt):
+    def make_format(tool_calls, start):
         return ResponsesFormat(engine.model_name, engine.tokenizer, skeleton, tool_calls, tools,
-                               finished, prompt)
+                               finished, start)
 
     with renamed_params(RENAMES):
         return await complete_chat(request, chat, make_format, fill_context=True)
