@@ -74,15 +74,25 @@ def make_settings(target, draft, engine=None, cache=None, **server):
     )
 
 
+@contextmanager
+def started_engine(target, draft, **settings):
+    """An engine for `target` and `draft` (make_settings' other arguments), started; stopped
+    on exit."""
+    from server.http.app import build_engine
+
+    eng = build_engine(make_settings(target, draft, **settings))
+    eng.start()
+    try:
+        yield eng
+    finally:
+        eng.stop()
+
+
 @pytest.fixture(scope="session")
 def engine(tiny_pair):
     """One started engine with the tiny pair, shared by read-only API tests."""
-    from server.http.app import build_engine
-
-    eng = build_engine(make_settings(*tiny_pair))
-    eng.start()
-    yield eng
-    eng.stop()
+    with started_engine(*tiny_pair) as eng:
+        yield eng
 
 
 @pytest.fixture()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import chat_body, free_port, make_settings
+from conftest import chat_body, free_port, make_settings, started_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 UI_DIR = ROOT / "server" / "http" / "ui"
@@ -338,14 +338,12 @@ def test_a_thinking_model_reasoning_shows_apart_and_is_not_sent_back(browser, th
     sends back the answer only."""
     from thinking_model import PROMPT
 
-    from server.http.app import build_engine, create_app
+    from server.http.app import create_app
 
-    settings = make_settings(*thinking_pair)
-    engine = build_engine(settings)
-    engine.start()
     context = browser.new_context(viewport=ui.VIEWPORT)
     try:
-        with serving(create_app(settings, engine)) as port:
+        with started_engine(*thinking_pair) as engine, \
+                serving(create_app(make_settings(*thinking_pair), engine)) as port:
             url = f"http://127.0.0.1:{port}"
             page = Page(context.new_page())
             page.page.goto(url + "/")
@@ -367,7 +365,6 @@ def test_a_thinking_model_reasoning_shows_apart_and_is_not_sent_back(browser, th
             assert page.errors == []
     finally:
         context.close()
-        engine.stop()
 
 
 @pytest.fixture()

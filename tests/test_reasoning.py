@@ -10,7 +10,7 @@ import json
 import anthropic
 import openai
 import pytest
-from conftest import make_settings, read_sse, served, uvicorn_thread
+from conftest import make_settings, read_sse, served, started_engine, uvicorn_thread
 from mlx_lm import generate, load
 from thinking_model import CLOSES_AT, PROMPT
 
@@ -34,12 +34,8 @@ def reference(thinking_pair):
 
 @pytest.fixture(scope="module")
 def thinking_engine(thinking_pair):
-    from server.http.app import build_engine
-
-    engine = build_engine(make_settings(*thinking_pair))
-    engine.start()
-    yield engine
-    engine.stop()
+    with started_engine(*thinking_pair) as engine:
+        yield engine
 
 
 @pytest.fixture()
