@@ -319,6 +319,18 @@ class SamplingRequest(EngineExtensions, _OpenAISampling):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class Prediction(RequestModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (a file to edit)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = False
@@ -331,6 +343,9 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    prediction: Prediction | None = Field(
+        None, description="A guess of the answer, which drafts it (the target still verifies"
+        " every token); drafting must not be off.")
     # vLLM's and mlx_lm's extension: variables for the chat template (`enable_thinking`, ...).
     chat_template_kwargs: dict[str, Any] | None = None
     # Deprecated by OpenAI: refused with a 400 that names the replacement.
@@ -432,11 +447,18 @@ class PromptTokensDetails(OpenAIBaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(OpenAIBaseModel):
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(OpenAIBaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None, exclude_if=lambda v: v is None, description="With a `prediction`.")
 
 
 class Stats(OpenAIBaseModel):
@@ -458,6 +480,12 @@ class Stats(OpenAIBaseModel):
     mean_accepted_length: float | None = None
     k_histogram: dict[int, int] | None = None
     cached_tokens: int = Field(0, description="Prompt tokens reused from the prefix cache.")
+    accepted_prediction_tokens: int | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="With a `prediction`: its tokens the answer took.")
+    rejected_prediction_tokens: int | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="With a `prediction`: its tokens the answer did not take.")
 
 
 class TopLogprob(OpenAIBaseModel):

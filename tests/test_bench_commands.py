@@ -247,6 +247,23 @@ def test_structured_on_the_tiny_pair(tiny_pair, tmp_path):
         assert plain["tokens"] == spec["tokens"] == rows[2]["tokens"]
 
 
+@pytest.mark.slow
+def test_prediction_on_the_tiny_pair(tiny_pair, tmp_path):
+    from server.bench import prediction
+
+    target, draft = tiny_pair
+    assert prediction.main(["--target-model", str(target), "--draft-model", str(draft),
+                            "--max-tokens", "24", "--reps", "1",
+                            "--results-dir", str(tmp_path)]) == 0
+    rows = result(tmp_path, "prediction")["rows"]
+    assert [r["case"] for r in rows] == ["exact answer", "edit a JSON record", "edit code",
+                                         "unrelated guess"]
+    for r in rows:
+        assert r["same_text"] is True  # a guess never changes the greedy text
+        assert r["speedup"] == pytest.approx(r["guess_tps"] / r["plain_tps"])
+    assert rows[0]["accepted"] > 0
+
+
 def test_the_forward_clock_times_target_forwards_and_drafting_and_prices_them(monkeypatch):
     """The target's forwards are timed and priced with the table at their (rows, tokens), the
     draft's are left to the drafting they belong to; results pass through unchanged; both

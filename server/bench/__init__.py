@@ -14,6 +14,7 @@ SUBCOMMANDS = {  # name: (the module, whose `main` it runs, or module:function; 
     "chat": ("server.bench.chat", "multi-turn TTFT and a shared prompt: the prefix cache"),
     "held-out": ("server.bench.held_out", "drafting settings on requests no draft trained on"),
     "structured": ("server.bench.structured", "a grammar's cost, and speculation under it"),
+    "prediction": ("server.bench.prediction", "a guess of the answer (OpenAI's prediction)"),
     "restart": ("server.bench.chat:restart_main", "TTFT after a restart, from the disk cache"),
     "distributed": ("server.bench.load:distributed_main", "a sharded target vs one process"),
     "report": ("server.bench.results:report_main", "docs/benchmarks.md from its manifest"),

@@ -269,7 +269,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
             if p.tokens:
                 tried = seq.record_acceptance(len(p.tokens), n)
                 if rates is not None:
-                    rates.record(seq.round_drafter, *tried)
+                    rates.record(seq.drafted_by, *tried)
             for j in range(n):
                 seq.accepted_per_position[j] += 1
         results[id(seq)] = RoundResult(len(p.tokens), n)
@@ -279,7 +279,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
                 seq.constraint.consume([token])
             from_draft = j < n
             if from_draft:
-                seq.counters.accepted += 1
+                seq.count_accepted()
             emitted += 1
             if seq.emit(token, from_draft, v.logprobs[j] if v.logprobs is not None else None):
                 break

@@ -12,14 +12,15 @@ from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, fi
 class DraftSchedule:
     """How many tokens to draft next round.
 
-    Fixed: `num_draft_tokens` every round. Adaptive: one more after a round that accepted a
-    full block, half as many after a rejection in the first half of the block, one fewer after
-    a later rejection; always within [1, num_draft_tokens].
+    Fixed: `num_draft_tokens` every round. Adaptive: one more (twice as many with `doubling`)
+    after a round that accepted a full block, half as many after a rejection in the first half
+    of the block, one fewer after a later rejection; always within [1, num_draft_tokens].
     """
 
-    def __init__(self, speculation: SpeculationParams):
+    def __init__(self, speculation: SpeculationParams, *, doubling: bool = False):
         self.max_k = max(0, speculation.num_draft_tokens)
         self.adaptive = speculation.adaptive
+        self.doubling = doubling
         self.k = self.max_k
 
     def next(self, remaining: float) -> int:
@@ -30,7 +31,7 @@ class DraftSchedule:
             return
         if accepted == proposed:
             if proposed == requested == self.k:
-                self.k = min(self.max_k, self.k + 1)
+                self.k = min(self.max_k, 2 * self.k if self.doubling else self.k + 1)
         elif accepted < proposed // 2:
             self.k = max(1, self.k // 2)
         else:

@@ -21,6 +21,7 @@ class DraftCounters:
 
     proposed: int = 0
     accepted: int = 0
+    prediction_accepted: int = 0  # accepted tokens that the request's prediction drafted
     rounds: int = 0
     model_rounds: int = 0  # rounds the draft model drafted (the others: prompt lookup)
     k_histogram: Counter = field(default_factory=Counter)
@@ -50,6 +51,9 @@ class GenerationStats:
     mean_accepted_length: float | None = None
     k_histogram: dict[int, int] | None = None
     cached_tokens: int = 0
+    # With a prediction (OpenAI's names): its tokens the answer took, and the rest of them.
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -62,5 +62,6 @@ class GenerationParams:
     ignore_eos: bool = False  # vLLM's name: EOS is never sampled
     min_tokens: int = 0  # vLLM's name: EOS and stop strings are held off until this many tokens
     cache_prompt: bool = True  # llama.cpp's name: reuse (and store) the prefix cache
+    prediction: tuple[int, ...] = ()  # OpenAI's Predicted Outputs: a guess of the answer
     # Builds this request's grammar state (a server.engine.constraints.TokenConstraint).
     constraint: Callable[[], Any] | None = field(default=None, compare=False)

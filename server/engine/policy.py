@@ -113,8 +113,8 @@ class SpeculationPolicy:
         requested = cap
         if not by_model:
             cap = min(cap, len(row.looked_up))
-        accepted, trials = row.tried[row.round_drafter]
-        prior = rates.prior(row.round_drafter) if rates is not None else PRIOR_ACCEPTANCE
+        accepted, trials = row.tried[row.drafted_by]
+        prior = rates.prior(row.drafted_by) if rates is not None else PRIOR_ACCEPTANCE
         return RowOption(id(row), cap, decision_rate(accepted, trials, prior, batch_size),
                          by_model, forced, requested)
 

@@ -27,12 +27,14 @@ from server.engine.events import (
     TokenEvent,
 )
 from server.engine.params import GenerationParams
-from server.engine.prompt_lookup import DEFAULT_MIN_NGRAM
+from server.engine.prediction import PREDICTION_DRAFT_TOKENS, PredictionDraft
+from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
 from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
 
 Sink = Callable[[object], None]
 ROUND_DRAFTERS = ("model", "prompt_lookup")
+PREDICTION = "prediction"  # the acceptance and k of rounds drafted from a prediction
 
 
 class Phase(Enum):
@@ -73,6 +75,13 @@ class Sequence:
         self.key = request_key(params.sampling.seed)
         # One adaptive k per drafter: a hybrid row's lookup and model rounds accept differently.
         self._schedules = {d: DraftSchedule(params.speculation) for d in ROUND_DRAFTERS}
+        self.prediction = PredictionDraft(params.prediction) if params.prediction else None
+        self.predicting = False  # this round drafts from the prediction
+        if self.prediction is not None:  # a good guess is accepted in long runs
+            spec = params.speculation
+            self._schedules[PREDICTION] = DraftSchedule(replace(
+                spec, num_draft_tokens=max(spec.num_draft_tokens, PREDICTION_DRAFT_TOKENS)),
+                doubling=True)
         self.round_drafter = "prompt_lookup" if params.speculation.source == "prompt_lookup" \
             else "model"  # who drafts this round (`plan_round`)
         self.looked_up: list[int] = []  # prompt lookup's continuation this round (`plan_round`)
@@ -81,7 +90,8 @@ class Sequence:
         self.draft_pending: list[int] = []  # context tokens the draft's cache has not seen
         self.constraint = params.constraint() if params.constraint is not None else None
         self.counters = DraftCounters()
-        self.tried = {d: [0, 0] for d in ROUND_DRAFTERS}  # per drafter: [accepted, trials]
+        # Per drafter (a prediction's rounds apart from other lookups): [accepted, trials].
+        self.tried = {d: [0, 0] for d in (*ROUND_DRAFTERS, PREDICTION)}
         self.accepted_per_position: Counter = Counter()
         # Output (emit).
         self._tokenizer = tokenizer
@@ -105,11 +115,15 @@ class Sequence:
 
     def plan_round(self) -> None:
         """Choose this round's drafter, and look up the continuation when it may be lookup (as
-        many tokens as k can be; the round proposes its first k): a hybrid row drafts by prompt
-        lookup when the context's last `hybrid_min_match` tokens occurred before, with the draft
-        model when they did not."""
+        many tokens as k can be; the round proposes its first k): the prediction's, when the
+        request has one and it continues the answer (whatever the drafter); else a hybrid row
+        drafts by prompt lookup when the context's last `hybrid_min_match` tokens occurred
+        before, with the draft model when they did not."""
         drafter = self.drafter
         if drafter is None:
+            return
+        self.predicting = self._plan_prediction(drafter)
+        if self.predicting:
             return
         spec = self.params.speculation
         min_match = spec.hybrid_min_match if drafter == "hybrid" else DEFAULT_MIN_NGRAM
@@ -118,6 +132,22 @@ class Sequence:
         if drafter == "hybrid":
             drafter = "prompt_lookup" if self.looked_up else "model"
         self.round_drafter = drafter
+
+    def _plan_prediction(self, drafter: str) -> bool:
+        """Whether this round drafts from the request's prediction: when it continues the
+        answer, unless prompt lookup (for a row that looks up) has a longer match."""
+        if self.prediction is None:
+            return False
+        k = self._schedules[PREDICTION].max_k
+        guess, n = self.prediction.propose(self.output, k,
+                                           self.params.speculation.hybrid_min_match)
+        if not guess:
+            return False
+        if drafter != "model" and n < DEFAULT_MAX_NGRAM and \
+                lookup_proposal(self.context, 1, n + 1):
+            return False
+        self.looked_up, self.round_drafter = guess, "prompt_lookup"
+        return True
 
     def lose_draft_model(self) -> None:
         """The draft model is gone: a hybrid row goes on with prompt lookup, a model row without
@@ -139,15 +169,26 @@ class Sequence:
         """Count a verified round of this round's drafter: (accepted, trials), where trials
         are the accepted tokens plus the rejected one, if any."""
         trials = accepted + (accepted < proposed)
-        tried = self.tried[self.round_drafter]
+        tried = self.tried[self.drafted_by]
         tried[0] += accepted
         tried[1] += trials
         return accepted, trials
 
+    def count_accepted(self) -> None:
+        """One more drafted token the target accepted (and emitted)."""
+        self.counters.accepted += 1
+        self.counters.prediction_accepted += self.predicting
+
+    @property
+    def drafted_by(self) -> str:
+        """Whose acceptance and k this round's are: the round's drafter's, or the
+        prediction's (its rounds are lookup rounds, which accept differently)."""
+        return PREDICTION if self.predicting else self.round_drafter
+
     @property
     def schedule(self) -> DraftSchedule:
         """The adaptive k of this round's drafter."""
-        return self._schedules[self.round_drafter]
+        return self._schedules[self.drafted_by]
 
     @property
     def last_token(self) -> int:
@@ -253,7 +294,15 @@ class Sequence:
             mean_accepted_length=c.accepted / c.rounds if c.rounds else None,
             k_histogram=dict(sorted(c.k_histogram.items())) if speculating else None,
             cached_tokens=self.cached_tokens,
+            **self._prediction_stats(),
         )
+
+    def _prediction_stats(self) -> dict:
+        if self.prediction is None:
+            return {}
+        accepted = self.counters.prediction_accepted
+        return {"accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": max(len(self.prediction) - accepted, 0)}
 
 
 def _processors(params: GenerationParams) -> list:

@@ -118,7 +118,19 @@ def generation_params(
         **eos_controls(body),
         cache_prompt=body.cache_prompt is not False,
         constraint=output_constraint(body, engine),
+        prediction=prediction_tokens(body, engine),
     )
+
+
+def prediction_tokens(body: SamplingRequest, engine: InferenceEngine) -> tuple[int, ...]:
+    """A chat request's `prediction` as tokens (as they would appear in the answer)."""
+    prediction = getattr(body, "prediction", None)
+    if prediction is None:
+        return ()
+    if body.use_draft is False or body.num_draft_tokens == 0:
+        raise APIError(400, "a prediction drafts the answer: it needs drafting on (use_draft "
+                       "and num_draft_tokens)", param="prediction", code="invalid_value")
+    return tuple(engine.tokenizer.encode(prediction.text(), add_special_tokens=False))
 
 
 # ---------------------------------------------------------------- structured output and EOS

@@ -28,6 +28,7 @@ from api_schemas.openai import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    CompletionTokensDetails,
     Delta,
     PromptTokensDetails,
     Stats,
@@ -51,10 +52,16 @@ def usage_of(stats: list, n: int = 1) -> Usage:
     prompts = stats[::n]
     prompt = sum(s.prompt_tokens for s in prompts)
     completion = sum(s.generation_tokens for s in stats)
+    predicted = [s for s in stats if s.accepted_prediction_tokens is not None]
+    details = CompletionTokensDetails(
+        accepted_prediction_tokens=sum(s.accepted_prediction_tokens for s in predicted),
+        rejected_prediction_tokens=sum(s.rejected_prediction_tokens for s in predicted),
+    ) if predicted else None
     return Usage(prompt_tokens=prompt, completion_tokens=completion,
                  total_tokens=prompt + completion,
                  prompt_tokens_details=PromptTokensDetails(
-                     cached_tokens=sum(s.cached_tokens for s in prompts)))
+                     cached_tokens=sum(s.cached_tokens for s in prompts)),
+                 completion_tokens_details=details)
 
 
 class ResponseFormat:
