@@ -1,6 +1,6 @@
 """OpenAI's Predicted Outputs: the guess drafts the answer, which stays the target's own
 (equal to mlx_lm's), alone and in a batch; how the guess is aligned with the answer; the
-usage fields, through the SDK."""
+usage fields, through the SDK. And prompt lookup's longer rounds, which predictions share."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from mlx_lm import generate
 from test_scheduler import alone, params, run_batch, tokens_of
 from test_scheduler import kit as kit  # noqa: F401 (the fixture)
 
+from server.engine.params import SpeculationParams
+from server.engine.policy import SpeculationPolicy
 from server.engine.prediction import PredictionDraft
 
 pytestmark = pytest.mark.anyio
@@ -41,13 +43,14 @@ def test_a_rewritten_part_realigns_on_the_next_matching_ngram():
 def test_a_right_guess_drafts_nearly_everything_and_changes_nothing(kit, k):
     plain = params(kit, 0, k=k, max_tokens=MAX)
     expected = alone(kit, plain)
-    p = replace(plain, prediction=tuple(expected))
+    p = replace(plain, prediction=tuple(expected),
+                speculation=replace(plain.speculation, lookup_draft_tokens=16))
     events, (seq,) = run_batch(kit, [p])
     assert tokens_of(events[0]) == expected
     stats = seq.stats()
     assert stats.accepted_prediction_tokens >= MAX - 8, stats
     assert stats.rejected_prediction_tokens == MAX - stats.accepted_prediction_tokens
-    assert max(stats.k_histogram) > 4  # a guess drafts longer runs than the server's k
+    assert max(stats.k_histogram) > 4  # a guess drafts longer runs than the model's k
 
 
 def test_a_wrong_or_edited_guess_changes_nothing_in_a_batch(kit):
@@ -95,3 +98,25 @@ def test_the_sdk_sends_a_prediction_and_reads_its_usage(live_server):
         prediction={"type": "content", "content": [{"type": "text", "text": "hello there"}]})
     details = out.usage.completion_tokens_details
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+
+
+@pytest.mark.parametrize("k, adaptive, lookup_k",
+                         [(None, True, 16), (4, True, 0), (None, False, 0)])
+def test_lookup_rounds_may_draft_16_when_k_is_left_to_the_server(k, adaptive, lookup_k):
+    spec = SpeculationPolicy().for_request(
+        use_draft=None, num_draft_tokens=k, draft=None, draft_loaded=True,
+        defaults=SpeculationParams(source="hybrid", adaptive=adaptive))
+    assert (spec.num_draft_tokens, spec.lookup_draft_tokens) == (4, lookup_k)
+
+
+async def test_a_repeating_answer_is_looked_up_in_long_rounds(client, loaded_pair):
+    """The tiny target soon repeats itself: prompt lookup drafts it in rounds longer than the
+    server's k of 4, and the text is still mlx_lm's."""
+    target, tokenizer, _ = loaded_pair
+    body = chat_body(max_tokens=160, temperature=0, draft="prompt_lookup")
+    prompt = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+    r = (await client.post("/v1/chat/completions", json=body)).json()
+    assert r["choices"][0]["message"]["content"] == generate(target, tokenizer, prompt,
+                                                             max_tokens=160)
+    assert max(map(int, r["stats"]["k_histogram"])) > 4
+    assert r["stats"]["num_draft_tokens"] == 4

@@ -48,6 +48,9 @@ class SpeculationParams:
     # The request asked for drafting explicitly (num_draft_tokens > 0 or use_draft=true): it
     # fails with a 400 if the draft is gone when it starts, instead of running without one.
     required: bool = False
+    # The most tokens a prompt-lookup or prediction round drafts, when more than
+    # num_draft_tokens (`policy.LOOKUP_DRAFT_TOKENS`, for requests that leave k to the server).
+    lookup_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)

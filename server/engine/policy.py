@@ -33,6 +33,11 @@ class InvalidRequest(ValueError):
 # default: the measured forward times decide. Lower them to bound the draft work per round.
 DEFAULT_SPEC_MAX_BATCH = 256  # the largest batch in which rows still speculate
 DEFAULT_BATCH_DRAFT_TOKENS = DEFAULT_NUM_DRAFT_TOKENS = 4  # k per round (the most: a cap)
+# Alone, a request that leaves k to the server and adapts it drafts up to this many tokens in a
+# prompt-lookup or prediction round (no draft forward: on one row a verify position costs
+# little next to a forward's fixed cost). On the default pair, against 4: a JSON edit 1.74x,
+# a code edit 1.11x, general requests 1.00x; in a batch `batch_draft_tokens` caps it.
+LOOKUP_DRAFT_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,10 @@ class SpeculationPolicy:
         required = draft is not None or bool(use_draft) or bool(num_draft_tokens)
         if source in available:
             k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
-            return replace(defaults, source=source, num_draft_tokens=k, required=required)
+            lookup_k = LOOKUP_DRAFT_TOKENS if num_draft_tokens is None and defaults.adaptive \
+                else 0
+            return replace(defaults, source=source, num_draft_tokens=k, required=required,
+                           lookup_draft_tokens=lookup_k)
         if required:
             param = "draft" if draft else "num_draft_tokens" if num_draft_tokens else "use_draft"
             asked = f"draft={draft!r}" if draft else f"{param}={num_draft_tokens or 'true'}"

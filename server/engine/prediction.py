@@ -18,11 +18,6 @@ from array import array
 
 from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, as_token_buffer
 
-# The most tokens a round drafts from a prediction (a request's own num_draft_tokens, if
-# larger, wins): a good guess is accepted in long runs, and on one row a verify position
-# costs little next to a forward's fixed cost.
-PREDICTION_DRAFT_TOKENS = 16
-
 _WORD = array("I").itemsize
 
 

@@ -26,8 +26,8 @@ from server.engine.events import (
     RequestCancelled,
     TokenEvent,
 )
-from server.engine.params import GenerationParams
-from server.engine.prediction import PREDICTION_DRAFT_TOKENS, PredictionDraft
+from server.engine.params import GenerationParams, SpeculationParams
+from server.engine.prediction import PredictionDraft
 from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
 from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
@@ -73,15 +73,13 @@ class Sequence:
         # Decoding state (decoder).
         self.pipeline = LogitsPipeline(params.sampling, vocab_size, _processors(params))
         self.key = request_key(params.sampling.seed)
-        # One adaptive k per drafter: a hybrid row's lookup and model rounds accept differently.
-        self._schedules = {d: DraftSchedule(params.speculation) for d in ROUND_DRAFTERS}
+        # One adaptive k per drafter: a hybrid row's lookup and model rounds accept differently;
+        # lookup and prediction rounds cost no draft forward, so they may draft longer runs.
+        spec = params.speculation
+        self._schedules = {"model": DraftSchedule(spec), "prompt_lookup": _lookup_schedule(spec),
+                           PREDICTION: _lookup_schedule(spec)}
         self.prediction = PredictionDraft(params.prediction) if params.prediction else None
         self.predicting = False  # this round drafts from the prediction
-        if self.prediction is not None:  # a good guess is accepted in long runs
-            spec = params.speculation
-            self._schedules[PREDICTION] = DraftSchedule(replace(
-                spec, num_draft_tokens=max(spec.num_draft_tokens, PREDICTION_DRAFT_TOKENS)),
-                doubling=True)
         self.round_drafter = "prompt_lookup" if params.speculation.source == "prompt_lookup" \
             else "model"  # who drafts this round (`plan_round`)
         self.looked_up: list[int] = []  # prompt lookup's continuation this round (`plan_round`)
@@ -128,7 +126,7 @@ class Sequence:
         spec = self.params.speculation
         min_match = spec.hybrid_min_match if drafter == "hybrid" else DEFAULT_MIN_NGRAM
         self.looked_up = [] if drafter == "model" else \
-            lookup_proposal(self.context, spec.num_draft_tokens, min_match)
+            lookup_proposal(self.context, self._schedules["prompt_lookup"].max_k, min_match)
         if drafter == "hybrid":
             drafter = "prompt_lookup" if self.looked_up else "model"
         self.round_drafter = drafter
@@ -303,6 +301,13 @@ class Sequence:
         accepted = self.counters.prediction_accepted
         return {"accepted_prediction_tokens": accepted,
                 "rejected_prediction_tokens": max(len(self.prediction) - accepted, 0)}
+
+
+def _lookup_schedule(spec: SpeculationParams) -> DraftSchedule:
+    """k of prompt lookup's (or a prediction's) rounds: up to `lookup_draft_tokens`, doubling
+    after a fully accepted round, when that is more than the request's k."""
+    k = max(spec.lookup_draft_tokens, spec.num_draft_tokens)
+    return DraftSchedule(replace(spec, num_draft_tokens=k), doubling=k > spec.num_draft_tokens)
 
 
 def _processors(params: GenerationParams) -> list:
