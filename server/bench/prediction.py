@@ -18,7 +18,7 @@ import httpx
 
 from server.bench import results
 from server.bench.results import num
-from server.bench.structured import pick_models
+from server.bench.structured import model_options, pick_models
 from server.config import Settings
 from server.engine.params import DraftSource
 from server.http.app import build_engine, create_app
@@ -98,8 +98,7 @@ def table(rows: list[dict]) -> list[list[str]]:
 def main(argv: list[str]) -> int:
     p = results.parser("prediction", __doc__)
     a = p.add_argument
-    a("--target-model", help="Target (default: SmolLM2, else the demo target).")
-    a("--draft-model", help="A draft model folder, or 'lookup'.")
+    model_options(p)
     a("--drafter", choices=get_args(DraftSource), default="hybrid",
       help="The server's default drafter, as in config.yaml (hybrid; prompt_lookup without a"
       " draft model).")

@@ -24,6 +24,12 @@ DEMO = Path("models/demo")
 PROMPT, SCHEMA = results.PROMPTS["structured"]["prompt"], results.PROMPTS["structured"]["schema"]
 
 
+def model_options(p) -> None:
+    """--target-model and --draft-model, which `pick_models` reads."""
+    p.add_argument("--target-model", help="Target (default: SmolLM2, else the demo target).")
+    p.add_argument("--draft-model", help="A draft model folder, or 'lookup'.")
+
+
 def pick_models(target: str | None, draft: str | None) -> tuple[str, str | None, str]:
     """(target, draft or None, drafter): SmolLM2 with `models/smollm2-draft` (else lookup), or
     the demo pair when SmolLM2 is missing."""
@@ -101,8 +107,7 @@ def table(rows: list[dict]) -> list[list[str]]:
 def main(argv: list[str]) -> int:
     p = results.parser("structured", __doc__)
     a = p.add_argument
-    a("--target-model", help="Target (default: SmolLM2, else the demo target).")
-    a("--draft-model", help="A draft model folder, or 'lookup'.")
+    model_options(p)
     a("--drafter", choices=get_args(DraftSource),
       help="The requests' draft (default: model with a draft model, else prompt_lookup).")
     a("--k", type=int, default=4, help="Draft tokens per round (4).")
