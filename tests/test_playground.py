@@ -333,6 +333,29 @@ def test_json_schema_box_constrains_the_answer(page):
 
 
 @slow
+def test_a_predicted_output_drafts_the_answer_and_compare_leaves_it_out(page, ui_server):
+    """The guess goes with the drafting request only (a plain one would refuse it), and a
+    right guess drafts most of the answer: green tokens, the same text."""
+    settings(page, "hybrid", 32)
+    expected = httpx.post(f"{ui_server[0]}/v1/chat/completions", timeout=60, json=chat_body(
+        "hello", max_tokens=32, temperature=0)).json()["choices"][0]["message"]["content"]
+    page.page.fill("#prediction", expected)
+    sent = []
+    page.page.on("request", lambda r: r.post_data and sent.append(json.loads(r.post_data)))
+    ui.ask(page.page, "hello")
+    shown = "".join(page.page.locator("#chat .assistant span.tok").all_inner_texts())
+    assert shown == expected
+    drafted = page.spans("#chat .assistant", "true")
+    assert len(drafted) > len(page.spans("#chat .assistant", "false"))
+    assert sent[-1]["prediction"] == {"type": "content", "content": expected}
+    ui.ask(page.page, "hello", button="#compare")
+    plain = [b for b in sent if b.get("use_draft") is False]
+    assert plain and all("prediction" not in b for b in plain)
+    assert any("prediction" in b for b in sent[-2:])
+    assert page.errors == []
+
+
+@slow
 def test_a_thinking_model_reasoning_shows_apart_and_is_not_sent_back(browser, thinking_pair):
     """Reasoning tokens are in italics (`data-reasoning`) and coloured too; the next turn
     sends back the answer only."""

@@ -124,6 +124,8 @@ function requestBody(messages, { speculate = true } = {}) {
     body.use_draft = true;
     const k = numberSetting("num-draft-tokens");
     if (k !== null) body.num_draft_tokens = k;
+    const guess = $("prediction").value;
+    if (guess.trim()) body.prediction = { type: "content", content: guess };
   }
   const schema = jsonSchema();
   if (schema !== null) {
