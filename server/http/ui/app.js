@@ -185,7 +185,7 @@ function showStats(stats) {
   $("from-draft").textContent = percent(stats.from_draft_fraction);
   $("cached").textContent = `${stats.cached_tokens} / ${stats.prompt_tokens}`;
   $("drafter-used").textContent = stats.draft_model === null
-    ? "none" : `${stats.draft_model} (k ≤ ${stats.num_draft_tokens})`;
+    ? "none" : `${stats.draft_model} (num_draft_tokens ${stats.num_draft_tokens})`;
   showHistogram(stats.k_histogram || {});
 }
 
