@@ -22,7 +22,7 @@ from api_schemas.openai import Stats
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import Output, OutputSplit
-from server.http.reasoning import ReplyStart, reasoning_split
+from server.http.reasoning import ReplyStart
 from server.http.streaming import ResponseFormat, json_dict
 
 
@@ -135,7 +135,7 @@ class MessagesFormat(ResponseFormat):
         self._builder: MessageBuilder | None = None
 
     def _new_builder(self) -> MessageBuilder:
-        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._reply))
+        split = OutputSplit.of(self._tool_calls, self.tokenizer, self._reply)
         return MessageBuilder(self._start.model_copy(deep=True), split)
 
     def stream_open(self) -> list[dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from server.http.reasoning import ReasoningSplit
+from server.http.reasoning import ReasoningSplit, ReplyStart, reasoning_split
 from server.http.tools import ToolCallParser
 
 
@@ -30,6 +30,12 @@ class OutputSplit:
         self._parser = tool_calls() if tool_calls is not None else None
         self._reasoning = reasoning
 
+    @classmethod
+    def of(cls, tool_calls: Callable[[], ToolCallParser] | None, tokenizer,
+           start: ReplyStart | None) -> OutputSplit:
+        """The split of a reply that starts at `start` (None: no reasoning to split off)."""
+        return cls(tool_calls, reasoning_split(tokenizer, start) if start is not None else None)
+
     def feed(self, text: str) -> Output:
         reasoning, answer = self._reasoning.feed(text) if self._reasoning else ("", text)
         return Output(reasoning, *self._answer(answer))
@@ -51,7 +57,7 @@ class OutputSplit:
 
     @property
     def made_calls(self) -> bool:
-        return self._parser is not None and bool(self._parser.calls)
+        return bool(self.calls)
 
     @property
     def calls(self) -> list[dict]:

@@ -38,7 +38,7 @@ RESERVED_TEMPLATE_KWARGS = {"messages", "conversation", "tools", "documents", "c
 
 def template_kwargs(body) -> dict:
     """A chat body's template variables (`chat_template_kwargs`, `reasoning_effort`)."""
-    kwargs = body.template_kwargs() if hasattr(body, "template_kwargs") else {}
+    kwargs = body.template_kwargs()
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
     if reserved:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}",

@@ -28,7 +28,7 @@ from api_schemas.responses import (
 from server.engine.events import Finished, TokenEvent
 from server.http.errors import APIError
 from server.http.output_split import Output, OutputSplit
-from server.http.reasoning import ReplyStart, reasoning_split
+from server.http.reasoning import ReplyStart
 from server.http.responses_tools import ToolTable
 from server.http.streaming import ResponseFormat, json_dict
 
@@ -163,7 +163,7 @@ class ResponsesFormat(ResponseFormat):
         self._builder: ResponseBuilder | None = None
 
     def _new_builder(self) -> ResponseBuilder:
-        split = OutputSplit(self._tool_calls, reasoning_split(self.tokenizer, self._start))
+        split = OutputSplit.of(self._tool_calls, self.tokenizer, self._start)
         return ResponseBuilder(self._skeleton.model_copy(deep=True), split, self._tools)
 
     def stream_open(self) -> list[dict]:

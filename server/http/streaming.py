@@ -43,7 +43,7 @@ from server.engine.scoring import PromptLogprobs
 from server.http.choices import Choices
 from server.http.errors import APIError, as_api_error
 from server.http.output_split import Output, OutputSplit
-from server.http.reasoning import ReplyStart, reasoning_split
+from server.http.reasoning import ReplyStart
 from server.http.tools import ToolCallParser
 
 
@@ -125,9 +125,7 @@ class ChatFormat(ResponseFormat):
         return self._start is not None and self.tokenizer.has_thinking
 
     def _split(self) -> OutputSplit:
-        return OutputSplit(self._tool_calls,
-                           reasoning_split(self.tokenizer, self._start) if self._thinks
-                           else None)
+        return OutputSplit.of(self._tool_calls, self.tokenizer, self._start)
 
     def _chunk(self, choice: ChatChunkChoice, **extra) -> ChatCompletionChunk:
         choice.index = self.index
@@ -180,8 +178,7 @@ class ChatFormat(ResponseFormat):
         split = self._split()
         out = split.feed("".join(e.text for e in events)) + split.finish()
         reasoning = out.reasoning or None
-        content = out.content or None if out.calls or (self._thinks and not out.content) \
-            else out.content
+        content = out.content or None if out.calls or self._thinks else out.content
         message = AssistantMessage(content=content, reasoning=reasoning,
                                    reasoning_content=reasoning, tool_calls=out.calls or None)
         return ChatChoice(index=self.index, message=message,
