@@ -18,6 +18,8 @@ class ModelEntry(OpenAIBaseModel):
     owned_by: str = "local"
     role: Literal["target", "draft"]
     path: str
+    adapter_path: str | None = Field(None, exclude_if=lambda v: v is None,
+                                     description="The target's fine-tuned adapters, if any.")
 
 
 class ModelList(OpenAIBaseModel):

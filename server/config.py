@@ -72,6 +72,11 @@ class ModelSettings(BaseModel):
     draft_model: str | None = Field(
         "models/demo/draft", description="Draft model path or hub id; null or 'none' for none."
     )
+    adapter_path: str | None = Field(
+        None, description="A fine-tune of the target: the adapter folder `mlx_lm.lora` writes"
+        " (LoRA, DoRA or full), folded into the target's weights at load. The draft is not"
+        " adapted; the output is the fine-tune's, token for token.",
+    )
     num_draft_tokens: int = Field(
         DEFAULT_NUM_DRAFT_TOKENS, ge=1, le=64,
         description="Draft tokens per round (the maximum when adaptive)."

@@ -75,10 +75,12 @@ def test_every_flag_sets_its_key(tmp_path):
     config.write_text("models:\n  model_name: from-file\n  num_draft_tokens: 2\n")
     args = parse_args(["--config", str(config), "--model", "m", "--model-name", "served",
                        "--draft-model", "none", "--num-draft-tokens", "3", "--host", "0.0.0.0",
-                       "--port", "9001", "--distributed-mode", "pipeline"])
+                       "--port", "9001", "--distributed-mode", "pipeline",
+                       "--adapter-path", "adapters"])
     s = settings_from_args(args)
     assert (s.models.model, s.models.model_name, s.models.draft_model,
-            s.models.num_draft_tokens) == ("m", "served", "none", 3)
+            s.models.num_draft_tokens, s.models.adapter_path) == ("m", "served", "none", 3,
+                                                                  "adapters")
     assert (s.server.host, s.server.port, s.distributed.mode) == ("0.0.0.0", 9001, "pipeline")
     assert settings_from_args(parse_args(["--config", str(config)])).models.model_name == \
         "from-file"

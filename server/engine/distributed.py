@@ -248,6 +248,9 @@ class DistributedEngine(InferenceEngine):
                 "mode": self.layout.mode, "rank_memory_gb": self.rank_memory_gb}
 
     def _load_initial(self) -> None:
+        if self._adapter_path:  # sharded_load takes no adapters
+            raise ModelLoadError("adapters are not applied to a sharded target: fold them into"
+                                 " its weights first (`mlx_lm.fuse --adapter-path`)")
         self.watchdog = Watchdog(self.timeout_s, self._rank_lost, self._orphaned)
         self.mirror = Mirror(self.channel, self.watchdog.guard)
         MirroredKVCache.mirror = self.mirror

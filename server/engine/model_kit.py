@@ -22,6 +22,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model, load_tokenizer
 
+from server.engine.adapters import AdapterError, adapter_identity, apply_adapters
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.engine.fused import fuse_projections
 
@@ -51,6 +52,7 @@ class LoadedModel:
     config: dict
     # What its KV states depend on (`model_fingerprint`): the disk prefix cache's key.
     fingerprint: str = ""
+    adapter_path: str | None = None  # fine-tuned adapters applied at load (`adapters`)
     loaded_at: int = field(default_factory=lambda: int(time.time()))  # Unix seconds
 
     @cached_property
@@ -80,13 +82,15 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
 
 
 def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
-               fuse: bool = False, dequantize: bool = False) -> LoadedModel:
+               fuse: bool = False, dequantize: bool = False,
+               adapter_path: str | None = None) -> LoadedModel:
     """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
     and gate/up projections into one matmul (`server.engine.fused`, `engine.fuse_projections`:
     off unless asked, since it paid one day and cost the next). With `dequantize`, a
     quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
     which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32,
-    while a draft is only worth its cost when it is cheap."""
+    while a draft is only worth its cost when it is cheap. `adapter_path`: an `mlx_lm.lora`
+    adapter folder, folded into the weights (`server.engine.adapters`)."""
     local = Path(path).expanduser()
     if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
@@ -115,12 +119,19 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
+    identity = {"dtype": dtype, "fuse": fuse}
+    if adapter_path:  # folded in the serving dtype, before the projections are stacked
+        try:
+            apply_adapters(model, adapter_path)
+            identity.update(adapter_identity(adapter_path))
+        except (AdapterError, OSError) as e:
+            raise ModelLoadError(f"cannot load {path} with adapters: {e}") from e
     if fuse:
         fuse_projections(model)
-    identity = {"dtype": dtype, "fuse": fuse,
-                "dequantized": bool(dequantize and target_dtype == mx.float32)}
+    identity["dequantized"] = bool(dequantize and target_dtype == mx.float32)
     return LoadedModel(name or path, path, model, tokenizer, config,
-                       model_fingerprint(local if local.exists() else path, config, identity))
+                       model_fingerprint(local if local.exists() else path, config, identity),
+                       adapter_path=adapter_path)
 
 
 def model_fingerprint(path: Path | str, config: dict, identity: dict) -> str:

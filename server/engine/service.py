@@ -98,7 +98,7 @@ class RequestHandle:
 
 class InferenceEngine:
     def __init__(self, *, model: str, draft_model: str | None = None,
-                 model_name: str | None = None,
+                 model_name: str | None = None, adapter_path: str | None = None,
                  num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
@@ -108,6 +108,7 @@ class InferenceEngine:
                  cost_model: bool = False):
         self._target_path = model
         self._draft_path = draft_model
+        self._adapter_path = adapter_path
         self.model_name = model_name or model
         self.dtype = dtype
         self.fuse_projections = fuse_projections
@@ -157,7 +158,7 @@ class InferenceEngine:
     def _load_initial(self) -> None:
         log.info("loading target model %s", self._target_path)
         target = load_model(self._target_path, dtype=self.dtype, name=self.model_name,
-                            fuse=self.fuse_projections)
+                            fuse=self.fuse_projections, adapter_path=self._adapter_path)
         self.kit = ModelKit(target, dtype=self.dtype, fuse=self.fuse_projections)
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)

@@ -41,7 +41,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
                  "heartbeat_s": settings.distributed.heartbeat_s}
     return engine_class(
         **extra,
-        model=m.model, draft_model=draft, model_name=m.model_name,
+        model=m.model, draft_model=draft, model_name=m.model_name, adapter_path=m.adapter_path,
         num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
         scheduler=SchedulerConfig(
             max_batch_size=settings.engine.max_batch_size,

@@ -38,7 +38,8 @@ def served_models(engine) -> list[tuple[ModelEntry, LoadedModel]]:
     served = [(engine.model_name, "target", engine.target)]
     if engine.draft is not None:
         served.append((engine.draft.name, "draft", engine.draft))
-    return [(ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at), model)
+    return [(ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
+                        adapter_path=model.adapter_path), model)
             for name, role, model in served]
 
 
