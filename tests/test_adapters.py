@@ -25,13 +25,16 @@ def write_adapter(base, folder, *, kind="lora", layers=2, seed=0):
     random low-rank updates big enough to change the greedy text."""
     model, _ = load(str(base))
     params = {"rank": 4, "scale": 4.0, "dropout": 0.0}
-    linear_to_lora_layers(model, layers, params, use_dora=kind == "dora")
     mx.random.seed(seed)
-    weights = {}
-    for name, value in tree_flatten(model.parameters()):
-        if name.endswith(("lora_a", "lora_b", ".m")):
-            weights[name] = value if name.endswith(".m") else \
-                mx.random.normal(value.shape) * (0.3 / value.shape[0] ** 0.5)
+    if kind == "full":  # every weight, changed
+        weights = {name: value * (1 + 0.2 * mx.random.normal(value.shape))
+                   for name, value in tree_flatten(model.parameters())}
+    else:
+        linear_to_lora_layers(model, layers, params, use_dora=kind == "dora")
+        weights = {name: value if name.endswith(".m") else
+                   mx.random.normal(value.shape) * (0.3 / value.shape[0] ** 0.5)
+                   for name, value in tree_flatten(model.parameters())
+                   if name.endswith(("lora_a", "lora_b", ".m"))}
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "adapters.safetensors"), weights)
     config = {"fine_tune_type": kind, "num_layers": layers, "lora_parameters": params}
@@ -50,7 +53,7 @@ def mlx_lm_text(target, adapter_path=None):
     return generate(model, tokenizer, prompt, max_tokens=MAX)
 
 
-@pytest.mark.parametrize("kind", ["lora", "dora"])
+@pytest.mark.parametrize("kind", ["lora", "dora", "full"])
 def test_folded_adapters_give_mlx_lm_logits(tiny_pair, tmp_path, kind):
     folder = write_adapter(tiny_pair[0], tmp_path / kind, kind=kind)
     reference, _ = load(str(tiny_pair[0]), adapter_path=str(folder))
