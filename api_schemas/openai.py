@@ -218,6 +218,35 @@ def _documented(json_type: str, **keywords):
     return patch
 
 
+MAX_GRAMMAR_CHARS = 65_536
+MAX_CHOICE_OPTIONS = 256
+
+
+class StructuredOutputs(RequestModel):
+    """vLLM's `structured_outputs`: a grammar the whole output follows, exactly one of these."""
+
+    json_: dict[str, Any] | None = Field(None, alias="json", description="A JSON schema.")
+    json_object: bool | None = Field(None, description="true: any JSON object.")
+    regex: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS,
+                              description="A regular expression the whole output matches.")
+    choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, max_length=MAX_CHOICE_OPTIONS,
+        description="The output is exactly one of these strings.")
+    grammar: str | None = Field(
+        None, min_length=1, max_length=MAX_GRAMMAR_CHARS,
+        description="A Lark grammar in llguidance's dialect (rule `start`; `%json {schema}`"
+        " embeds a JSON schema).")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [name for name in ("json_", "json_object", "regex", "choice", "grammar")
+                 if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, json_object, regex,"
+                             " choice and grammar")
+        return self
+
+
 class EngineExtensions(RequestModel):
     """Our extensions (not in OpenAI's or Anthropic's API), the same in every generation API."""
 
@@ -253,10 +282,14 @@ class EngineExtensions(RequestModel):
     min_tokens: NonNegInt | None = Field(
         None, le=1_000_000, description="vLLM's: EOS and stop strings wait this many tokens."
     )
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's: the output follows a JSON schema, a regular expression, one"
+        " of a list of strings, or a Lark grammar.")
 
     def extensions(self) -> dict:
         """The extension fields this request set, to pass on to a chat completion request."""
-        return self.model_dump(include=set(EngineExtensions.model_fields), exclude_none=True)
+        return self.model_dump(include=set(EngineExtensions.model_fields), exclude_none=True,
+                               by_alias=True)
 
 
 class _OpenAISampling(RequestModel):
@@ -364,6 +397,11 @@ class ChatCompletionRequest(SamplingRequest):
         named = self.named_tool()
         if named is not None and named not in {t.function.name for t in self.tools}:
             raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
+        fmt = self.response_format
+        if self.structured_outputs is not None and (
+                self.forced_functions() is not None or fmt is not None and fmt.type != "text"):
+            raise ValueError("structured_outputs cannot be combined with a response_format or a"
+                             " forced tool call: one grammar holds the output")
         return self
 
     def template_kwargs(self) -> dict:
@@ -379,7 +417,8 @@ class ChatCompletionRequest(SamplingRequest):
 
     def constrains_output(self) -> bool:
         fmt = self.response_format
-        return self.forced_functions() is not None or (fmt is not None and fmt.type != "text")
+        return (self.forced_functions() is not None or (fmt is not None and fmt.type != "text")
+                or self.structured_outputs is not None)
 
     def named_tool(self) -> str | None:
         return self.tool_choice.function.name if isinstance(self.tool_choice,

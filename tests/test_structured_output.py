@@ -9,6 +9,7 @@ output is the same with a draft, prompt lookup or none, and equals the mlx_lm re
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import mlx.core as mx
@@ -483,3 +484,113 @@ async def test_rejection_sampling_under_a_grammar_follows_the_masked_target(tiny
     observed = counts[keep]
     expected *= observed.sum() / expected.sum()
     assert chisquare(observed, expected).pvalue > 1e-3
+
+
+# --- vLLM's structured_outputs: regex, choice, Lark grammar -------------------------------------
+
+# Bounded, so a random model finishes each within MAX_TOKENS.
+STRUCTURED = {
+    "regex": {"regex": r"(yes|no), [0-9]{1,3} [a-z]{2,6}\."},
+    "choice": {"choice": ["red apple", "green pear", "blue"]},
+    "grammar": {"grammar": 'start: "SELECT " col (", " col){0,2} " FROM t"\n'
+                           "col: /[a-z]{1,6}/"},
+}
+STRUCTURED_MATCH = {
+    "regex": re.compile(r"(yes|no), [0-9]{1,3} [a-z]{2,6}\."),
+    "choice": re.compile("red apple|green pear|blue"),
+    "grammar": re.compile(r"SELECT [a-z]{1,6}(, [a-z]{1,6}){0,2} FROM t"),
+}
+
+
+def structured_grammar(grammars: Grammars, spec: dict):
+    kind, value = next(iter(spec.items()))
+    return {"regex": grammars.regex, "choice": grammars.choice, "grammar": grammars.lark}[kind](
+        value)
+
+
+@pytest.mark.parametrize("kind", sorted(STRUCTURED))
+def test_structured_outputs_match_under_mlx_lm(loaded_pair, grammars, kind):
+    model, tokenizer, _ = loaded_pair
+    grammar = structured_grammar(grammars, STRUCTURED[kind])
+    for prompt in PROMPTS:
+        for temperature, seed in MODES:
+            text, _, finish = constrained_generate(model, tokenizer, grammar, prompt,
+                                                   temperature=temperature, seed=seed)
+            assert finish == "stop" and STRUCTURED_MATCH[kind].fullmatch(text), (kind, text)
+
+
+@pytest.mark.anyio
+async def test_structured_outputs_greedy_equal_mlx_lm_with_and_without_drafts(tiny_pair,
+                                                                              loaded_pair):
+    model, tokenizer, _ = loaded_pair
+    grammars = grammars_for(tokenizer)
+    async with served(*tiny_pair) as (client, _):
+        for kind, spec in STRUCTURED.items():
+            expected, _, _ = constrained_generate(model, tokenizer,
+                                                  structured_grammar(grammars, spec), PROMPTS[0])
+            for extra in ({"use_draft": False}, {"num_draft_tokens": 4, "adaptive": False},
+                          {"draft": "prompt_lookup", "num_draft_tokens": 3}):
+                body = chat_body(PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                 structured_outputs=spec, **extra)
+                r = await client.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+                choice = r.json()["choices"][0]
+                assert (choice["message"]["content"], choice["finish_reason"]) == \
+                    (expected, "stop"), (kind, extra)
+            # Text completions take it too; the text is the same with the draft as without.
+            texts = set()
+            for extra in ({"use_draft": False}, {"num_draft_tokens": 4}):
+                body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS, "temperature": 0,
+                        "structured_outputs": spec, **extra}
+                r = await client.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                texts.add(r.json()["choices"][0]["text"])
+            assert len(texts) == 1 and STRUCTURED_MATCH[kind].fullmatch(texts.pop()), kind
+
+
+@pytest.mark.anyio
+async def test_structured_outputs_reach_the_other_apis_and_sampling_stays_inside(client):
+    spec = STRUCTURED["choice"]
+    body = {"input": "Pick a fruit", "max_output_tokens": 20, "structured_outputs": spec}
+    r = await client.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    assert STRUCTURED_MATCH["choice"].fullmatch(r.json()["output"][0]["content"][0]["text"])
+    body = {"model": "", "max_tokens": 20, "structured_outputs": spec,
+            "messages": [{"role": "user", "content": "Pick a fruit"}]}
+    r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert STRUCTURED_MATCH["choice"].fullmatch(r.json()["content"][0]["text"])
+    for seed in range(4):
+        body = chat_body(max_tokens=MAX_TOKENS, temperature=1.0, seed=seed, num_draft_tokens=3,
+                         structured_outputs=STRUCTURED["regex"])
+        r = await client.post("/v1/chat/completions", json=body)
+        assert STRUCTURED_MATCH["regex"].fullmatch(r.json()["choices"][0]["message"]["content"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spec, message", [
+    ({"regex": "("}, "regex parse error"),
+    ({"grammar": "start: foo"}, 'unknown name: "foo"'),
+    ({"regex": "a", "choice": ["b"]}, "exactly one of"),
+    ({}, "exactly one of"),
+    ({"choice": []}, "at least 1"),
+    ({"choice": [""]}, "at least 1"),
+    ({"json_object": False}, "exactly one of"),
+])
+async def test_bad_structured_outputs_are_400s(client, spec, message):
+    for path, body in (("/v1/chat/completions", chat_body(structured_outputs=spec)),
+                       ("/v1/completions", {"prompt": "x", "structured_outputs": spec})):
+        r = await client.post(path, json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert message in error["message"] and error["param"].startswith("structured_outputs")
+
+
+@pytest.mark.anyio
+async def test_structured_outputs_beside_another_grammar_is_a_400(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    for extra in ({"response_format": {"type": "json_object"}},
+                  {"tools": tools, "tool_choice": "required"}):
+        body = chat_body(structured_outputs={"regex": "a"}, **extra)
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and "one grammar" in r.json()["error"]["message"], r.text

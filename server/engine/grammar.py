@@ -1,10 +1,10 @@
 """Grammar constraints for structured output and tool calls, on llguidance.
 
 `Grammars(tokenizer)` compiles what a request asks for (`json_object`, `json_schema`, forced tool
-calls) into a `Grammar`: validated once, cached per schema, and callable with no arguments, so
-it is what `GenerationParams.constraint` takes. Each call returns a fresh `GrammarConstraint`,
-this request's grammar state, which the decoder drives through the `TokenConstraint` protocol
-(`server.engine.constraints`).
+calls; vLLM's regex, choice and Lark grammars) into a `Grammar`: validated once, cached per
+grammar, and callable with no arguments, so it is what `GenerationParams.constraint` takes.
+Each call returns a fresh `GrammarConstraint`, this request's grammar state, which the decoder
+drives through the `TokenConstraint` protocol (`server.engine.constraints`).
 
 Why llguidance (measured against the alternatives before it was chosen): no dependencies beyond
 its abi3 wheel (Linux x86-64, macOS arm64); it compiles in about a millisecond; it computes a
@@ -250,36 +250,56 @@ class Grammars:
             return grammar
         return grammar.ending_at_repeated_calls(self._tokenizer.decode_bytes)
 
+    def regex(self, pattern: str) -> Grammar:
+        """Output that the regular expression matches as a whole (vLLM's `regex`)."""
+        return self._compile(f"regex {pattern}",
+                             lambda: llguidance.LLMatcher.grammar_from_regex(pattern))
+
+    def choice(self, options: list[str]) -> Grammar:
+        """Output that is exactly one of `options` (vLLM's `choice`)."""
+        return self.lark("start: " + " | ".join(_lark_literal(o) for o in options))
+
+    def lark(self, text: str) -> Grammar:
+        """Output that follows a Lark grammar, in llguidance's dialect (vLLM's `grammar`)."""
+        return self._compile(f"lark {text}",
+                             lambda: llguidance.LLMatcher.grammar_from_lark(text))
+
     # ------------------------------------------------------------------ compiling
     def _compile_schema(self, schema: dict, strict: bool, to_lark) -> Grammar:
         try:
             try:
-                return self._compile(to_lark(_with_options(schema, lenient=False)))
+                return self.lark(to_lark(_with_options(schema, lenient=False)))
             except GrammarError as e:
                 if strict or "nimplemented" not in str(e):
                     raise
-            return self._compile(to_lark(_with_options(schema, lenient=True)))
+            return self.lark(to_lark(_with_options(schema, lenient=True)))
         except (ValueError, TypeError, RuntimeError, RecursionError) as e:
             if isinstance(e, GrammarError):
                 raise
             raise GrammarError(f"cannot compile this schema: {e}") from e
 
-    def _compile(self, lark: str) -> Grammar:
+    def _compile(self, key: str, grammar_of) -> Grammar:
+        """The grammar `grammar_of()` returns, validated and compiled once per `key`."""
         with self._lock:
-            if lark in self._cache:
-                self._cache.move_to_end(lark)
-                return self._cache[lark]
-        grammar_text = llguidance.LLMatcher.grammar_from_lark(lark)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-            grammar_text, self._tokenizer)
-        if is_error:
-            raise GrammarError(_first_line(messages[0]) if messages else "invalid grammar")
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar_text, log_level=0)
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        try:
+            grammar_text = grammar_of()
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+                grammar_text, self._tokenizer)
+            if is_error:
+                raise GrammarError(_first_line(messages[0]) if messages else "invalid grammar")
+            matcher = llguidance.LLMatcher(self._tokenizer, grammar_text, log_level=0)
+        except (ValueError, TypeError, RuntimeError) as e:
+            if isinstance(e, GrammarError):
+                raise
+            raise GrammarError(_first_line(str(e))) from e
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()))
-        grammar = Grammar(matcher, self.vocab_size, self.eos_token_ids, lark[:80])
+        grammar = Grammar(matcher, self.vocab_size, self.eos_token_ids, key[:80])
         with self._lock:
-            self._cache[lark] = grammar
+            self._cache[key] = grammar
             while len(self._cache) > GRAMMAR_CACHE_SIZE:
                 self._cache.popitem(last=False)
         return grammar

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from api_schemas.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from api_schemas.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+    StructuredOutputs,
+)
 from server.config import GenerationDefaults
 from server.engine.grammar import GrammarError, grammars_for
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
@@ -144,28 +149,49 @@ def eos_controls(body: SamplingRequest) -> dict:
 
 
 def output_constraint(body: SamplingRequest, engine: InferenceEngine):
-    """The grammar a chat request's output must follow, or None.
+    """The grammar the output must follow, or None: vLLM's `structured_outputs` (any route),
+    else a forced tool call (tool_choice required or named), which wins over `response_format`.
+    The schema refuses `structured_outputs` beside either of the others."""
+    wanted = _wanted_grammar(body)
+    if wanted is None:
+        return None
+    param, compile_grammar = wanted
+    try:
+        return compile_grammar(grammars_for(engine.tokenizer))
+    except GrammarError as e:
+        raise APIError(400, f"{param}: {e}", param=param, code="invalid_schema") from e
 
-    A forced tool call (tool_choice required or named) wins over `response_format`.
-    """
+
+def _wanted_grammar(body: SamplingRequest):
+    """(the field that asks, a function compiling its grammar from a `Grammars`), or None."""
+    if body.structured_outputs is not None:
+        return "structured_outputs", _structured_grammar(body.structured_outputs)
     if not isinstance(body, ChatCompletionRequest):
         return None
     functions = body.forced_functions()
+    if functions is not None:
+        parallel = body.parallel_tool_calls is not False and body.named_tool() is None
+        return "tools", lambda g: g.tool_calls(functions, parallel=parallel)
     fmt = body.response_format
-    if functions is None and (fmt is None or fmt.type == "text"):
+    if fmt is None or fmt.type == "text":
         return None
-    param = "tools" if functions is not None else "response_format"
-    try:
-        grammars = grammars_for(engine.tokenizer)
-        if functions is not None:
-            parallel = body.parallel_tool_calls is not False and body.named_tool() is None
-            return grammars.tool_calls(functions, parallel=parallel)
-        if fmt.type == "json_object":
-            return grammars.json_object()
-        spec = fmt.json_schema
-        return grammars.json_schema(spec.schema_ or {}, strict=bool(spec.strict))
-    except GrammarError as e:
-        raise APIError(400, f"{param}: {e}", param=param, code="invalid_schema") from e
+    if fmt.type == "json_object":
+        return "response_format", lambda g: g.json_object()
+    spec = fmt.json_schema
+    return "response_format", lambda g: g.json_schema(spec.schema_ or {},
+                                                      strict=bool(spec.strict))
+
+
+def _structured_grammar(spec: StructuredOutputs):
+    if spec.json_ is not None:
+        return lambda g: g.json_schema(spec.json_)
+    if spec.json_object:
+        return lambda g: g.json_object()
+    if spec.regex is not None:
+        return lambda g: g.regex(spec.regex)
+    if spec.choice is not None:
+        return lambda g: g.choice(spec.choice)
+    return lambda g: g.lark(spec.grammar)
 
 
 # ---------------------------------------------------------------- bounds of the loaded model
