@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import openai
 import pytest
-from conftest import chat_body
+from conftest import chat_body, served
 from mlx_lm import generate
 from test_scheduler import alone, params, run_batch, tokens_of
 from test_scheduler import kit as kit  # noqa: F401 (the fixture)
@@ -120,3 +120,22 @@ async def test_a_repeating_answer_is_looked_up_in_long_rounds(client, loaded_pai
                                                              max_tokens=160)
     assert max(map(int, r["stats"]["k_histogram"])) > 4
     assert r["stats"]["num_draft_tokens"] == 4
+
+
+async def test_a_prediction_drafts_on_a_server_without_a_draft_model(tiny_pair, loaded_pair):
+    """The server's default drafter is the draft model and none is loaded: plain requests
+    decode without drafting, one with a prediction drafts from it."""
+    target, tokenizer, _ = loaded_pair
+    body = chat_body(max_tokens=MAX, temperature=0)
+    prompt = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+    expected = generate(target, tokenizer, prompt, max_tokens=MAX)
+    async with served(tiny_pair[0], None) as (client, _):
+        plain = (await client.post("/v1/chat/completions", json=body)).json()
+        assert plain["stats"]["draft_model"] is None
+        guessed = {**body, "prediction": {"type": "content", "content": expected}}
+        r = (await client.post("/v1/chat/completions", json=guessed)).json()
+    assert plain["choices"][0]["message"]["content"] == expected
+    assert r["choices"][0]["message"]["content"] == expected
+    # The guess is the text re-encoded, whose tokens a random model's answer only partly shares.
+    assert r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert r["stats"]["draft_tokens_accepted"] > 0

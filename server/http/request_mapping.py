@@ -104,10 +104,7 @@ def generation_params(
         hybrid_min_match=(defaults.hybrid_min_match if body.hybrid_min_match is None
                           else body.hybrid_min_match),
     )
-    speculation = engine.resolve_speculation(
-        use_draft=body.use_draft, num_draft_tokens=body.num_draft_tokens,
-        defaults=speculation_defaults, draft=body.draft,
-    )
+    speculation = resolve_speculation(body, engine, speculation_defaults)
     if isinstance(body, ChatCompletionRequest):
         logprobs, top = body.logprobs, body.top_logprobs or 0
     else:
@@ -125,6 +122,22 @@ def generation_params(
         constraint=output_constraint(body, engine),
         prediction=prediction_tokens(body, engine),
     )
+
+
+def resolve_speculation(body: SamplingRequest, engine: InferenceEngine,
+                        defaults: SpeculationParams) -> SpeculationParams:
+    """How the request drafts (`SpeculationPolicy.for_request`). A prediction drafts with no
+    draft model (its rounds are lookup rounds): when the server's default drafter is the draft
+    model and none is loaded, it drafts by prompt lookup rather than not at all."""
+    def resolve(draft):
+        return engine.resolve_speculation(use_draft=body.use_draft, defaults=defaults,
+                                          num_draft_tokens=body.num_draft_tokens, draft=draft)
+
+    speculation = resolve(body.draft)
+    if not speculation.num_draft_tokens and body.draft is None and \
+            getattr(body, "prediction", None) is not None:
+        speculation = resolve("prompt_lookup")  # still none when drafting is turned off
+    return speculation
 
 
 def prediction_tokens(body: SamplingRequest, engine: InferenceEngine) -> tuple[int, ...]:
