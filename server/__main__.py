@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import socket
 import sys
@@ -28,6 +29,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-name", help="The name clients send as `model` (default: the"
                    " --model path or id).")
     p.add_argument("--adapter-path", help="An mlx_lm.lora adapter folder for the target.")
+    p.add_argument("--chat-template", help="A Jinja chat template, or its file, instead of the"
+                   " tokenizer's.")
+    p.add_argument("--chat-template-args", type=json.loads, metavar="JSON",
+                   help='Variables every chat is rendered with, e.g. \'{"enable_thinking":'
+                        ' false}\'.')
     p.add_argument("--draft-model", help="Draft model path or hub id; 'none' for no draft.")
     p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
     p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
@@ -42,6 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     models = {k: v for k, v in {
         "model": args.model, "model_name": args.model_name, "draft_model": args.draft_model,
         "adapter_path": args.adapter_path, "num_draft_tokens": args.num_draft_tokens,
+        "chat_template": args.chat_template, "chat_template_kwargs": args.chat_template_args,
     }.items() if v is not None}
     server = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     distributed = {"mode": args.distributed_mode} if args.distributed_mode else {}

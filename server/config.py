@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.engine.disk_cache import DEFAULT_DISK_MAX_GB
@@ -22,6 +22,7 @@ from server.engine.policy import (
     DEFAULT_SPEC_MAX_BATCH,
 )
 from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM
+from server.engine.prompts import RESERVED_TEMPLATE_KWARGS
 from server.engine.scheduler import (
     DEFAULT_IDLE_PREFILL_CHUNK,
     DEFAULT_MAX_BATCH_SIZE,
@@ -77,6 +78,14 @@ class ModelSettings(BaseModel):
         " (LoRA, DoRA or full), folded into the target's weights at load. The draft is not"
         " adapted; the output is the fine-tune's, token for token.",
     )
+    chat_template: str | None = Field(
+        None, description="A Jinja chat template, or the path of a file holding one, used"
+        " instead of the target tokenizer's (for models without one, or to fix one).",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Variables every chat is rendered with, such as"
+        ' {"enable_thinking": false}; a request\'s chat_template_kwargs win.',
+    )
     num_draft_tokens: int = Field(
         DEFAULT_NUM_DRAFT_TOKENS, ge=1, le=64,
         description="Draft tokens per round (the maximum when adaptive)."
@@ -99,6 +108,14 @@ class ModelSettings(BaseModel):
         description="If the configured demo models are missing, build a random pair into"
         " models/generated and serve it (offline first run).",
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict) -> dict:
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(value))
+        if reserved:
+            raise ValueError(f"may not set {', '.join(reserved)} (the renderer sets them)")
+        return value
 
 
 class EngineSettings(BaseModel):

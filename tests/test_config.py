@@ -76,11 +76,14 @@ def test_every_flag_sets_its_key(tmp_path):
     args = parse_args(["--config", str(config), "--model", "m", "--model-name", "served",
                        "--draft-model", "none", "--num-draft-tokens", "3", "--host", "0.0.0.0",
                        "--port", "9001", "--distributed-mode", "pipeline",
-                       "--adapter-path", "adapters"])
+                       "--adapter-path", "adapters", "--chat-template", "t.jinja",
+                       "--chat-template-args", '{"enable_thinking": false}'])
     s = settings_from_args(args)
     assert (s.models.model, s.models.model_name, s.models.draft_model,
             s.models.num_draft_tokens, s.models.adapter_path) == ("m", "served", "none", 3,
                                                                   "adapters")
     assert (s.server.host, s.server.port, s.distributed.mode) == ("0.0.0.0", 9001, "pipeline")
+    assert (s.models.chat_template, s.models.chat_template_kwargs) == \
+        ("t.jinja", {"enable_thinking": False})
     assert settings_from_args(parse_args(["--config", str(config)])).models.model_name == \
         "from-file"

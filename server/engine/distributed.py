@@ -34,7 +34,14 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from server.engine.head import _Split, set_split, split_of
 from server.engine.mirror import Mirror, MirroredKVCache, OpChannel
-from server.engine.model_kit import LoadedModel, ModelKit, ModelLoadError, resolve_dtype
+from server.engine.model_kit import (
+    LoadedModel,
+    ModelKit,
+    ModelLoadError,
+    check_template,
+    resolve_dtype,
+    template_config,
+)
 from server.engine.scheduler import Scheduler, ShuttingDown
 from server.engine.service import InferenceEngine
 
@@ -101,7 +108,8 @@ def sharding_architectures(kind: str) -> list[str]:
                   if p.stem != "pipeline" and marker in p.read_text(errors="ignore"))
 
 
-def load_sharded(path: str, layout: DistributedLayout, *, dtype: str = "auto"):
+def load_sharded(path: str, layout: DistributedLayout, *, dtype: str = "auto",
+                 chat_template: str | None = None):
     """(model, tokenizer, config) of this rank's part of the target (every rank calls it)."""
     from mlx_lm.utils import sharded_load
 
@@ -109,8 +117,9 @@ def load_sharded(path: str, layout: DistributedLayout, *, dtype: str = "auto"):
               else {"pipeline_group": layout.group})
     local = Path(path).expanduser()
     try:
-        model, tokenizer, config = sharded_load(str(local if local.exists() else path),
-                                                return_config=True, **groups)
+        model, tokenizer, config = sharded_load(
+            str(local if local.exists() else path), return_config=True,
+            tokenizer_config=template_config(chat_template), **groups)
     except ValueError as e:
         if "does not support" not in str(e):
             raise ModelLoadError(f"cannot load {path} sharded: {e}") from e
@@ -118,8 +127,11 @@ def load_sharded(path: str, layout: DistributedLayout, *, dtype: str = "auto"):
         raise ModelLoadError(
             f"cannot serve {path} over {layout.world_size} ranks in {layout.mode} mode: its"
             f" architecture does not support it ({e}); architectures that do: {names}") from e
+    except ModelLoadError:
+        raise
     except Exception as e:  # noqa: BLE001 - missing files, bad weights, hub errors
         raise ModelLoadError(f"cannot load {path} sharded: {type(e).__name__}: {e}") from e
+    check_template(tokenizer, chat_template)
     layers = config.get("num_hidden_layers", 0)
     if layout.mode == "pipeline" and layers % layout.world_size:
         # Every rank keeps one cache per layer it runs; rank 0 names them for all ranks.
@@ -260,7 +272,8 @@ class DistributedEngine(InferenceEngine):
         # Not bounded by the watchdog: loading a large shard may take minutes; a rank that
         # fails to load exits, and mlx.launch then stops the others.
         model, tokenizer, config = load_sharded(self._target_path, self.layout,
-                                                dtype=self.dtype)
+                                                dtype=self.dtype,
+                                                chat_template=self._chat_template)
         with self.watchdog.guard("gathering rank memory"):
             self.rank_memory_gb = rank_memory(self.channel)
         wrapped = MirroredTarget(model, self.mirror, self.watchdog.guard)

@@ -25,6 +25,7 @@ from mlx_lm.utils import dequantize_model, load_tokenizer
 from server.engine.adapters import AdapterError, adapter_identity, apply_adapters
 from server.engine.draft_vocab import wrap_if_sub_vocab
 from server.engine.fused import fuse_projections
+from server.engine.prompts import chat_template_text, check_chat_template
 
 log = logging.getLogger(__name__)
 
@@ -83,24 +84,28 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
 
 def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
                fuse: bool = False, dequantize: bool = False,
-               adapter_path: str | None = None) -> LoadedModel:
+               adapter_path: str | None = None,
+               chat_template: str | None = None) -> LoadedModel:
     """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
     and gate/up projections into one matmul (`server.engine.fused`, `engine.fuse_projections`:
     off unless asked, since it paid one day and cost the next). With `dequantize`, a
     quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
     which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32,
     while a draft is only worth its cost when it is cheap. `adapter_path`: an `mlx_lm.lora`
-    adapter folder, folded into the weights (`server.engine.adapters`)."""
+    adapter folder, folded into the weights (`server.engine.adapters`). `chat_template`: a Jinja
+    template (or its file) used instead of the tokenizer's."""
     local = Path(path).expanduser()
     if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
     try:
         model, tokenizer, config = mlx_load(str(local if local.exists() else path),
-                                            return_config=True)
+                                            return_config=True,
+                                            tokenizer_config=template_config(chat_template))
     except FileNotFoundError as e:
         raise ModelNotFound(f"cannot load {path}: {e}") from e
     except Exception as e:  # corrupt weights, unknown architecture, hub errors ...
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    check_template(tokenizer, chat_template)
     target_dtype = resolve_dtype(dtype)
     if dequantize and target_dtype == mx.float32 and "quantization" in config:
         model = dequantize_model(model)
@@ -132,6 +137,25 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
     return LoadedModel(name or path, path, model, tokenizer, config,
                        model_fingerprint(local if local.exists() else path, config, identity),
                        adapter_path=adapter_path)
+
+
+def template_config(chat_template: str | None) -> dict:
+    """The tokenizer settings that replace its chat template (mlx_lm's `tokenizer_config`)."""
+    if chat_template is None:
+        return {}
+    try:
+        return {"chat_template": chat_template_text(chat_template)}
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"models.chat_template: {e}") from e
+
+
+def check_template(tokenizer, chat_template: str | None) -> None:
+    """A configured chat template that cannot render a chat fails the load, not a request."""
+    if chat_template is not None:
+        try:
+            check_chat_template(tokenizer)
+        except ValueError as e:
+            raise ModelLoadError(f"models.chat_template: {e}") from e
 
 
 def model_fingerprint(path: Path | str, config: dict, identity: dict) -> str:

@@ -99,6 +99,8 @@ class RequestHandle:
 class InferenceEngine:
     def __init__(self, *, model: str, draft_model: str | None = None,
                  model_name: str | None = None, adapter_path: str | None = None,
+                 chat_template: str | None = None,
+                 chat_template_kwargs: dict | None = None,
                  num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
@@ -109,6 +111,9 @@ class InferenceEngine:
         self._target_path = model
         self._draft_path = draft_model
         self._adapter_path = adapter_path
+        self._chat_template = chat_template
+        # Variables every chat is rendered with; a request's `chat_template_kwargs` win.
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.model_name = model_name or model
         self.dtype = dtype
         self.fuse_projections = fuse_projections
@@ -158,7 +163,8 @@ class InferenceEngine:
     def _load_initial(self) -> None:
         log.info("loading target model %s", self._target_path)
         target = load_model(self._target_path, dtype=self.dtype, name=self.model_name,
-                            fuse=self.fuse_projections, adapter_path=self._adapter_path)
+                            fuse=self.fuse_projections, adapter_path=self._adapter_path,
+                            chat_template=self._chat_template)
         self.kit = ModelKit(target, dtype=self.dtype, fuse=self.fuse_projections)
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)

@@ -42,6 +42,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
     return engine_class(
         **extra,
         model=m.model, draft_model=draft, model_name=m.model_name, adapter_path=m.adapter_path,
+        chat_template=m.chat_template, chat_template_kwargs=m.chat_template_kwargs,
         num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
         scheduler=SchedulerConfig(
             max_batch_size=settings.engine.max_batch_size,

@@ -11,7 +11,7 @@ from api_schemas.openai import (
 from server.config import GenerationDefaults
 from server.engine.grammar import GrammarError, grammars_for
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.prompts import text_tokens
+from server.engine.prompts import RESERVED_TEMPLATE_KWARGS, text_tokens
 from server.engine.service import InferenceEngine
 from server.http.errors import APIError
 from server.http.tools import render_chat
@@ -27,18 +27,12 @@ def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
 def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[int]:
     """`body`: anything with `messages` and `active_tools()` (a chat or a /tokenize body)."""
     messages = [m.template_dict() for m in body.messages]
-    kwargs = template_kwargs(body)
+    kwargs = {**engine.chat_template_kwargs, **template_kwargs(body)}
     try:
         return render_chat(engine.tokenizer, messages, body.active_tools(), kwargs)
     except Exception as e:  # a template that rejects this conversation (roles, order)
         raise APIError(400, f"chat template failed: {e}", param="messages") from e
 
-
-# Arguments the renderer sets itself, or that would change what it returns.
-RESERVED_TEMPLATE_KWARGS = {"messages", "conversation", "tools", "documents", "chat_template",
-                            "add_generation_prompt", "continue_final_message", "tokenize",
-                            "return_dict", "return_tensors", "return_assistant_tokens_mask",
-                            "padding", "truncation", "max_length", "tokenizer_kwargs"}
 
 
 def template_kwargs(body) -> dict:
