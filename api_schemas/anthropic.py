@@ -87,6 +87,11 @@ class InputMessage(RequestModel):
             raise ValueError("thinking blocks belong to assistant messages")
         return self
 
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
 
 # ------------------------------------------------------------------------------ tools
 class Tool(RequestModel):
@@ -145,6 +150,13 @@ class CountTokensRequest(RequestModel):
         named = self.tool_choice.name if self.tool_choice else None
         if named is not None and named not in {t.name for t in self.tools}:
             raise ValueError(f"tool_choice names {named!r}, which is not in 'tools'")
+        return self
+
+    @model_validator(mode="after")
+    def _prefill(self):
+        final = self.messages[-1]
+        if final.role == "assistant" and final.text() != final.text().rstrip():
+            raise ValueError("final assistant content cannot end with trailing whitespace")
         return self
 
     def system_text(self) -> str | None:

@@ -364,7 +364,35 @@ class Prediction(RequestModel):
         return self.content
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatRendering(RequestModel):
+    """vLLM's switches for how `messages` are rendered (chat completions and `/tokenize`)."""
+
+    add_generation_prompt: bool | None = Field(
+        None, description="Open the assistant's turn after the messages (default true; false"
+        " with continue_final_message).")
+    continue_final_message: bool = Field(
+        False, description="Continue the final message, an assistant's, instead of starting a"
+        " new turn: an assistant prefill, as in Anthropic's API.")
+
+    @model_validator(mode="after")
+    def _final_message(self):
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be"
+                             " true")
+        messages = getattr(self, "messages", None)
+        if not messages or messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs a final assistant message")
+        return self
+
+    def generation_prompt(self) -> bool:
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
+
+
+class ChatCompletionRequest(SamplingRequest, ChatRendering):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -7,10 +7,16 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from api_schemas.openai import ChatMessage, OpenAIBaseModel, RequestModel, ToolDefinition
+from api_schemas.openai import (
+    ChatMessage,
+    ChatRendering,
+    OpenAIBaseModel,
+    RequestModel,
+    ToolDefinition,
+)
 
 
-class TokenizeRequest(RequestModel):
+class TokenizeRequest(ChatRendering):
     """A raw `prompt` (as `/v1/completions` tokenizes it), or chat `messages` (and `tools`),
     tokenized as `/v1/chat/completions` prefills them."""
 

@@ -12,12 +12,20 @@ def text_tokens(tokenizer, text: str) -> list[int]:
                                  or not text.startswith(bos)))
 
 
-def chat_tokens(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
-    """The chat template with the generation prompt; `role: content` lines without one."""
+def chat_tokens(tokenizer, messages: list[dict], *, continue_final: bool = False,
+                generation_prompt: bool = True, **template_kwargs) -> list[int]:
+    """The chat template, opening the assistant's turn (`generation_prompt`) or continuing the
+    final message (`continue_final`: an assistant prefill); `role: content` lines without a
+    template."""
+    if continue_final:
+        generation_prompt = False
     if not tokenizer.has_chat_template:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return list(tokenizer.encode(text))
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        text = "\n".join(lines) + ("" if continue_final else "\n")
+        return list(tokenizer.encode(text + ("assistant: " if generation_prompt else "")))
+    if continue_final:
+        template_kwargs["continue_final_message"] = True
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt,
                                               **template_kwargs))
 
 

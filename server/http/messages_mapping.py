@@ -3,7 +3,8 @@
 `system`, and a message of role `system`, become system turns; a user turn's `tool_result`
 blocks become `tool` turns (before its text, as Anthropic orders them); an assistant's
 `tool_use` blocks become its tool calls; `tool_choice` any -> required, tool -> the named
-function, disable_parallel_tool_use -> parallel_tool_calls false.
+function, disable_parallel_tool_use -> parallel_tool_calls false. A final assistant message
+is continued (Anthropic's prefill): its text starts the reply, which returns what follows.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 from api_schemas.anthropic import (
     CountTokensRequest,
     MessagesRequest,
-    TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -33,7 +33,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
         if isinstance(message.content, str):
             messages.append({"role": message.role, "content": message.content})
             continue
-        text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+        text = message.text()
         if message.role == "system":
             messages.append({"role": "system", "content": text})
             continue
@@ -71,6 +71,8 @@ def chat_from_messages(body: CountTokensRequest) -> ChatCompletionRequest:
         {"type": "function", "function": {"name": choice.name}},
         "parallel_tool_calls": False if choice and choice.disable_parallel_tool_use else None,
         "reasoning_effort": _effort(body.thinking),
+        # A final assistant message is a prefill: the reply continues it.
+        "continue_final_message": body.messages[-1].role == "assistant",
     }
     if isinstance(body, MessagesRequest):
         fields |= {"max_completion_tokens": body.max_tokens, "stop": body.stop_sequences,

@@ -29,7 +29,9 @@ def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[in
     messages = [m.template_dict() for m in body.messages]
     kwargs = {**engine.chat_template_kwargs, **template_kwargs(body)}
     try:
-        return render_chat(engine.tokenizer, messages, body.active_tools(), kwargs)
+        return render_chat(engine.tokenizer, messages, body.active_tools(), kwargs,
+                           continue_final=body.continue_final_message,
+                           generation_prompt=body.generation_prompt())
     except Exception as e:  # a template that rejects this conversation (roles, order)
         raise APIError(400, f"chat template failed: {e}", param="messages") from e
 

@@ -77,9 +77,10 @@ def call_format(tokenizer, *, forced: bool) -> ToolCallFormat:
 
 # ----------------------------------------------------------------------------- the prompt
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None,
-                template_kwargs: dict | None = None) -> list[int]:
+                template_kwargs: dict | None = None, **rendering) -> list[int]:
     """Prompt tokens for `messages` (OpenAI dicts) and `tools` (OpenAI tool objects or None);
-    `template_kwargs`: more variables for the template (`enable_thinking`, ...)."""
+    `template_kwargs`: more variables for the template (`enable_thinking`, ...); `rendering`:
+    `chat_tokens`' `continue_final` and `generation_prompt`."""
     native_tools = bool(tools) and template_renders_tools(tokenizer)
     messages = [template_message(m, native_calls=template_renders_tool_calls(tokenizer))
                 for m in messages]
@@ -89,13 +90,13 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None,
     if native_tools:
         kwargs["tools"] = tools
     try:
-        return chat_tokens(tokenizer, messages, **kwargs)
+        return chat_tokens(tokenizer, messages, **rendering, **kwargs)
     except Exception:
         if not any(m["role"] == "tool" for m in messages):
             raise
     # A template that refuses the `tool` role: results go back as user turns (Hermes style).
     messages = [tool_result_as_user(m) if m["role"] == "tool" else m for m in messages]
-    return chat_tokens(tokenizer, messages, **kwargs)
+    return chat_tokens(tokenizer, messages, **rendering, **kwargs)
 
 
 def template_message(message: dict, *, native_calls: bool) -> dict:
