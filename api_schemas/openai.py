@@ -479,22 +479,22 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(
         None, ge=0, description="At most the model's context length minus the prompt's tokens;"
         " 0 (with echo) only scores the prompt.")
-    suffix: str | None = None
+    suffix: str | None = Field(
+        None, description="Fill in the middle: the text after the completion, the prompt being"
+        " the text before it; for code models with fill-in-the-middle tokens.")
 
     @field_validator("prompt")
     @classmethod
     def _prompts(cls, v):
         prompts = v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("a prompt must not be empty")
         if len(prompts) > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} prompts per request")
         return v
 
     @model_validator(mode="after")
     def _checks(self):
-        if self.suffix:
-            raise ValueError("suffix is not supported")
+        if self.suffix and self.echo:
+            raise ValueError("echo cannot be combined with suffix")
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens may be 0 only with echo (to score the prompt)")
         if self.n * len(self.prompts()) > MAX_CHOICES:
@@ -503,7 +503,7 @@ class CompletionRequest(SamplingRequest):
 
     def prompts(self) -> list[str | list[int]]:
         v = self.prompt
-        return list(v) if isinstance(v, list) and isinstance(v[0], (str, list)) else [v]
+        return list(v) if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
 
     def token_limit(self) -> int | None:
         return self.max_tokens

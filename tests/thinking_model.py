@@ -17,6 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 
 PROMPT = "Think about the weather"
+THINK_TOKENS = ("<think>", "</think>")
 CLOSES_AT = 5  # its reply to PROMPT closes the reasoning with its fifth token
 THINK_TEMPLATE = (
     "{% for message in messages %}"
@@ -31,29 +32,32 @@ THINK_TEMPLATE = (
 )
 
 
-def _add_tokens(src: Path, dst: Path) -> tuple[int, int]:
-    """Copy a model folder with `<think>` and `</think>` appended to its vocabulary (their
-    embeddings and output rows are zero); their ids."""
+def add_tokens(src: Path, dst: Path, texts: tuple[str, ...], *,
+               template: str | None = None) -> list[int]:
+    """Copy a model folder with `texts` appended to its vocabulary as tokens of their own
+    (their embeddings and output rows are zero), and `template` as its chat template; their
+    ids."""
     shutil.copytree(src, dst)
     tokenizer = json.loads((dst / "tokenizer.json").read_text())
     config = json.loads((dst / "config.json").read_text())
     vocab = config["vocab_size"]
-    for i, text in enumerate(("<think>", "</think>")):
+    for i, text in enumerate(texts):
         tokenizer["added_tokens"].append({
             "id": vocab + i, "content": text, "single_word": False, "lstrip": False,
             "rstrip": False, "normalized": False, "special": False})
     (dst / "tokenizer.json").write_text(json.dumps(tokenizer))
-    tok_config = json.loads((dst / "tokenizer_config.json").read_text())
-    tok_config["chat_template"] = THINK_TEMPLATE
-    (dst / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    config["vocab_size"] = vocab + 2
+    if template is not None:
+        tok_config = json.loads((dst / "tokenizer_config.json").read_text())
+        tok_config["chat_template"] = template
+        (dst / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    config["vocab_size"] = vocab + len(texts)
     (dst / "config.json").write_text(json.dumps(config))
     weights = mx.load(str(dst / "model.safetensors"))
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         w = weights[name]
-        weights[name] = mx.concatenate([w, mx.zeros((2, w.shape[1]), w.dtype)])
+        weights[name] = mx.concatenate([w, mx.zeros((len(texts), w.shape[1]), w.dtype)])
     mx.save_safetensors(str(dst / "model.safetensors"), weights, {"format": "mlx"})
-    return vocab, vocab + 1
+    return list(range(vocab, vocab + len(texts)))
 
 
 def _think_end_replaces(paths: list[Path], token: int, end: int) -> None:
@@ -70,8 +74,8 @@ def build_thinking_pair(pair: tuple[Path, Path], out: Path) -> tuple[Path, Path]
     from mlx_lm import load, stream_generate
 
     target, draft = out / "target", out / "draft"
-    _, end = _add_tokens(pair[0], target)
-    _add_tokens(pair[1], draft)
+    _, end = add_tokens(pair[0], target, THINK_TOKENS, template=THINK_TEMPLATE)
+    add_tokens(pair[1], draft, THINK_TOKENS, template=THINK_TEMPLATE)
     model, tokenizer = load(str(target))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
                                            add_generation_prompt=True)

@@ -24,6 +24,7 @@ from mlx_lm.utils import dequantize_model, load_tokenizer
 
 from server.engine.adapters import AdapterError, adapter_identity, apply_adapters
 from server.engine.draft_vocab import wrap_if_sub_vocab
+from server.engine.fim import FimFormat
 from server.engine.fused import fuse_projections
 from server.engine.prompts import chat_template_text, check_chat_template
 
@@ -61,6 +62,11 @@ class LoadedModel:
         # get_vocab() builds a dict of the whole vocabulary (22 ms for SmolLM2's 49k tokens):
         # computed once, not on every request.
         return len(self.tokenizer.get_vocab())
+
+    @cached_property
+    def fim(self) -> FimFormat | None:
+        """Its fill-in-the-middle markers (`server.engine.fim`), or None."""
+        return FimFormat.of(self.tokenizer)
 
     @property
     def context_length(self) -> int | None:

@@ -9,6 +9,7 @@ from api_schemas.openai import (
     StructuredOutputs,
 )
 from server.config import GenerationDefaults
+from server.engine.fim import supported_markers
 from server.engine.grammar import GrammarError, grammars_for
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS, text_tokens
@@ -47,8 +48,15 @@ def template_kwargs(body) -> dict:
     return kwargs
 
 
-def completion_prompt(engine: InferenceEngine, prompt: str | list[int]) -> list[int]:
-    """One prompt of a /v1/completions body (a string or token ids) as token ids."""
+def completion_prompt(engine: InferenceEngine, prompt: str | list[int],
+                      suffix: str | None = None) -> list[int]:
+    """One prompt of a /v1/completions body (a string or token ids) as token ids; with a
+    `suffix`, the fill-in-the-middle prompt of the text between them."""
+    if suffix:
+        return fim_prompt(engine, prompt, suffix)
+    if len(prompt) == 0:
+        raise APIError(400, "a prompt must not be empty (with a suffix, it may be)",
+                       param="prompt")
     if isinstance(prompt, str):
         tokens = text_tokens(engine.tokenizer, prompt)
         if not tokens:
@@ -56,6 +64,19 @@ def completion_prompt(engine: InferenceEngine, prompt: str | list[int]) -> list[
         return tokens
     check_token_ids(engine, prompt, "prompt")
     return list(prompt)
+
+
+def fim_prompt(engine: InferenceEngine, prefix: str | list[int], suffix: str) -> list[int]:
+    fim = engine.target.fim
+    if fim is None:
+        raise APIError(400, "suffix needs a model trained to fill in the middle, whose"
+                       " vocabulary has the markers of one of these formats: "
+                       f"{supported_markers()}; this one has none", param="suffix")
+    encode = engine.tokenizer.encode
+    if isinstance(prefix, str):
+        prefix = encode(prefix, add_special_tokens=False)
+    check_token_ids(engine, prefix, "prompt")
+    return fim.prompt(list(prefix), encode(suffix, add_special_tokens=False))
 
 
 def check_token_ids(engine: InferenceEngine, ids: list[int], param: str) -> None:

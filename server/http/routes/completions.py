@@ -26,7 +26,7 @@ async def completions(body: CompletionRequest, request: Request):
     engine = request.app.state.engine
     check_model_name(engine, body.model)
     given = body.prompts()
-    prompts = [completion_prompt(engine, prompt) for prompt in given]
+    prompts = [completion_prompt(engine, prompt, body.suffix) for prompt in given]
     params = plan(request, body, prompts)
     formats = []
     for text, tokens in zip(given, prompts, strict=True):
