@@ -73,6 +73,11 @@ class ModelSettings(BaseModel):
     draft_model: str | None = Field(
         "models/demo/draft", description="Draft model path or hub id; null or 'none' for none."
     )
+    model_aliases: list[str] = Field(
+        default_factory=list, description="More names clients may send as `model` for the"
+        ' target, such as those an agent hard-codes ("gpt-4o-mini", "claude-haiku-4-5");'
+        ' ["*"]: any name. Replies still name the served model.',
+    )
     adapter_path: str | None = Field(
         None, description="A fine-tune of the target: the adapter folder `mlx_lm.lora` writes"
         " (LoRA, DoRA or full), folded into the target's weights at load. The draft is not"

@@ -98,7 +98,8 @@ class RequestHandle:
 
 class InferenceEngine:
     def __init__(self, *, model: str, draft_model: str | None = None,
-                 model_name: str | None = None, adapter_path: str | None = None,
+                 model_name: str | None = None, model_aliases: list[str] | None = None,
+                 adapter_path: str | None = None,
                  chat_template: str | None = None,
                  chat_template_kwargs: dict | None = None,
                  num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
@@ -115,6 +116,7 @@ class InferenceEngine:
         # Variables every chat is rendered with; a request's `chat_template_kwargs` win.
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.model_name = model_name or model
+        self.model_aliases = frozenset(model_aliases or ())  # more names for the target
         self.dtype = dtype
         self.fuse_projections = fuse_projections
         self.cost_model = cost_model  # measured forward times choose each row's k per round
@@ -210,6 +212,12 @@ class InferenceEngine:
     @property
     def draft(self) -> LoadedModel | None:
         return self.kit.draft
+
+    def serves(self, name: str | None) -> bool:
+        """Whether `name` (a request's `model`) selects the target: its served name, its path,
+        an alias, anything under the alias "*", or nothing."""
+        return name in (None, "", self.model_name, self.kit.target.path) or \
+            name in self.model_aliases or "*" in self.model_aliases
 
     @property
     def tokenizer(self):

@@ -41,7 +41,8 @@ def build_engine(settings: Settings) -> InferenceEngine:
                  "heartbeat_s": settings.distributed.heartbeat_s}
     return engine_class(
         **extra,
-        model=m.model, draft_model=draft, model_name=m.model_name, adapter_path=m.adapter_path,
+        model=m.model, draft_model=draft, model_name=m.model_name,
+        model_aliases=m.model_aliases, adapter_path=m.adapter_path,
         chat_template=m.chat_template, chat_template_kwargs=m.chat_template_kwargs,
         num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
         scheduler=SchedulerConfig(

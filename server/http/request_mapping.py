@@ -19,7 +19,7 @@ from server.http.tools import render_chat
 
 
 def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
-    if requested in (None, "", engine.model_name, engine.target.path):
+    if engine.serves(requested):
         return
     raise APIError(404, f"model {requested!r} does not exist; this server serves "
                    f"{engine.model_name!r}", param="model", code="model_not_found")

@@ -71,12 +71,13 @@ async def list_models(
 
 
 @router.get("/models/{model_id:path}", summary="Retrieve a model",
-            description="One entry of the model list, by id or path (Anthropic's shape for an"
-            " Anthropic client); 404 for a model this server does not serve.")
+            description="One entry of the model list, by id, path or alias (Anthropic's shape"
+            " for an Anthropic client); 404 for a model this server does not serve.")
 async def retrieve_model(model_id: str, request: Request) -> ModelEntry | ModelInfo:
-    served = served_models(request.app.state.engine)
+    engine = request.app.state.engine
+    served = served_models(engine)
     for entry, model in served:
-        if model_id in (entry.id, entry.path):
+        if model_id in (entry.id, entry.path) or entry.role == "target" and engine.serves(model_id):
             return anthropic_model(entry, model) if speaks_anthropic(request) else entry
     raise APIError(404, f"model {model_id!r} does not exist; this server serves "
                    + " and ".join(repr(entry.id) for entry, _ in served), param="model",
