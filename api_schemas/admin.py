@@ -32,6 +32,17 @@ class LoadDraftRequest(RequestModel):
     num_draft_tokens: int | None = Field(None, ge=1, le=64)
 
 
+class LoadTargetRequest(RequestModel):
+    model: str = Field(..., min_length=1, description="Local mlx_lm folder, GGUF file or hub id.")
+    model_name: str | None = Field(None, min_length=1, max_length=1024,
+                                   description="The name clients send as `model` (default: its"
+                                   " path).")
+    draft_model: str | None = Field(
+        None, min_length=1, description="A draft for it; null or \"none\": none; left out: the"
+        " current draft, if its tokenizer matches the new target's.")
+    num_draft_tokens: int | None = Field(None, ge=1, le=64)
+
+
 class CompatibilityRequest(RequestModel):
     model: str = Field(..., min_length=1)
 
@@ -45,6 +56,12 @@ class DraftCard(ModelEntry):
     parameters: int
     memory_gb: float
     num_draft_tokens: int
+
+
+class TargetCard(ModelEntry):
+    parameters: int
+    memory_gb: float
+    draft: DraftCard | None = Field(description="The draft now serving with it, if any.")
 
 
 class UnloadResponse(OpenAIBaseModel):

@@ -42,6 +42,7 @@ from server.engine.model_kit import (
     resolve_dtype,
     template_config,
 )
+from server.engine.policy import InvalidRequest
 from server.engine.scheduler import Scheduler, ShuttingDown
 from server.engine.service import InferenceEngine
 
@@ -258,6 +259,10 @@ class DistributedEngine(InferenceEngine):
     def distributed(self) -> dict:
         return {"world_size": self.layout.world_size, "backend": self.layout.backend,
                 "mode": self.layout.mode, "rank_memory_gb": self.rank_memory_gb}
+
+    async def load_target(self, *_, **__):
+        raise InvalidRequest("the target cannot be replaced while it is sharded over several"
+                             " processes: restart mlx.launch with the new one")
 
     def _load_initial(self) -> None:
         if self._adapter_path:  # sharded_load takes no adapters

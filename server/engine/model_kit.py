@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
+KEEP = object()  # `ModelKit.draft_for`: keep the current draft if it can draft for the target
+
+
 class ModelLoadError(Exception):
     """A model could not be loaded (missing, corrupt, unsupported)."""
 
@@ -251,6 +254,28 @@ class ModelKit:
             self._free()
         log.info("draft model loaded: %s", path)
         return candidate
+
+    def draft_for(self, target: LoadedModel, draft: str | None | object) -> LoadedModel | None:
+        """The draft to serve with a new `target`: `draft` loaded (IncompatibleDraft when its
+        tokenizer differs from the target's), none for None, or for KEEP the current one if it
+        can draft for the target."""
+        if draft is KEEP:
+            if self.draft is None or tokenizer_mismatch(target.tokenizer, self.draft.tokenizer):
+                return None
+            return self.draft
+        if draft is None:
+            return None
+        reason = tokenizer_mismatch(target.tokenizer, load_tokenizer_only(draft))
+        if reason is not None:
+            raise IncompatibleDraft(reason)
+        return load_model(draft, dtype=self.dtype, fuse=self.fuse, dequantize=True)
+
+    def install(self, target: LoadedModel, draft: LoadedModel | None) -> None:
+        """Serve `target` and `draft` from now on; the models they replace are freed."""
+        self.target, self.draft = target, draft
+        self._free()
+        log.info("target model loaded: %s (draft: %s)", target.path,
+                 draft.path if draft is not None else None)
 
     def unload_draft(self) -> bool:
         if self.draft is None:

@@ -66,5 +66,8 @@ class GenerationParams:
     min_tokens: int = 0  # vLLM's name: EOS and stop strings are held off until this many tokens
     cache_prompt: bool = True  # llama.cpp's name: reuse (and store) the prefix cache
     prediction: tuple[int, ...] = ()  # OpenAI's Predicted Outputs: a guess of the answer
+    # The fingerprint of the target the prompt was tokenized for ("": any): a request that
+    # reaches the scheduler after the target was replaced is refused (ModelReplaced).
+    target: str = ""
     # Builds this request's grammar state (a server.engine.constraints.TokenConstraint).
     constraint: Callable[[], Any] | None = field(default=None, compare=False)

@@ -109,6 +109,11 @@ class ShuttingDown(Exception):
     """The server is draining: no new requests (503), and running ones are being ended."""
 
 
+class ModelReplaced(Exception):
+    """The target was replaced while the request waited or ran (its prompt was tokenized for
+    the previous one): 503, to be sent again."""
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests prefilling or decoding at once
@@ -193,6 +198,8 @@ class Scheduler:
         draft_name = source
         if source in ("model", "hybrid") and kit.draft is not None:
             draft_name = kit.draft.name if source == "model" else f"prompt_lookup+{kit.draft.name}"
+        if params.target and params.target != kit.target.fingerprint:
+            raise ModelReplaced("the target model was replaced; send the request again")
         seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
                        sink=sink, draft_name=draft_name)
         with self._lock:
@@ -707,6 +714,19 @@ class Scheduler:
             seq.finish()
 
     # -- model changes (run through `call`, between steps) ---------------------------------------
+    def target_changed(self) -> None:
+        """The target was replaced (and the draft with it, `draft_changed`): every request
+        waiting or running ends with ModelReplaced, its prompt having been tokenized for the
+        previous target."""
+        error = ModelReplaced("the target model was replaced; send the request again")
+        self._fail_all(error)
+        while self.waiting:
+            seq = self.waiting.popleft()
+            self._left_queue()
+            seq.error = error
+            seq.finish()
+        self.draft_changed()
+
     def draft_changed(self) -> None:
         """The draft was unloaded or replaced: running rows continue without it (hybrid rows
         by prompt lookup, the others without drafting)."""

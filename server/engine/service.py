@@ -19,10 +19,11 @@ from typing import Any
 import mlx.core as mx
 
 from server.engine.events import Finished
-from server.engine.model_kit import LoadedModel, ModelKit, is_hub_id, load_model
+from server.engine.model_kit import KEEP, LoadedModel, ModelKit, is_hub_id, load_model
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
 from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, InvalidRequest, SpeculationPolicy
 from server.engine.scheduler import (
+    ModelReplaced,
     ObserverList,
     QueueFull,
     Scheduler,
@@ -36,8 +37,8 @@ from server.engine.sequence import Sequence
 log = logging.getLogger(__name__)
 
 # What HTTP may import from the engine besides params, events and model-kit errors.
-__all__ = ["InferenceEngine", "InvalidRequest", "ModelCard", "QueueFull", "RequestHandle",
-           "SchedulerConfig", "SchedulerObserver", "ShuttingDown"]
+__all__ = ["KEEP", "InferenceEngine", "InvalidRequest", "ModelCard", "ModelReplaced",
+           "QueueFull", "RequestHandle", "SchedulerConfig", "SchedulerObserver", "ShuttingDown"]
 
 # CPython hands the GIL to a waiting thread only every `switchinterval` (default 5 ms). The
 # event loop wakes for every streamed token while the MLX thread builds the next graph; the
@@ -322,23 +323,63 @@ class InferenceEngine:
         return await future
 
     async def load_draft(self, path: str, num_draft_tokens: int | None = None) -> ModelCard:
-        if is_hub_id(path):  # download here, off the MLX thread
-            from mlx_lm.utils import _download
-
-            path = str(await asyncio.to_thread(_download, path))
+        path = await self._local_path(path)
 
         def load():
             draft = self.kit.load_draft(path)
-            cache = self.scheduler.prefix_cache
-            if cache is not None and cache.disk is not None:
-                cache.disk.register_model(draft.path, draft.fingerprint)
+            self._register_on_disk(draft)
             if num_draft_tokens is not None:
-                self.policy = replace(self.policy, num_draft_tokens=num_draft_tokens)
-                self.scheduler.policy = self.policy
+                self._set_num_draft_tokens(num_draft_tokens)
             self.scheduler.draft_changed()
             return self.card(draft, "draft")
 
         return await self._call(load)
+
+    @staticmethod
+    async def _local_path(path: str) -> str:
+        """`path`, or the local snapshot of a hub id (downloaded here, off the MLX thread)."""
+        if not is_hub_id(path):
+            return path
+        from mlx_lm.utils import _download
+
+        return str(await asyncio.to_thread(_download, path))
+
+    def _register_on_disk(self, *models: LoadedModel | None) -> None:
+        cache = self.scheduler.prefix_cache
+        if cache is not None and cache.disk is not None:
+            for model in models:
+                if model is not None:
+                    cache.disk.register_model(model.path, model.fingerprint)
+
+    def _set_num_draft_tokens(self, k: int) -> None:
+        self.policy = replace(self.policy, num_draft_tokens=k)
+        self.scheduler.policy = self.policy
+
+    async def load_target(self, path: str, *, name: str | None = None, draft=KEEP,
+                          num_draft_tokens: int | None = None) -> tuple[ModelCard,
+                                                                        ModelCard | None]:
+        """Serve another target (named `name`, default its path), with `draft` (a path, None
+        for none, KEEP: the current draft if its tokenizer matches). Both load before anything
+        changes, so a failed load leaves the previous models serving; then every request in
+        flight ends with ModelReplaced."""
+        path = await self._local_path(path)
+        if isinstance(draft, str):
+            draft = await self._local_path(draft)
+
+        def swap():
+            target = load_model(path, dtype=self.dtype, name=name or path,
+                                fuse=self.fuse_projections)
+            new_draft = self.kit.draft_for(target, draft)
+            self.kit.install(target, new_draft)
+            self.model_name = target.name
+            if num_draft_tokens is not None:
+                self._set_num_draft_tokens(num_draft_tokens)
+            self._register_on_disk(target, new_draft)
+            self.scheduler.target_changed()
+            return (self.card(target, "target"),
+                    self.card(new_draft, "draft") if new_draft is not None else None)
+
+        return await self._call(swap)
 
     async def unload_draft(self) -> bool:
         def unload():

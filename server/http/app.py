@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # `server.cors_origins` left unset: browser pages served from this machine, on any port.
 LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 # The admin endpoints (model and cache changes) never answer another origin's page.
-ADMIN_PATHS = ("/v1/models/draft", "/v1/cache")
+ADMIN_PATHS = ("/v1/models/draft", "/v1/models/target", "/v1/cache")
 
 
 def build_engine(settings: Settings) -> InferenceEngine:

@@ -16,7 +16,7 @@ from starlette.routing import Match
 
 from api_schemas.openai import ErrorBody, ErrorResponse
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
-from server.engine.service import InvalidRequest, QueueFull, ShuttingDown
+from server.engine.service import InvalidRequest, ModelReplaced, QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, QueueFull):
         return APIError(503, f"server busy: {exc}; retry shortly", code="queue_full",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, ModelReplaced):
+        return APIError(503, str(exc), code="model_replaced", headers={"Retry-After": "1"})
     if isinstance(exc, IncompatibleDraft):
         return APIError(409, f"incompatible draft model: {exc}", param="model",
                         code="incompatible_draft")
@@ -174,7 +176,7 @@ async def _api(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
-    for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, IncompatibleDraft,
-                     ModelLoadError):
+    for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, ModelReplaced,
+                     IncompatibleDraft, ModelLoadError):
         app.add_exception_handler(exc_type, _api)
     app.add_exception_handler(Exception, _api)

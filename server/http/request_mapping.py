@@ -138,6 +138,7 @@ def generation_params(
         cache_prompt=body.cache_prompt is not False,
         constraint=output_constraint(body, engine),
         prediction=prediction_tokens(body, engine),
+        target=engine.target.fingerprint,
     )
 
 

@@ -16,12 +16,14 @@ from api_schemas.admin import (
     DraftCard,
     Health,
     LoadDraftRequest,
+    LoadTargetRequest,
     ModelEntry,
     ModelList,
+    TargetCard,
     UnloadResponse,
 )
 from api_schemas.anthropic import ModelInfo, ModelInfoList
-from server.engine.model_kit import IncompatibleDraft, LoadedModel, ModelLoadError
+from server.engine.model_kit import KEEP, IncompatibleDraft, LoadedModel, ModelLoadError
 from server.http import paging
 from server.http.auth import require_admin_key, require_api_key
 from server.http.errors import APIError, redact_paths, speaks_anthropic
@@ -86,12 +88,34 @@ async def retrieve_model(model_id: str, request: Request) -> ModelEntry | ModelI
 
 @router.post("/models/draft", dependencies=admin)
 async def load_draft(body: LoadDraftRequest, request: Request) -> DraftCard:
-    path = await local_model_path(request.app.state.access.check(body.model))
-    path, problem = await _gguf_folder(path)
-    if problem:
-        raise APIError(400, problem, param="model", code="unsupported_model")
+    path = await _loadable(request, body.model, "model")
     card = await request.app.state.engine.load_draft(path, body.num_draft_tokens)
     return DraftCard(**vars(card))
+
+
+@router.post("/models/target", dependencies=admin,
+             description="Serve another target (and draft). Both load before anything changes"
+             " (a failed load leaves the previous models serving); then every request in"
+             " flight ends with a 503 (`model_replaced`), to be sent again.")
+async def load_target(body: LoadTargetRequest, request: Request) -> TargetCard:
+    path = await _loadable(request, body.model, "model")
+    draft = KEEP
+    if "draft_model" in body.model_fields_set:
+        draft = None if (body.draft_model or "none").lower() == "none" else \
+            await _loadable(request, body.draft_model, "draft_model")
+    target, draft_card = await request.app.state.engine.load_target(
+        path, name=body.model_name, draft=draft, num_draft_tokens=body.num_draft_tokens)
+    card = {k: v for k, v in vars(target).items() if k != "num_draft_tokens"}
+    return TargetCard(**card, draft=DraftCard(**vars(draft_card)) if draft_card else None)
+
+
+async def _loadable(request: Request, ref: str, param: str) -> str:
+    """The local folder of a model the admin endpoints may load (a GGUF file converted)."""
+    path = await local_model_path(request.app.state.access.check(ref))
+    path, problem = await _gguf_folder(path)
+    if problem:
+        raise APIError(400, problem, param=param, code="unsupported_model")
+    return path
 
 
 async def _gguf_folder(path: str) -> tuple[str, str | None]:
