@@ -97,6 +97,9 @@ async def test_a_prompt_tokenized_for_the_previous_target_is_refused(admin_env):
     stale = GenerationParams(prompt_tokens=(1, 2, 3), max_tokens=2, target="previous")
     with pytest.raises(ModelReplaced):
         engine.submit(stale)
+    with pytest.raises(ModelReplaced):  # the scoring of an echoed prompt too
+        await engine.prompt_logprobs([1, 2, 3], 0, target="previous")
+    assert len((await engine.prompt_logprobs([1, 2, 3], 0)).logprobs) == 2
 
 
 async def test_failed_loads_leave_the_previous_models_serving(admin_env, tiny_pair, model_dir,

@@ -291,17 +291,28 @@ class InferenceEngine:
         handle.sequence = self.scheduler.submit(params, handle.sink)
         return handle
 
-    async def prompt_logprobs(self, tokens: list[int], top: int, *,
-                              cache_prompt: bool = True) -> PromptLogprobs:
+    async def prompt_logprobs(self, tokens: list[int], top: int, *, cache_prompt: bool = True,
+                              target: str = "") -> PromptLogprobs:
         """The target's log-probability of each prompt token after the first (and the `top`
         most likely tokens there), a chunk per call between scheduler steps. With
-        `cache_prompt` the work then goes to the prefix cache, for the generation after it."""
-        scorer = PromptScorer(self.kit.target.model, tokens, top, self.vocab_size,
+        `cache_prompt` the work then goes to the prefix cache, for the generation after it.
+        `target`: the fingerprint of the target `tokens` were tokenized for (ModelReplaced if
+        another one serves before the scoring ends)."""
+        model = self.kit.target
+        target = target or model.fingerprint
+        scorer = PromptScorer(model.model, tokens, top, self.vocab_size,
                               self.scheduler_config.prefill_chunk)
-        while not await self._call(scorer.step):
+
+        def step() -> bool:
+            if self.kit.target.fingerprint != target:
+                raise ModelReplaced("the target model was replaced; send the request again")
+            return scorer.step()
+
+        while not await self._call(step):
             pass
         if cache_prompt:
-            await self._call(lambda: self.scheduler.keep_prefill(tokens, scorer.cache))
+            await self._call(lambda: self.kit.target.fingerprint == target
+                             and self.scheduler.keep_prefill(tokens, scorer.cache))
         return scorer.result
 
     # -- admin --------------------------------------------------------------------------------

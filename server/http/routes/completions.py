@@ -25,23 +25,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     engine = request.app.state.engine
     check_model_name(engine, body.model)
+    target = engine.target.fingerprint  # what the prompts are tokenized for
     given = body.prompts()
     prompts = [completion_prompt(engine, prompt, body.suffix) for prompt in given]
     params = plan(request, body, prompts)
     formats = []
     for text, tokens in zip(given, prompts, strict=True):
-        echo = await _echo(engine, body, text, tokens) if body.echo else None
+        echo = await _echo(engine, body, text, tokens, target) if body.echo else None
         formats += [TextFormat(engine.model_name, engine.tokenizer, echo)
                     for _ in range(body.n)]
     return await run(request, body, params, formats)
 
 
 async def _echo(engine, body: CompletionRequest, given: str | list[int],
-                tokens: list[int]) -> Echo:
+                tokens: list[int], target: str) -> Echo:
     """The prompt as it was sent (ids decoded), scored when `logprobs` is asked."""
     text = given if isinstance(given, str) else engine.tokenizer.decode(tokens)
     scores = None
     if body.logprobs is not None:
-        scores = await engine.prompt_logprobs(tokens, body.logprobs,
+        scores = await engine.prompt_logprobs(tokens, body.logprobs, target=target,
                                               cache_prompt=body.cache_prompt is not False)
     return Echo(text, tokens, scores)
