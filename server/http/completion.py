@@ -24,13 +24,16 @@ FormatFactory = Callable[[Callable[[], ToolCallParser] | None, ReplyStart], Resp
 
 
 def plan(request: Request, body: ChatCompletionRequest | CompletionRequest,
-         prompts: list[list[int]], *, fill_context: bool = False) -> list[GenerationParams]:
+         prompts: list[list[int]], target: str, *,
+         fill_context: bool = False) -> list[GenerationParams]:
     """Each prompt's GenerationParams; a 4xx for what the loaded model cannot do.
 
-    `fill_context`: without a token limit, generate up to the end of the context (the
-    Responses API's rule), not `defaults.max_tokens`."""
+    `target`: the fingerprint of the target read before the prompts were tokenized (the
+    scheduler refuses them if another one serves by then). `fill_context`: without a token
+    limit, generate up to the end of the context (the Responses API's rule), not
+    `defaults.max_tokens`."""
     state = request.app.state
-    return [generation_params(body, prompt, state.engine, state.settings.defaults,
+    return [generation_params(body, prompt, state.engine, state.settings.defaults, target,
                               fill_context=fill_context) for prompt in prompts]
 
 
@@ -55,9 +58,10 @@ async def complete_chat(request: Request, body: ChatCompletionRequest,
                         make_format: FormatFactory, *, fill_context: bool = False):
     engine = request.app.state.engine
     check_model_name(engine, body.model)
+    target = engine.target.fingerprint  # before anything is tokenized
     tools = parser_factory(engine.tokenizer, body.active_tools(),
                            forced=body.forced_functions() is not None)
     prompt = chat_prompt(engine, body)
-    params = plan(request, body, [prompt], fill_context=fill_context)
+    params = plan(request, body, [prompt], target, fill_context=fill_context)
     start = ReplyStart(prompt, constrained=params[0].constraint is not None)
     return await run(request, body, params, [make_format(tools, start) for _ in range(body.n)])

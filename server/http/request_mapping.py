@@ -109,9 +109,11 @@ def generation_params(
     prompt: list[int],
     engine: InferenceEngine,
     defaults: GenerationDefaults,
+    target: str = "",
     *,
     fill_context: bool = False,
 ) -> GenerationParams:
+    """`target`: the fingerprint of the target `prompt` was tokenized for."""
     max_tokens = enforce_model_limits(body, prompt, engine, defaults, fill_context=fill_context)
     speculation_defaults = SpeculationParams(
         source=defaults.draft,
@@ -138,7 +140,7 @@ def generation_params(
         cache_prompt=body.cache_prompt is not False,
         constraint=output_constraint(body, engine),
         prediction=prediction_tokens(body, engine),
-        target=engine.target.fingerprint,
+        target=target,
     )
 
 

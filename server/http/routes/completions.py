@@ -28,7 +28,7 @@ async def completions(body: CompletionRequest, request: Request):
     target = engine.target.fingerprint  # what the prompts are tokenized for
     given = body.prompts()
     prompts = [completion_prompt(engine, prompt, body.suffix) for prompt in given]
-    params = plan(request, body, prompts)
+    params = plan(request, body, prompts, target)
     formats = []
     for text, tokens in zip(given, prompts, strict=True):
         echo = await _echo(engine, body, text, tokens, target) if body.echo else None
