@@ -62,6 +62,14 @@ def loaded_pair(tiny_pair):
     return target, tokenizer, draft
 
 
+def corrupt_copy(model: Path, folder: Path) -> Path:
+    """`model` copied to `folder` (once) with its weights file overwritten: a failed load."""
+    if not folder.exists():
+        shutil.copytree(model, folder)
+        (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    return folder
+
+
 def make_settings(target, draft, engine=None, cache=None, **server):
     from server.config import Settings
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
 import mlx.core as mx
 import pytest
-from conftest import chat_body, make_settings, served
+from conftest import chat_body, corrupt_copy, make_settings, served
 
 from server.http.app import create_app
 
@@ -99,10 +97,7 @@ async def test_failed_loads_keep_previous_draft(admin_env, tiny_pair, model_dir)
     client, _ = admin_env
     r = await client.post("/v1/models/draft", json={"model": str(model_dir / "missing")})
     assert r.status_code == 404
-    corrupt = model_dir / "corrupt"
-    if not corrupt.exists():
-        shutil.copytree(tiny_pair[1], corrupt)
-        (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    corrupt = corrupt_copy(tiny_pair[1], model_dir / "corrupt")
     r = await client.post("/v1/models/draft", json={"model": str(corrupt)})
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_load_failed"
     await _assert_draft_serving(client, tiny_pair[1])

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import pytest
-from conftest import chat_body, served
+from conftest import chat_body, corrupt_copy, served
 from mlx_lm import generate, load
 
 from server.engine.params import GenerationParams
@@ -107,10 +106,7 @@ async def test_failed_loads_leave_the_previous_models_serving(admin_env, tiny_pa
     client, _ = admin_env
     r = await client.post("/v1/models/target", json={"model": str(model_dir / "missing")})
     assert r.status_code == 404
-    corrupt = model_dir / "corrupt-target"
-    if not corrupt.exists():
-        shutil.copytree(tiny_pair[0], corrupt)
-        (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    corrupt = corrupt_copy(tiny_pair[0], model_dir / "corrupt-target")
     r = await client.post("/v1/models/target", json={"model": str(corrupt)})
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_load_failed"
     r = await client.post("/v1/models/target", json={"model": str(foreign_model),
