@@ -170,3 +170,22 @@ async def test_prompt_lookup_needs_no_draft_model(tiny_pair):
     assert ok.status_code == 200 and ok.json()["stats"]["num_draft_tokens"] == 4
     assert hybrid.status_code == 400 and hybrid.json()["error"]["param"] == "draft"
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "num_draft_tokens"
+
+
+async def test_each_finished_generation_is_logged_with_its_drafts(client, caplog):
+    with caplog.at_level("INFO", logger="server.requests"):
+        r = await client.post("/v1/chat/completions",
+                              json=chat_body(max_tokens=MAX, num_draft_tokens=3))
+        plain = await client.post("/v1/completions",
+                                  json={"prompt": "def f(", "max_tokens": 4, "use_draft": False})
+    stats = r.json()["stats"]
+    drafted, undrafted = [rec.getMessage() for rec in caplog.records
+                          if rec.name == "server.requests"]
+    assert drafted.startswith("/v1/chat/completions length: prompt "
+                              f"{stats['prompt_tokens']} ({stats['cached_tokens']} cached), "
+                              f"{MAX} generated in ")
+    assert drafted.endswith(f"drafts: {stats['draft_tokens_accepted']}/"
+                            f"{stats['draft_tokens_proposed']} accepted "
+                            f"({stats['acceptance_rate']:.0%}) by {stats['draft_model']}")
+    assert plain.status_code == 200 and undrafted.endswith("; no drafts")
+    assert undrafted.startswith("/v1/completions length: prompt ")
