@@ -127,7 +127,7 @@ class OutputConfig(RequestModel):
 # ------------------------------------------------------------------------------ the requests
 class ThinkingConfig(RequestModel):
     """A thinking model: "disabled" asks its template not to think; "enabled" and "adaptive"
-    let it (its template decides how much: `budget_tokens` is accepted, not enforced)."""
+    let it, "enabled" within `budget_tokens` of reasoning (then it must close it)."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=0)

@@ -407,6 +407,9 @@ class ChatCompletionRequest(SamplingRequest, ChatRendering):
     prediction: Prediction | None = Field(
         None, description="A guess of the answer, which drafts it (the target still verifies"
         " every token); drafting must not be off.")
+    reasoning_budget: NonNegInt | None = Field(
+        None, description="A thinking model: end its reasoning after this many tokens (the"
+        " end marker is then the only token allowed); Anthropic's `thinking.budget_tokens`.")
     # vLLM's and mlx_lm's extension: variables for the chat template (`enable_thinking`, ...).
     chat_template_kwargs: dict[str, Any] | None = None
     # Deprecated by OpenAI: refused with a 400 that names the replacement.

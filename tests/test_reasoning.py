@@ -217,3 +217,50 @@ async def test_structured_output_is_the_answer(client, reference, extra):
     prompt = tokenizer.apply_chat_template(USER, add_generation_prompt=True,
                                            enable_thinking=thinking)
     assert r.json()["usage"]["prompt_tokens"] == len(prompt)
+
+
+# --- a reasoning budget: the end marker forced after `budget` reasoning tokens ------------------
+
+def budgeted_reference(thinking_pair, reference, budget: int) -> tuple[str, str]:
+    """(reasoning, answer) of mlx_lm made to close its reasoning after `budget` tokens: its
+    greedy first `budget` tokens, `</think>`, then its greedy continuation."""
+    from mlx_lm import stream_generate
+
+    tokenizer, prompt, _, _ = reference
+    model, _ = load(str(thinking_pair[0]))
+    first = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=budget)
+             ] if budget else []
+    forced = [*first, tokenizer.think_end_id]
+    rest = [r.token for r in stream_generate(model, tokenizer, prompt + forced,
+                                             max_tokens=MAX - len(forced))]
+    reasoning, answer = tokenizer.decode(forced + rest).split("</think>", 1)
+    return reasoning, answer
+
+
+@pytest.mark.parametrize("budget", [0, 2])
+async def test_a_reasoning_budget_closes_the_reasoning(client, thinking_pair, reference, budget):
+    assert budget < CLOSES_AT - 1  # else the model closes it by itself
+    reasoning, answer = budgeted_reference(thinking_pair, reference, budget)
+    assert (reasoning, answer) != reference[2:]
+    for k in (0, 4):
+        r = await client.post("/v1/chat/completions",
+                              json=chat(num_draft_tokens=k, reasoning_budget=budget))
+        message = r.json()["choices"][0]["message"]
+        assert (message.get("reasoning", ""), message["content"]) == (reasoning, answer), k
+
+
+async def test_a_budget_the_reasoning_fits_changes_nothing(client, reference):
+    r = await client.post("/v1/chat/completions", json=chat(reasoning_budget=CLOSES_AT))
+    message = r.json()["choices"][0]["message"]
+    assert (message["reasoning"], message["content"]) == reference[2:]
+
+
+async def test_anthropics_budget_tokens_is_the_budget(live, thinking_pair, reference,
+                                                      thinking_engine):
+    reasoning, answer = budgeted_reference(thinking_pair, reference, 2)
+    sdk = anthropic.AsyncAnthropic(base_url=live, api_key="x", max_retries=0)
+    message = await sdk.messages.create(
+        model=thinking_engine.model_name, max_tokens=MAX, messages=USER,
+        thinking={"type": "enabled", "budget_tokens": 2})
+    thinking, text = message.content
+    assert (thinking.thinking, text.text) == (reasoning, answer)

@@ -65,5 +65,5 @@ async def complete_chat(request: Request, body: ChatCompletionRequest,
                            forced=body.forced_functions() is not None)
     prompt = chat_prompt(engine, body)
     params = plan(request, body, [prompt], target, fill_context=fill_context)
-    start = ReplyStart(prompt, constrained=params[0].constraint is not None)
+    start = ReplyStart(prompt, constrained=body.constrains_output())
     return await run(request, body, params, [make_format(tools, start) for _ in range(body.n)])

@@ -71,6 +71,8 @@ def chat_from_messages(body: CountTokensRequest) -> ChatCompletionRequest:
         {"type": "function", "function": {"name": choice.name}},
         "parallel_tool_calls": False if choice and choice.disable_parallel_tool_use else None,
         "reasoning_effort": _effort(body.thinking),
+        "reasoning_budget": body.thinking.budget_tokens
+        if body.thinking is not None and body.thinking.type == "enabled" else None,
         # A final assistant message is a prefill: the reply continues it.
         "continue_final_message": body.messages[-1].role == "assistant",
     }

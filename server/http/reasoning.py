@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from mlx_lm.generate import TextStateMachine
 
+from server.engine.reasoning_budget import opens_reasoning
+
 REASONING, ANSWER = "reasoning", "normal"
 
 
@@ -26,8 +28,7 @@ class ReplyStart:
     constrained: bool = False
 
     def in_reasoning(self, tokenizer) -> bool:
-        return not self.constrained and \
-            tokenizer.rfind_think_start(self.prompt) > tokenizer.rfind_think_end(self.prompt)
+        return not self.constrained and opens_reasoning(tokenizer, self.prompt)
 
 
 class ReasoningSplit:

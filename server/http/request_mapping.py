@@ -13,6 +13,7 @@ from server.engine.fim import supported_markers
 from server.engine.grammar import GrammarError, grammars_for
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS, text_tokens
+from server.engine.reasoning_budget import reasoning_budget
 from server.engine.service import InferenceEngine
 from server.http.errors import APIError
 from server.http.tools import render_chat
@@ -138,7 +139,7 @@ def generation_params(
         top_logprobs=top,
         **eos_controls(body),
         cache_prompt=body.cache_prompt is not False,
-        constraint=output_constraint(body, engine),
+        constraint=reply_constraint(body, engine, prompt),
         prediction=prediction_tokens(body, engine),
         target=target,
     )
@@ -179,6 +180,16 @@ def eos_controls(body: SamplingRequest) -> dict:
         raise APIError(400, f"min_tokens ({min_tokens}) must be at most max_tokens "
                        f"({max_tokens})", param="min_tokens", code="invalid_value")
     return {"ignore_eos": bool(body.ignore_eos), "min_tokens": min_tokens}
+
+
+def reply_constraint(body: SamplingRequest, engine: InferenceEngine, prompt: list[int]):
+    """What constrains the reply: a grammar (`output_constraint`), else a thinking model's
+    `reasoning_budget` (a grammar leaves no room to think), else nothing."""
+    grammar = output_constraint(body, engine)
+    budget = getattr(body, "reasoning_budget", None)
+    if grammar is not None or budget is None:
+        return grammar
+    return reasoning_budget(engine.tokenizer, budget, engine.target.vocab_size, prompt)
 
 
 def output_constraint(body: SamplingRequest, engine: InferenceEngine):
