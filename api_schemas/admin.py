@@ -20,6 +20,8 @@ class ModelEntry(OpenAIBaseModel):
     path: str
     adapter_path: str | None = Field(None, exclude_if=lambda v: v is None,
                                      description="The target's fine-tuned adapters, if any.")
+    max_model_len: int | None = Field(None, description="vLLM's name: its context length in"
+                                      " tokens (prompt and output together).")
 
 
 class ModelList(OpenAIBaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import mlx.core as mx
 import pytest
@@ -24,6 +26,8 @@ async def test_list_models_and_health(admin_env, tiny_pair):
     data = (await client.get("/v1/models")).json()["data"]
     assert [(m["role"], m["path"]) for m in data] == [
         ("target", str(tiny_pair[0])), ("draft", str(tiny_pair[1]))]
+    context = json.loads((tiny_pair[0] / "config.json").read_text())["max_position_embeddings"]
+    assert [m["max_model_len"] for m in data] == [context, context]
     health = (await client.get("/health")).json()
     assert health == {"status": "ok", "target": str(tiny_pair[0]), "draft": str(tiny_pair[1]),
                       "queue_depth": 0, "batch_size": 0, "cache_entries": 0, "cache_bytes": 0,

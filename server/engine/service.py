@@ -55,6 +55,7 @@ class ModelCard:
     memory_gb: float
     created: int  # when it was loaded (Unix seconds)
     num_draft_tokens: int | None = None
+    max_model_len: int | None = None  # its context length
 
 
 class RequestHandle:
@@ -274,6 +275,7 @@ class InferenceEngine:
             id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
             memory_gb=model.nbytes() / 1e9, created=model.loaded_at,
             num_draft_tokens=self.num_draft_tokens if role == "draft" else None,
+            max_model_len=model.context_length,
         )
 
     # -- requests -----------------------------------------------------------------------------

@@ -41,7 +41,8 @@ def served_models(engine) -> list[tuple[ModelEntry, LoadedModel]]:
     if engine.draft is not None:
         served.append((engine.draft.name, "draft", engine.draft))
     return [(ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
-                        adapter_path=model.adapter_path), model)
+                        adapter_path=model.adapter_path, max_model_len=model.context_length),
+             model)
             for name, role, model in served]
 
 
