@@ -66,6 +66,17 @@ class TargetCard(ModelEntry):
     draft: DraftCard | None = Field(description="The draft now serving with it, if any.")
 
 
+class DraftCandidate(OpenAIBaseModel):
+    path: str = Field(description="What to send as `model` to POST /v1/models/draft.")
+    size_gb: float = Field(description="Its weight files, in GB.")
+    loaded: bool = Field(description="It is the draft serving now.")
+
+
+class DraftCandidates(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[DraftCandidate]
+
+
 class UnloadResponse(OpenAIBaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import mlx.core as mx
@@ -155,3 +156,29 @@ async def test_metrics_count_tokens_and_drafts(admin_env):
     assert value("mlx_spec_batch_size_count") >= 1
     assert 'mlx_spec_completions_total{endpoint="/v1/chat/completions",finish_reason="length"}' \
         in text
+
+
+async def test_draft_candidates_are_the_smaller_models_with_the_targets_tokenizer(
+        tiny_pair, padded_draft, foreign_model, tmp_path):
+    roots = tmp_path / "roots"
+    shutil.copytree(tiny_pair[1], roots / "a" / "copy-of-draft")
+    shutil.copytree(padded_draft, roots / "padded")
+    shutil.copytree(foreign_model, roots / "foreign")  # another tokenizer
+    shutil.copytree(tiny_pair[0], roots / "target-copy")  # not smaller than the target
+    shutil.copytree(tiny_pair[1], roots / "1" / "2" / "3" / "4" / "deep")  # below MAX_DEPTH
+    no_tokenizer = shutil.copytree(tiny_pair[1], roots / "no-tokenizer")
+    (no_tokenizer / "tokenizer.json").unlink()
+    async with served(*tiny_pair, model_roots=[roots, tiny_pair[0].parent]) as (client, _):
+        r = await client.get("/v1/models/draft/candidates")
+        assert r.status_code == 200, r.text
+        found = {c["path"]: c for c in r.json()["data"]}
+        assert set(found) == {str(roots / "a" / "copy-of-draft"), str(roots / "padded"),
+                              str(tiny_pair[1])}
+        assert [c["path"] for c in found.values() if c["loaded"]] == [str(tiny_pair[1])]
+        sizes = [c["size_gb"] for c in r.json()["data"]]
+        assert sizes == sorted(sizes) and all(s > 0 for s in sizes)
+        # Each loads as a draft.
+        r = await client.post("/v1/models/draft", json={"model": str(roots / "padded")})
+        assert r.status_code == 200, r.text
+    async with served(*tiny_pair, admin_api_key="admin") as (client, _):
+        assert (await client.get("/v1/models/draft/candidates")).status_code == 401

@@ -172,7 +172,7 @@ def ui_server(tiny_pair):
 
 # What the page may call: its own assets and endpoints the API already has.
 PAGE_PATHS = {"/", "/ui/app.js", "/ui/style.css", "/ui/favicon.svg", "/health", "/v1/models",
-              "/v1/models/draft", "/v1/chat/completions"}
+              "/v1/models/draft", "/v1/models/draft/candidates", "/v1/chat/completions"}
 
 
 class Page:
@@ -288,6 +288,11 @@ def test_admin_panel_unloads_and_loads_the_draft(page, ui_server):
     page.errors.clear()  # the browser logs the 401 response itself
 
     page.page.fill("#admin-key", ADMIN_KEY)
+    page.page.click("#refresh-models")  # with the key, the draft candidates are offered
+    page.page.wait_for_selector("#draft-candidates option", state="attached")
+    options = page.page.eval_on_selector_all("#draft-candidates option",
+                                             "os => os.map(o => [o.value, o.label])")
+    assert [draft_path, True] in [[v, label.endswith("(loaded)")] for v, label in options]
     page.page.click("#unload-draft")
     page.page.wait_for_selector("#model-list:not(:has(li[data-role='draft']))")
     assert page.text("#admin-status").startswith("unloaded")

@@ -43,6 +43,7 @@ ROUTE_ERRORS = {
     ("/v1/models/draft", "delete"): (401, 403, 404),
     ("/v1/models/target", "post"): (400, 401, 403, 404, 409),
     ("/v1/models/draft/compatibility", "post"): (400, 401, 403, 404),
+    ("/v1/models/draft/candidates", "get"): (401, 403),
     ("/v1/responses", "post"): (400, 401, 404, 503),
     ("/v1/responses/{response_id}", "get"): (401, 404),
     ("/v1/responses/{response_id}", "delete"): (401, 404),

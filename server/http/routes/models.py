@@ -13,6 +13,8 @@ from fastapi.responses import PlainTextResponse
 from api_schemas.admin import (
     CompatibilityRequest,
     CompatibilityResponse,
+    DraftCandidate,
+    DraftCandidates,
     DraftCard,
     Health,
     LoadDraftRequest,
@@ -26,6 +28,7 @@ from api_schemas.anthropic import ModelInfo, ModelInfoList
 from server.engine.model_kit import KEEP, IncompatibleDraft, LoadedModel, ModelLoadError
 from server.http import paging
 from server.http.auth import require_admin_key, require_api_key
+from server.http.draft_candidates import draft_candidates
 from server.http.errors import APIError, redact_paths, speaks_anthropic
 from server.http.model_access import local_model_path, weights_problem
 from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
@@ -71,6 +74,16 @@ async def list_models(
     infos = [anthropic_model(entry, model) for entry, model in served]
     return ModelInfoList(**paging.page(infos, limit, after=("after_id", after_id),
                                        before=("before_id", before_id)))
+
+
+@router.get("/models/draft/candidates", dependencies=admin, summary="List draft candidates",
+            description="Local models that could draft for the target (under the model"
+            " roots, smaller, with the same tokenizer), smallest first.")
+async def list_draft_candidates(request: Request) -> DraftCandidates:
+    engine = request.app.state.engine
+    found = await asyncio.to_thread(draft_candidates, request.app.state.access.roots,
+                                    engine.target, engine.draft)
+    return DraftCandidates(data=[DraftCandidate(**c) for c in found])
 
 
 @router.get("/models/{model_id:path}", summary="Retrieve a model",

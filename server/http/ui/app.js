@@ -345,7 +345,9 @@ async function admin(action) {
   }
 }
 
-async function refreshModels() {
+// `candidates`: also list the draft candidates (an admin endpoint: not at page load, before
+// a key could be typed, which would log a 401).
+async function refreshModels({ candidates = true } = {}) {
   const models = (await (await api("GET", "/v1/models")).json()).data;
   const list = $("model-list");
   list.replaceChildren();
@@ -361,6 +363,25 @@ async function refreshModels() {
   $("target-name").textContent = target ? target.id : "?";
   $("draft-name").textContent = draft ? draft.id : "none";
   if (draft && !$("draft-path").value) $("draft-path").value = draft.path;
+  if (candidates) await listCandidates();
+}
+
+// The local models that could draft for the target, offered in the draft path's list. An
+// admin endpoint: without the key (yet) the list stays empty, and that is no error.
+async function listCandidates() {
+  const list = $("draft-candidates");
+  try {
+    const found = (await (await api("GET", "/v1/models/draft/candidates",
+      { key: adminKey() })).json()).data;
+    list.replaceChildren(...found.map((c) => {
+      const option = document.createElement("option");
+      option.value = c.path;
+      option.label = `${c.size_gb} GB${c.loaded ? " (loaded)" : ""}`;
+      return option;
+    }));
+  } catch (e) {
+    list.replaceChildren();
+  }
 }
 
 async function loadDraft() {
@@ -418,5 +439,5 @@ document.addEventListener("DOMContentLoaded", () => {
   document.body.dataset.runs = "0";
   setBusy(false);
   showHealth();
-  admin(refreshModels);
+  admin(() => refreshModels({ candidates: false }));
 });
