@@ -41,7 +41,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("-o", "--output", type=Path, required=True, help="Where results go (JSONL).")
     p.add_argument("--concurrency", type=int, default=None,
                    help="Requests in flight (default: engine.max_batch_size).")
-    return p.parse_known_args(argv)
+    args, rest = p.parse_known_args(argv)
+    if args.concurrency is not None and args.concurrency < 1:
+        p.error("--concurrency must be at least 1")
+    return args, rest
 
 
 def main(argv: list[str] | None = None) -> None:
