@@ -16,7 +16,7 @@ class ModelEntry(OpenAIBaseModel):
     object: Literal["model"] = "model"
     created: int = Field(description="When this server loaded it (Unix seconds).")
     owned_by: str = "local"
-    role: Literal["target", "draft"]
+    role: Literal["target", "draft", "embedding"]
     path: str
     adapter_path: str | None = Field(None, exclude_if=lambda v: v is None,
                                      description="The target's fine-tuned adapters, if any.")

@@ -256,7 +256,7 @@ class ModelInfo(OpenAIBaseModel):
     display_name: str
     created_at: str = Field(description="When this server loaded it (RFC 3339).")
     max_input_tokens: int | None = Field(None, description="The model's context length.")
-    role: Literal["target", "draft"]
+    role: Literal["target", "draft", "embedding"]
     path: str
 
 

@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat-template-args", type=json.loads, metavar="JSON",
                    help='Variables every chat is rendered with, e.g. \'{"enable_thinking":'
                         ' false}\'.')
+    p.add_argument("--embedding-model", help="A model for /v1/embeddings (default: none).")
     p.add_argument("--draft-model", help="Draft model path or hub id; 'none' for no draft.")
     p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
     p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
@@ -49,6 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "model": args.model, "model_name": args.model_name, "draft_model": args.draft_model,
         "adapter_path": args.adapter_path, "num_draft_tokens": args.num_draft_tokens,
         "chat_template": args.chat_template, "chat_template_kwargs": args.chat_template_args,
+        "embedding_model": args.embedding_model,
     }.items() if v is not None}
     server = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     distributed = {"mode": args.distributed_mode} if args.distributed_mode else {}

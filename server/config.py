@@ -91,6 +91,14 @@ class ModelSettings(BaseModel):
         default_factory=dict, description="Variables every chat is rendered with, such as"
         ' {"enable_thinking": false}; a request\'s chat_template_kwargs win.',
     )
+    embedding_model: str | None = Field(
+        None, description="A model for POST /v1/embeddings, loaded beside the target (a decoder"
+        " embedding model mlx_lm loads, as Qwen3-Embedding's conversions); null: none.",
+    )
+    embedding_pooling: Literal["last", "mean"] = Field(
+        "last", description="How its hidden states become one vector: the last token's (the"
+        " decoder embedding models') or the mean; L2-normalized either way.",
+    )
     num_draft_tokens: int = Field(
         DEFAULT_NUM_DRAFT_TOKENS, ge=1, le=64,
         description="Draft tokens per round (the maximum when adaptive)."

@@ -82,7 +82,7 @@ async def test_streamed_bad_request_is_an_http_error(client):
         assert json.loads(await r.aread())["error"]["param"] == "n"
 
 
-@pytest.mark.parametrize("method,path", [("POST", "/v1/embeddings"), ("GET", "/v1/nothing"),
+@pytest.mark.parametrize("method,path", [("POST", "/v1/moderations"), ("GET", "/v1/nothing"),
                                          ("POST", "/v1/audio/speech"), ("GET", "/nothing")])
 async def test_unknown_endpoint_is_an_openai_404_naming_it(client, method, path):
     r = await client.request(method, path, json={"input": "x"})

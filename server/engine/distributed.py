@@ -265,6 +265,8 @@ class DistributedEngine(InferenceEngine):
                              " processes: restart mlx.launch with the new one")
 
     def _load_initial(self) -> None:
+        if self._embedding[0]:
+            raise ModelLoadError("models.embedding_model is not served beside a sharded target")
         if self._adapter_path:  # sharded_load takes no adapters
             raise ModelLoadError("adapters are not applied to a sharded target: fold them into"
                                  " its weights first (`mlx_lm.fuse --adapter-path`)")

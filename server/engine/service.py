@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
+from server.engine.embeddings import Embedder
 from server.engine.events import Finished
 from server.engine.model_kit import KEEP, LoadedModel, ModelKit, is_hub_id, load_model
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
@@ -104,6 +106,7 @@ class InferenceEngine:
                  adapter_path: str | None = None,
                  chat_template: str | None = None,
                  chat_template_kwargs: dict | None = None,
+                 embedding_model: str | None = None, embedding_pooling: str = "last",
                  num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  dtype: str = "auto", scheduler: SchedulerConfig | None = None,
                  spec_max_batch: int | None = None,
@@ -115,6 +118,8 @@ class InferenceEngine:
         self._draft_path = draft_model
         self._adapter_path = adapter_path
         self._chat_template = chat_template
+        self._embedding = (embedding_model, embedding_pooling)
+        self.embedder: Embedder | None = None  # the embedding model, when one is configured
         # Variables every chat is rendered with; a request's `chat_template_kwargs` win.
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.model_name = model_name or model
@@ -173,6 +178,10 @@ class InferenceEngine:
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)
+        if self._embedding[0]:
+            log.info("loading embedding model %s", self._embedding[0])
+            self.embedder = Embedder(load_model(self._embedding[0], dtype=self.dtype),
+                                     self._embedding[1])
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
         if self.cost_model:
             self.scheduler.measure_costs()  # measured once per model and machine, then cached
@@ -316,6 +325,13 @@ class InferenceEngine:
             await self._call(lambda: self.kit.target.fingerprint == target
                              and self.scheduler.keep_prefill(tokens, scorer.cache))
         return scorer.result
+
+    async def embed(self, inputs: list[list[int]],
+                    dimensions: int | None = None) -> list[np.ndarray]:
+        """The embedding model's normalized vectors of `inputs` (token ids), one input per
+        call between scheduler steps."""
+        return [await self._call(lambda t=tokens: self.embedder.embed(t, dimensions))
+                for tokens in inputs]
 
     # -- admin --------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[], Any]) -> Any:

@@ -18,7 +18,16 @@ from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
 from server.http.openapi import install_openapi
 from server.http.response_store import ResponseStore
-from server.http.routes import cache, completions, messages, models, responses, tokens, ui
+from server.http.routes import (
+    cache,
+    completions,
+    embeddings,
+    messages,
+    models,
+    responses,
+    tokens,
+    ui,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
         model=m.model, draft_model=draft, model_name=m.model_name,
         model_aliases=m.model_aliases, adapter_path=m.adapter_path,
         chat_template=m.chat_template, chat_template_kwargs=m.chat_template_kwargs,
+        embedding_model=m.embedding_model, embedding_pooling=m.embedding_pooling,
         num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
         scheduler=SchedulerConfig(
             max_batch_size=settings.engine.max_batch_size,
@@ -92,6 +102,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.include_router(completions.router)
     app.include_router(responses.router)
     app.include_router(messages.router)
+    app.include_router(embeddings.router)
     app.include_router(models.router)
     app.include_router(models.health_router)
     app.include_router(cache.router)

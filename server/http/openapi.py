@@ -51,6 +51,7 @@ ROUTE_ERRORS = {
     ("/v1/responses/input_tokens", "post"): (400, 401, 404),
     ("/v1/messages", "post"): (400, 401, 404, 529),
     ("/v1/messages/count_tokens", "post"): (400, 401, 404),
+    ("/v1/embeddings", "post"): (400, 401, 404),
     ("/v1/cache", "delete"): (401, 403),
     ("/tokenize", "post"): (400, 401, 404),
     ("/detokenize", "post"): (400, 401, 404),

@@ -43,6 +43,8 @@ def served_models(engine) -> list[tuple[ModelEntry, LoadedModel]]:
     served = [(engine.model_name, "target", engine.target)]
     if engine.draft is not None:
         served.append((engine.draft.name, "draft", engine.draft))
+    if engine.embedder is not None:
+        served.append((engine.embedder.model.name, "embedding", engine.embedder.model))
     return [(ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
                         adapter_path=model.adapter_path, max_model_len=model.context_length),
              model)
