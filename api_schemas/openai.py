@@ -282,6 +282,8 @@ class EngineExtensions(RequestModel):
     min_tokens: NonNegInt | None = Field(
         None, le=1_000_000, description="vLLM's: EOS and stop strings wait this many tokens."
     )
+    stop_token_ids: list[NonNegInt] | None = Field(
+        None, max_length=64, description="vLLM's: tokens that end the output as EOS does.")
     structured_outputs: StructuredOutputs | None = Field(
         None, description="vLLM's: the output follows a JSON schema, a regular expression, one"
         " of a list of strings, or a Lark grammar.")

@@ -189,3 +189,25 @@ async def test_each_finished_generation_is_logged_with_its_drafts(client, caplog
                             f"({stats['acceptance_rate']:.0%}) by {stats['draft_model']}")
     assert plain.status_code == 200 and undrafted.endswith("; no drafts")
     assert undrafted.startswith("/v1/completions length: prompt ")
+
+
+@pytest.mark.parametrize("k", [0, 3])
+async def test_stop_token_ids_end_the_output_as_eos_does(client, loaded_pair, k):
+    target, tokenizer, _ = loaded_pair
+    tokens = [r.token for r in stream_generate(target, tokenizer, chat_tokens(tokenizer),
+                                               max_tokens=MAX)]
+    stop = tokens[5]
+    cut = tokens.index(stop)
+    body = chat_body(max_tokens=MAX, temperature=0, num_draft_tokens=k, stop_token_ids=[stop])
+    r = (await client.post("/v1/chat/completions", json=body)).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["choices"][0]["message"]["content"] == tokenizer.decode(tokens[:cut])
+    assert r["usage"]["completion_tokens"] == cut + 1  # the stop token counts, as EOS does
+    # min_tokens holds it back; ignore_eos does not (vLLM's rules).
+    held = (await client.post("/v1/chat/completions",
+                              json={**body, "min_tokens": cut + 1})).json()
+    assert held["choices"][0]["message"]["content"] != r["choices"][0]["message"]["content"]
+    kept = (await client.post("/v1/chat/completions", json={**body, "ignore_eos": True})).json()
+    assert kept["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
+    bad = await client.post("/v1/chat/completions", json={**body, "stop_token_ids": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"

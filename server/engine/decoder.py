@@ -61,11 +61,11 @@ class RoundResult:
 
 def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: int,
                   ahead: int = 0):
-    """(positions, V) bool mask, or None: grammar masks and EOS held back (ignore_eos...),
-    for the positions that start `ahead` tokens after the output so far."""
+    """(positions, V) bool mask, or None: grammar masks and ending tokens held back (ignore_eos,
+    min_tokens), for the positions that start `ahead` tokens after the output so far."""
     start = len(seq.output) + ahead
-    eos_banned = [not seq.eos_allowed_at(start + j) for j in range(positions)]
-    if grammar is None and not any(eos_banned):
+    banned = [seq.banned_at(start + j) for j in range(positions)]
+    if grammar is None and not any(banned):
         return None
     rows = np.ones((positions, vocab), dtype=bool)
     for j in range(positions):
@@ -73,10 +73,9 @@ def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: in
             g = grammar[j][:vocab]
             rows[j, : len(g)] = g
             rows[j, len(g):] = False
-        if eos_banned[j]:
-            for e in seq.eos_ids:
-                if e < vocab:
-                    rows[j, e] = False
+        for e in banned[j]:
+            if e < vocab:
+                rows[j, e] = False
     return mx.array(rows)
 
 
@@ -321,7 +320,7 @@ def _plain_greedy(seq: Sequence) -> bool:
     ever holds back a prefix of the output)."""
     pipeline = seq.pipeline
     return (pipeline.greedy and not pipeline.needs_history and seq.constraint is None
-            and not seq.params.logprobs and seq.eos_allowed_at(len(seq.output)))
+            and not seq.params.logprobs and not seq.banned_at(len(seq.output)))
 
 
 class _SharedArgmax:

@@ -65,6 +65,7 @@ class GenerationParams:
     ignore_eos: bool = False  # vLLM's name: EOS is never sampled
     min_tokens: int = 0  # vLLM's name: EOS and stop strings are held off until this many tokens
     cache_prompt: bool = True  # llama.cpp's name: reuse (and store) the prefix cache
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's name: more tokens that end it as EOS does
     prediction: tuple[int, ...] = ()  # OpenAI's Predicted Outputs: a guess of the answer
     # The fingerprint of the target the prompt was tokenized for ("": any): a request that
     # reaches the scheduler after the target was replaced is refused (ModelReplaced).

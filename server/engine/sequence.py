@@ -34,6 +34,7 @@ from server.engine.stop_sequences import StopMatcher
 
 Sink = Callable[[object], None]
 ROUND_DRAFTERS = ("model", "prompt_lookup")
+NOTHING: frozenset[int] = frozenset()
 PREDICTION = "prediction"  # the acceptance and k of rounds drafted from a prediction
 
 
@@ -93,7 +94,8 @@ class Sequence:
         self.accepted_per_position: Counter = Counter()
         # Output (emit).
         self._tokenizer = tokenizer
-        self._eos = tokenizer.eos_token_ids
+        self._eos = frozenset(tokenizer.eos_token_ids)
+        self._stop_ids = frozenset(params.stop_token_ids) - self._eos
         self._detokenizer = tokenizer.detokenizer
         self._stops = StopMatcher(params.stop)
         self.finish_reason: str | None = None
@@ -210,13 +212,21 @@ class Sequence:
         self.key, sub = mx.random.split(self.key)
         return sub
 
-    @property
-    def eos_ids(self) -> set[int]:
-        return self._eos
-
     def eos_allowed_at(self, position: int) -> bool:
         """May the token at output index `position` be EOS (ignore_eos, min_tokens)?"""
         return not self.params.ignore_eos and position >= self.params.min_tokens
+
+    def banned_at(self, position: int) -> frozenset[int]:
+        """The ending tokens the token at output index `position` may not be: EOS unless
+        `eos_allowed_at`, the `stop_token_ids` before `min_tokens` (`ignore_eos` leaves them,
+        as in vLLM)."""
+        banned = NOTHING if self.eos_allowed_at(position) else self._eos
+        return banned | self._stop_ids if position < self.params.min_tokens else banned
+
+    def ends_at(self, token: int, position: int) -> bool:
+        """Whether `token` at output index `position` ends the output (EOS or a stop id)."""
+        return (token in self._eos or token in self._stop_ids) and \
+            token not in self.banned_at(position)
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, token: int, from_draft: bool, logprobs: mx.array | None) -> bool:
@@ -225,7 +235,7 @@ class Sequence:
             self.first_token_at = time.perf_counter()
         self.output.append(token)
         n = len(self.output)
-        eos = token in self._eos and self.eos_allowed_at(n - 1)
+        eos = self.ends_at(token, n - 1)
         if not eos:
             self._detokenizer.add_token(token)
         finished_by_grammar = self.constraint is not None and self.constraint.is_finished()

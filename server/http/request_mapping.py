@@ -137,7 +137,7 @@ def generation_params(
         stop=tuple(body.stop_list()),
         logprobs=logprobs,
         top_logprobs=top,
-        **eos_controls(body),
+        **eos_controls(body, engine),
         cache_prompt=body.cache_prompt is not False,
         constraint=reply_constraint(body, engine, prompt),
         prediction=prediction_tokens(body, engine),
@@ -173,13 +173,16 @@ def prediction_tokens(body: SamplingRequest, engine: InferenceEngine) -> tuple[i
 
 
 # ---------------------------------------------------------------- structured output and EOS
-def eos_controls(body: SamplingRequest) -> dict:
-    """vLLM's `ignore_eos` and `min_tokens` (at most max_tokens, as vLLM checks)."""
+def eos_controls(body: SamplingRequest, engine: InferenceEngine) -> dict:
+    """vLLM's `ignore_eos`, `min_tokens` (at most max_tokens, as vLLM checks) and
+    `stop_token_ids` (in the vocabulary)."""
+    check_token_ids(engine, body.stop_token_ids or [], "stop_token_ids")
     min_tokens, max_tokens = body.min_tokens or 0, body.token_limit()
     if max_tokens is not None and min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({min_tokens}) must be at most max_tokens "
                        f"({max_tokens})", param="min_tokens", code="invalid_value")
-    return {"ignore_eos": bool(body.ignore_eos), "min_tokens": min_tokens}
+    return {"ignore_eos": bool(body.ignore_eos), "min_tokens": min_tokens,
+            "stop_token_ids": tuple(body.stop_token_ids or ())}
 
 
 def reply_constraint(body: SamplingRequest, engine: InferenceEngine, prompt: list[int]):
