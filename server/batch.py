@@ -1,8 +1,8 @@
 """`python -m server.batch -i requests.jsonl -o results.jsonl`: run a file of requests offline.
 
 The input is OpenAI's Batch API file: one JSON object per line, `{"custom_id", "method": "POST",
-"url", "body"}`, `url` one of the generation endpoints (`/v1/chat/completions`,
-`/v1/completions`, `/v1/responses`, `/v1/messages`). Each line goes to the server's own app, in
+"url", "body"}`, `url` one of `/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+`/v1/messages` and `/v1/embeddings` (with `models.embedding_model`). Each line goes to the server's own app, in
 process, with as many in flight as the engine batches (`engine.max_batch_size`), so the file is
 decoded with continuous batching and speculation as requests over HTTP would be. Each result is
 written as soon as it is done (so not in input order), in the Batch API's output shape:
@@ -30,7 +30,8 @@ from server.__main__ import parse_args as server_args
 from server.__main__ import settings_from_args
 from server.blas import ensure_fast_blas
 
-URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+        "/v1/embeddings")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:

@@ -33,7 +33,7 @@ def batch_lines() -> list[str]:
     return lines + ["{not json", "", json.dumps({"custom_id": "streamed", "method": "POST",
                                                 "url": "/v1/chat/completions",
                                                 "body": {**CHAT, "stream": True}}),
-                    json.dumps({"custom_id": "elsewhere", "url": "/v1/embeddings",
+                    json.dumps({"custom_id": "elsewhere", "url": "/v1/audio/speech",
                                 "body": {"input": "x"}})]
 
 
