@@ -2,9 +2,10 @@
 
 The input is OpenAI's Batch API file: one JSON object per line, `{"custom_id", "method": "POST",
 "url", "body"}`, `url` one of `/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
-`/v1/messages` and `/v1/embeddings` (with `models.embedding_model`). Each line goes to the server's own app, in
-process, with as many in flight as the engine batches (`engine.max_batch_size`), so the file is
-decoded with continuous batching and speculation as requests over HTTP would be. Each result is
+`/v1/messages` and `/v1/embeddings` (with `models.embedding_model`). Each line goes to the
+server's own app, in process, with as many in flight as the engine batches
+(`engine.max_batch_size`), so the file is decoded with continuous batching and speculation as
+requests over HTTP would be. Each result is
 written as soon as it is done (so not in input order), in the Batch API's output shape:
 
     {"id": "batch_req_...", "custom_id": ..., "response": {"status_code", "request_id", "body"},
