@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from api_schemas.openai import OpenAIBaseModel, RequestModel
+from api_schemas.openai import OpenAIBaseModel, RequestModel, one_or_many
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 
@@ -24,7 +24,7 @@ class EmbeddingRequest(RequestModel):
     @field_validator("input")
     @classmethod
     def _inputs(cls, v):
-        inputs = v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
+        inputs = one_or_many(v)
         if len(inputs) > MAX_INPUTS:
             raise ValueError(f"at most {MAX_INPUTS} inputs per request")
         if any(len(i) == 0 for i in inputs):
@@ -32,8 +32,7 @@ class EmbeddingRequest(RequestModel):
         return v
 
     def inputs(self) -> list[str | list[int]]:
-        v = self.input
-        return list(v) if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
+        return one_or_many(self.input)
 
 
 class Embedding(OpenAIBaseModel):

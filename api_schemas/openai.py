@@ -475,6 +475,12 @@ class ChatCompletionRequest(SamplingRequest, ChatRendering):
         return self.max_completion_tokens or self.max_tokens
 
 
+def one_or_many(value: str | list) -> list[str | list[int]]:
+    """A text or token list, or a list of those (a prompt, an embedding input), as the list."""
+    return list(value) if isinstance(value, list) and value and \
+        isinstance(value[0], (str, list)) else [value]
+
+
 class CompletionRequest(SamplingRequest):
     # One prompt (a string or token ids) or several (a list of either): a choice per prompt,
     # or `n` per prompt, prompt i's j-th at index i * n + j.
@@ -491,8 +497,7 @@ class CompletionRequest(SamplingRequest):
     @field_validator("prompt")
     @classmethod
     def _prompts(cls, v):
-        prompts = v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
-        if len(prompts) > MAX_CHOICES:
+        if len(one_or_many(v)) > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} prompts per request")
         return v
 
@@ -507,8 +512,7 @@ class CompletionRequest(SamplingRequest):
         return self
 
     def prompts(self) -> list[str | list[int]]:
-        v = self.prompt
-        return list(v) if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
+        return one_or_many(self.prompt)
 
     def token_limit(self) -> int | None:
         return self.max_tokens
