@@ -73,8 +73,22 @@ def test_mean_pooling(tiny_pair):
 
     embedder = Embedder(load_model(str(tiny_pair[0])), "mean")
     _, tokenizer = load(str(tiny_pair[0]))
-    ids = tokenizer.encode(TEXTS[0])
-    assert np.allclose(embedder.embed(ids), reference(tiny_pair[0], ids, "mean"), atol=1e-4)
+    inputs = [tokenizer.encode(text) for text in TEXTS]
+    # In one padded forward, each input's mean is still its own.
+    for ids, vector in zip(inputs, embedder.embed_batch(inputs), strict=True):
+        assert np.allclose(vector, reference(tiny_pair[0], ids, "mean"), atol=1e-4)
+
+
+def test_batches_group_similar_lengths_within_the_budget():
+    from server.engine.embeddings import batches
+
+    inputs = [[1] * n for n in (5, 40, 6, 7, 100, 39, 5)]
+    groups = batches(inputs, budget=80)
+    assert sorted(i for g in groups for i in g) == list(range(len(inputs)))
+    for group in groups:
+        longest = max(len(inputs[i]) for i in group)
+        assert len(group) == 1 or longest * len(group) <= 80
+    assert groups == [[0, 6, 2, 3], [5, 1], [4]]  # shortest first; 100 tokens alone
 
 
 @pytest.mark.parametrize("body, status, param", [

@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from server.engine.embeddings import Embedder
+from server.engine.embeddings import Embedder, batches
 from server.engine.events import Finished
 from server.engine.model_kit import KEEP, LoadedModel, ModelKit, is_hub_id, load_model
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
@@ -328,10 +328,15 @@ class InferenceEngine:
 
     async def embed(self, inputs: list[list[int]],
                     dimensions: int | None = None) -> list[np.ndarray]:
-        """The embedding model's normalized vectors of `inputs` (token ids), one input per
-        call between scheduler steps."""
-        return [await self._call(lambda t=tokens: self.embedder.embed(t, dimensions))
-                for tokens in inputs]
+        """The embedding model's normalized vectors of `inputs` (token ids), in order: inputs
+        of similar length share a forward, one forward per call between scheduler steps."""
+        vectors: list[np.ndarray | None] = [None] * len(inputs)
+        for group in batches(inputs, self.scheduler_config.idle_prefill_chunk):
+            batch = [inputs[i] for i in group]
+            done = await self._call(lambda b=batch: self.embedder.embed_batch(b, dimensions))
+            for i, vector in zip(group, done, strict=True):
+                vectors[i] = vector
+        return vectors
 
     # -- admin --------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[], Any]) -> Any:
