@@ -594,3 +594,45 @@ async def test_structured_outputs_beside_another_grammar_is_a_400(client):
         body = chat_body(structured_outputs={"regex": "a"}, **extra)
         r = await client.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and "one grammar" in r.json()["error"]["message"], r.text
+
+
+# --- forced tokens: what the grammar allows no alternative to drafts a round for free ---------
+
+LONG_KEY = {"type": "object", "properties": {
+    "a_rather_long_key_name": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a_rather_long_key_name"], "additionalProperties": False}
+
+
+def test_the_grammar_names_the_tokens_it_forces(loaded_pair, grammars):
+    tokenizer = loaded_pair[1]
+    constraint = grammars.json_schema(LONG_KEY)()
+    forced = constraint.forced()
+    key = '{"a_rather_long_key_name":'
+    # The space before the value is forced too, unless a token of this (trained) vocabulary
+    # could start with it: llguidance then leaves it to the model.
+    assert tokenizer.decode(forced) in (key, key + " ")
+    assert constraint.consume(forced) == len(forced)
+    rest = constraint.forced()
+    assert tokenizer.decode(forced + rest) in (key, key + " ")  # never the digit
+    constraint.consume(rest)
+    constraint.rollback(len(forced) + len(rest))
+    assert constraint.forced() == forced
+
+
+@pytest.mark.anyio
+async def test_forced_tokens_draft_and_change_nothing(tiny_pair, loaded_pair):
+    model, tokenizer, _ = loaded_pair
+    expected, _, _ = constrained_generate(model, tokenizer,
+                                          grammars_for(tokenizer).json_schema(LONG_KEY),
+                                          PROMPTS[0])
+    forced = len(grammars_for(tokenizer).json_schema(LONG_KEY)().forced())
+    async with served(*tiny_pair) as (client, _):
+        runs = {}
+        for label, extra in {"none": {"use_draft": False},
+                             "lookup": {"draft": "prompt_lookup"}}.items():
+            r = await client.post("/v1/chat/completions", json=schema_body(LONG_KEY, **extra))
+            runs[label] = r.json()
+            assert runs[label]["choices"][0]["message"]["content"] == expected, label
+    # Prompt lookup finds nothing in this prompt; the forced key drafts itself.
+    assert runs["lookup"]["stats"]["draft_tokens_accepted"] >= forced - 1
+    assert runs["none"]["stats"]["draft_tokens_proposed"] == 0

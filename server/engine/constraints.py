@@ -10,7 +10,9 @@ rounds:
   `consume`d and cut at the first invalid one;
 - verification: the masks seen along the draft (plus the one after its last token) mask the
   target's k + 1 rows the same way; then the drafts are `rollback`ed and the accepted tokens
-  plus the target's own token are `consume`d.
+  plus the target's own token are `consume`d;
+- `forced` tokens (a JSON schema's next key, ...) are a drafting row's round, proposed as prompt
+  lookup proposes, so a run of them costs one verification and no draft forward.
 
 Masks are numpy bool arrays over at least the tokenizer's vocabulary (longer is cut, shorter
 means "not allowed"); None means "any token".
@@ -39,3 +41,7 @@ class TokenConstraint(Protocol):
 
     def is_finished(self) -> bool:
         """The grammar is complete and accepts nothing more (generation should stop)."""
+
+    def forced(self) -> list[int]:
+        """The tokens that must come next, whatever the model prefers (possibly none): a
+        drafting row proposes them as its round's draft, at no draft cost."""

@@ -96,6 +96,14 @@ class GrammarConstraint:
     def is_finished(self) -> bool:
         return self._ended or self._matcher.is_stopped()
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows no alternative to from here (llguidance's
+        fast-forward tokens: a schema's next key, a call's fixed frame), which draft a round
+        for free; EOS is never among them."""
+        if self._ended or self._matcher.is_error() or self._must_end():
+            return []
+        return self._matcher.compute_ff_tokens()
+
     def _must_end(self) -> bool:
         """Only EOS from here, though the grammar allows more (a subclass's rule)."""
         return False

@@ -49,6 +49,10 @@ class ReasoningBudget:
     def is_finished(self) -> bool:
         return False
 
+    def forced(self) -> list[int]:
+        """The end marker, once the budget is spent (it drafts itself)."""
+        return [self._end] if self._over_budget() else []
+
     def _over_budget(self) -> bool:
         inside, used = self._states[-1]
         return inside and used >= self.budget

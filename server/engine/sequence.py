@@ -36,6 +36,7 @@ Sink = Callable[[object], None]
 ROUND_DRAFTERS = ("model", "prompt_lookup")
 NOTHING: frozenset[int] = frozenset()
 PREDICTION = "prediction"  # the acceptance and k of rounds drafted from a prediction
+FORCED = "forced"  # ... and of rounds drafted from the tokens a constraint forces
 
 
 class Phase(Enum):
@@ -78,9 +79,10 @@ class Sequence:
         # lookup and prediction rounds cost no draft forward, so they may draft longer runs.
         spec = params.speculation
         self._schedules = {"model": DraftSchedule(spec), "prompt_lookup": _lookup_schedule(spec),
-                           PREDICTION: _lookup_schedule(spec)}
+                           PREDICTION: _lookup_schedule(spec), FORCED: _lookup_schedule(spec)}
         self.prediction = PredictionDraft(params.prediction) if params.prediction else None
         self.predicting = False  # this round drafts from the prediction
+        self.forcing = False  # this round drafts the tokens its constraint forces
         self.round_drafter = "prompt_lookup" if params.speculation.source == "prompt_lookup" \
             else "model"  # who drafts this round (`plan_round`)
         self.looked_up: list[int] = []  # prompt lookup's continuation this round (`plan_round`)
@@ -90,7 +92,7 @@ class Sequence:
         self.constraint = params.constraint() if params.constraint is not None else None
         self.counters = DraftCounters()
         # Per drafter (a prediction's rounds apart from other lookups): [accepted, trials].
-        self.tried = {d: [0, 0] for d in (*ROUND_DRAFTERS, PREDICTION)}
+        self.tried = {d: [0, 0] for d in (*ROUND_DRAFTERS, PREDICTION, FORCED)}
         self.accepted_per_position: Counter = Counter()
         # Output (emit).
         self._tokenizer = tokenizer
@@ -115,15 +117,17 @@ class Sequence:
 
     def plan_round(self) -> None:
         """Choose this round's drafter, and look up the continuation when it may be lookup (as
-        many tokens as k can be; the round proposes its first k): the prediction's, when the
-        request has one and it continues the answer (whatever the drafter); else a hybrid row
+        many tokens as k can be; the round proposes its first k): the tokens the constraint
+        forces, when there are any; the prediction's, when the request has one and it
+        continues the answer (whatever the drafter); else a hybrid row
         drafts by prompt lookup when the context's last `hybrid_min_match` tokens occurred
         before, with the draft model when they did not."""
         drafter = self.drafter
         if drafter is None:
             return
-        self.predicting = self._plan_prediction(drafter)
-        if self.predicting:
+        self.forcing = self._plan_forced()
+        self.predicting = not self.forcing and self._plan_prediction(drafter)
+        if self.forcing or self.predicting:
             return
         spec = self.params.speculation
         min_match = spec.hybrid_min_match if drafter == "hybrid" else DEFAULT_MIN_NGRAM
@@ -132,6 +136,16 @@ class Sequence:
         if drafter == "hybrid":
             drafter = "prompt_lookup" if self.looked_up else "model"
         self.round_drafter = drafter
+
+    def _plan_forced(self) -> bool:
+        """Whether this round drafts the tokens the constraint forces (a schema's next key):
+        they come with no alternative, so they go first."""
+        forced = getattr(self.constraint, "forced", None)
+        tokens = forced()[: self._schedules[FORCED].max_k] if forced is not None else []
+        if not tokens:
+            return False
+        self.looked_up, self.round_drafter = tokens, "prompt_lookup"
+        return True
 
     def _plan_prediction(self, drafter: str) -> bool:
         """Whether this round drafts from the request's prediction: when it continues the
@@ -182,7 +196,10 @@ class Sequence:
     @property
     def drafted_by(self) -> str:
         """Whose acceptance and k this round's are: the round's drafter's, or the
-        prediction's (its rounds are lookup rounds, which accept differently)."""
+        prediction's or the forced tokens' (their rounds are lookup rounds, which accept
+        differently)."""
+        if self.forcing:
+            return FORCED
         return PREDICTION if self.predicting else self.round_drafter
 
     @property
