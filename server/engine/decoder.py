@@ -65,6 +65,8 @@ def _allowed_rows(seq: Sequence, positions: int, grammar: list | None, vocab: in
     min_tokens), for the positions that start `ahead` tokens after the output so far."""
     start = len(seq.output) + ahead
     banned = [seq.banned_at(start + j) for j in range(positions)]
+    if grammar is not None and all(g is None for g in grammar):
+        grammar = None  # a constraint that masks nothing here (a lazy grammar not yet on)
     if grammar is None and not any(banned):
         return None
     rows = np.ones((positions, vocab), dtype=bool)

@@ -258,6 +258,21 @@ class Grammars:
             return grammar
         return grammar.ending_at_repeated_calls(self._tokenizer.decode_bytes)
 
+    def tool_call_body(self, functions: list[dict], end_token: int) -> Grammar:
+        """What follows a `<tool_call>` token, for a model that wrote it freely (`tool_choice`
+        auto; `server.engine.lazy_grammar`): a newline, one call of one of `functions` as
+        `tool_calls` writes it, a newline and the `</tool_call>` token (`end_token`)."""
+        if not functions:
+            raise GrammarError("at least one function is needed for a tool call")
+        variants = [_call_schema(f) for f in functions]
+        body = variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+        def lark(schema: dict) -> str:
+            return "\n".join([f"start: {_lark_literal(chr(10))} body {_lark_literal(chr(10))}"
+                              f" <[{int(end_token)}]>", _lark_json("body", schema)])
+
+        return self._compile_schema(body, all(f.get("strict") for f in functions), lark)
+
     def regex(self, pattern: str) -> Grammar:
         """Output that the regular expression matches as a whole (vLLM's `regex`)."""
         return self._compile(f"regex {pattern}",

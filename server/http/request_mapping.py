@@ -10,13 +10,14 @@ from api_schemas.openai import (
 )
 from server.config import GenerationDefaults
 from server.engine.fim import supported_markers
-from server.engine.grammar import GrammarError, grammars_for
+from server.engine.grammar import TOOL_CALL_END, TOOL_CALL_START, GrammarError, grammars_for
+from server.engine.lazy_grammar import lazy_tool_calls
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS, text_tokens
 from server.engine.reasoning_budget import reasoning_budget
 from server.engine.service import InferenceEngine
 from server.http.errors import APIError
-from server.http.tools import render_chat
+from server.http.tools import render_chat, writes_hermes_calls
 
 
 def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
@@ -187,12 +188,27 @@ def eos_controls(body: SamplingRequest, engine: InferenceEngine) -> dict:
 
 def reply_constraint(body: SamplingRequest, engine: InferenceEngine, prompt: list[int]):
     """What constrains the reply: a grammar (`output_constraint`), else a thinking model's
-    `reasoning_budget` (a grammar leaves no room to think), else nothing."""
+    `reasoning_budget` (a grammar leaves no room to think), else the calls the model may
+    write by itself (`lazy_calls`), else nothing."""
     grammar = output_constraint(body, engine)
-    budget = getattr(body, "reasoning_budget", None)
-    if grammar is not None or budget is None:
+    if grammar is not None:
         return grammar
-    return reasoning_budget(engine.tokenizer, budget, engine.target.vocab_size, prompt)
+    budget = getattr(body, "reasoning_budget", None)
+    if budget is not None:
+        return reasoning_budget(engine.tokenizer, budget, engine.target.vocab_size, prompt)
+    return lazy_calls(body, engine)
+
+
+def lazy_calls(body: SamplingRequest, engine: InferenceEngine):
+    """With tools offered and not forced, the calls a model writes by itself held to the
+    functions' schemas from its `<tool_call>` token on (`server.engine.lazy_grammar`); None
+    for models that write calls another way, or without those tokens."""
+    tools = body.active_tools() if isinstance(body, ChatCompletionRequest) else None
+    if not tools or not writes_hermes_calls(engine.tokenizer):
+        return None
+    functions = [t["function"] for t in tools if t.get("type") == "function"]
+    return lazy_tool_calls(grammars_for(engine.tokenizer), engine.target.vocab, functions,
+                           TOOL_CALL_START, TOOL_CALL_END) if functions else None
 
 
 def output_constraint(body: SamplingRequest, engine: InferenceEngine):

@@ -39,6 +39,13 @@ class ToolCallFormat:
 
 HERMES = ToolCallFormat(TOOL_CALL_START, TOOL_CALL_END, json_tools.parse_tool_call)
 
+
+def writes_hermes_calls(tokenizer) -> bool:
+    """Whether the model's own calls (`tool_choice` auto) are Hermes' JSON between
+    `<tool_call>` and `</tool_call>`, the format `Grammars.tool_call_body` holds them to."""
+    fmt = call_format(tokenizer, forced=False)
+    return (fmt.start, fmt.end, fmt.parse) == (HERMES.start, HERMES.end, HERMES.parse)
+
 TOOLS_SYSTEM_PROMPT = """\
 # Tools
 
