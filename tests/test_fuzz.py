@@ -82,11 +82,13 @@ def keep_small(case) -> None:
 
 @pytest.fixture()
 def fuzz_app(tiny_pair, model_dir):
-    """A fresh engine: the fuzzer unloads the draft. No keys, loopback: every route reachable."""
+    """A fresh engine: the fuzzer unloads the draft. No keys, loopback: every route reachable;
+    the target embeds too, so /v1/embeddings computes."""
     from server.http.app import build_engine, create_app
 
     settings = make_settings(*tiny_pair)
     settings.models.model_roots = [str(model_dir)]
+    settings.models.embedding_model = str(tiny_pair[0])
     engine = build_engine(settings)
     engine.start()
     try:
