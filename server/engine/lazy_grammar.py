@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from server.engine.grammar import GrammarConstraint
+from server.engine.grammar import GrammarConstraint, GrammarError
 
 FREE, OPEN, IN, CLOSE = "free", "open", "in", "close"
 
@@ -73,8 +73,6 @@ def lazy_tool_calls(grammars, vocab: dict[str, int], functions: list[dict], star
     """A builder of the constraint for calls opened by the `start` token and closed by the
     `end` token (`GenerationParams.constraint`), or None when either is not one token of
     `vocab` or the functions' schemas do not compile."""
-    from server.engine.grammar import GrammarError
-
     if start not in vocab or end not in vocab:
         return None
     try:

@@ -187,6 +187,7 @@ class InferenceEngine:
             self.scheduler.measure_costs()  # measured once per model and machine, then cached
         if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
             self.scheduler.prefix_cache = self._prefix_cache()
+            self._register_on_disk(self.kit.target, self.kit.draft)
 
     def _prefix_cache(self):
         from server.engine.disk_cache import DiskPromptCache
@@ -195,9 +196,6 @@ class InferenceEngine:
         disk = None
         if self.disk_cache_dir:
             disk = DiskPromptCache(self.disk_cache_dir, self.disk_cache_bytes)
-            for model in (self.kit.target, self.kit.draft):
-                if model is not None:
-                    disk.register_model(model.path, model.fingerprint)
         return PrefixCache(self.prefix_cache_bytes, disk)
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -21,7 +21,7 @@ SKIPPED = {"blobs", ".git", ".locks", "__pycache__", ".venv", "node_modules"}
 def draft_candidates(roots: list[Path], target, draft) -> list[dict]:
     """`{"path", "size_gb", "loaded"}` for each candidate; `target`, `draft`: the loaded
     models (`LoadedModel`)."""
-    vocab = target.tokenizer.get_vocab()
+    vocab = target.vocab
     limit = _weights_bytes(Path(target.path)) or float("inf")  # a hub id: no local files
     exclude = {_real(Path(target.path))}
     loaded = _real(Path(draft.path)) if draft is not None else None

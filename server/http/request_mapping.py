@@ -64,7 +64,7 @@ def completion_prompt(engine: InferenceEngine, prompt: str | list[int],
         if not tokens:
             raise APIError(400, "prompt encodes to no tokens", param="prompt")
         return tokens
-    check_token_ids(engine, prompt, "prompt")
+    check_token_ids(engine.target.vocab_size, prompt, "prompt")
     return list(prompt)
 
 
@@ -77,16 +77,16 @@ def fim_prompt(engine: InferenceEngine, prefix: str | list[int], suffix: str) ->
     encode = engine.tokenizer.encode
     if isinstance(prefix, str):
         prefix = encode(prefix, add_special_tokens=False)
-    check_token_ids(engine, prefix, "prompt")
+    check_token_ids(engine.target.vocab_size, prefix, "prompt")
     return fim.prompt(list(prefix), encode(suffix, add_special_tokens=False))
 
 
-def check_token_ids(engine: InferenceEngine, ids: list[int], param: str) -> None:
-    vocab = engine.target.vocab_size
+def check_token_ids(vocab: int, ids: list[int], param: str, code: str | None = None) -> None:
+    """400 unless every id is in a vocabulary of `vocab` tokens."""
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise APIError(400, f"{param} token ids out of range [0, {vocab}): {bad[:5]}",
-                       param=param)
+                       param=param, code=code)
 
 
 def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, vocab: int):
@@ -177,7 +177,7 @@ def prediction_tokens(body: SamplingRequest, engine: InferenceEngine) -> tuple[i
 def eos_controls(body: SamplingRequest, engine: InferenceEngine) -> dict:
     """vLLM's `ignore_eos`, `min_tokens` (at most max_tokens, as vLLM checks) and
     `stop_token_ids` (in the vocabulary)."""
-    check_token_ids(engine, body.stop_token_ids or [], "stop_token_ids")
+    check_token_ids(engine.target.vocab_size, body.stop_token_ids or [], "stop_token_ids")
     min_tokens, max_tokens = body.min_tokens or 0, body.token_limit()
     if max_tokens is not None and min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({min_tokens}) must be at most max_tokens "

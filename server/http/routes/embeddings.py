@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from api_schemas.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from server.http.auth import require_api_key
 from server.http.errors import APIError
+from server.http.request_mapping import check_token_ids
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["embeddings"])
 
@@ -40,10 +41,7 @@ def _tokens(embedder, given: str | list[int]) -> list[int]:
     if isinstance(given, str):
         tokens = list(model.tokenizer.encode(given))
     else:
-        bad = [t for t in given if not 0 <= t < model.vocab_size]
-        if bad:
-            raise APIError(400, f"input token ids out of range [0, {model.vocab_size}):"
-                           f" {bad[:5]}", param="input", code="invalid_value")
+        check_token_ids(model.vocab_size, given, "input", code="invalid_value")
         tokens = list(given)
     limit = model.context_length
     if limit is not None and len(tokens) > limit:

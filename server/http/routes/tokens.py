@@ -42,7 +42,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     engine = request.app.state.engine
     check_model_name(engine, body.model)
-    check_token_ids(engine, body.tokens, "tokens")
+    check_token_ids(engine.target.vocab_size, body.tokens, "tokens")
     return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
 
 
