@@ -14,9 +14,11 @@ class ModelEntry(OpenAIBaseModel):
 
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(description="When this server loaded it (Unix seconds).")
+    created: int = Field(description="When this server loaded it (Unix seconds; a standby"
+                         " target: when the server started).")
     owned_by: str = "local"
-    role: Literal["target", "draft", "embedding"]
+    role: Literal["target", "draft", "embedding", "standby"] = Field(
+        description="standby: one of `models.more_targets`, served once a request names it.")
     path: str
     adapter_path: str | None = Field(None, exclude_if=lambda v: v is None,
                                      description="The target's fine-tuned adapters, if any.")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.engine.disk_cache import DEFAULT_DISK_MAX_GB
@@ -63,6 +63,31 @@ class ServerSettings(BaseModel):
     )
 
 
+class MoreTarget(BaseModel):
+    """A target besides `models.model` that requests may name (`models.more_targets`)."""
+
+    model_config = {"extra": "forbid"}
+
+    model: str = Field(..., min_length=1, description="Local mlx_lm folder, GGUF file or hub id.")
+    model_name: str | None = Field(None, description="Its name in `model`; default: the path.")
+    draft_model: str | None = Field(None, description="A draft for it; default: none.")
+    num_draft_tokens: int | None = Field(None, ge=1, le=64,
+                                         description="Its k; default: models.num_draft_tokens.")
+    adapter_path: str | None = Field(None, description="Adapters folded into it, as"
+                                     " models.adapter_path.")
+    chat_template: str | None = Field(None, description="Its chat template, as"
+                                      " models.chat_template.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_alone(cls, value: Any) -> Any:
+        return {"model": value} if isinstance(value, str) else value
+
+    @property
+    def name(self) -> str:
+        return self.model_name or self.model
+
+
 class ModelSettings(BaseModel):
     model: str = Field(
         "models/demo/target", description="Target model: local mlx_lm folder or hub id."
@@ -77,6 +102,13 @@ class ModelSettings(BaseModel):
         default_factory=list, description="More names clients may send as `model` for the"
         ' target, such as those an agent hard-codes ("gpt-4o-mini", "claude-haiku-4-5");'
         ' ["*"]: any name. Replies still name the served model.',
+    )
+    more_targets: list[MoreTarget] = Field(
+        default_factory=list, description="More targets requests may name in `model`, each a"
+        " path or {model, model_name, draft_model, num_draft_tokens, adapter_path,"
+        " chat_template}: the server serves one target at a time and switches to the one a"
+        " request names once the requests running on the current one have finished"
+        " (llama-swap's and mlx_lm.server's rule).",
     )
     adapter_path: str | None = Field(
         None, description="A fine-tune of the target: the adapter folder `mlx_lm.lora` writes"
@@ -129,6 +161,15 @@ class ModelSettings(BaseModel):
         if reserved:
             raise ValueError(f"may not set {', '.join(reserved)} (the renderer sets them)")
         return value
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> ModelSettings:
+        names = [self.model_name or self.model] + [t.name for t in self.more_targets]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"more_targets: two targets are named {repeated[0]!r}; give each"
+                             " its own model_name")
+        return self
 
 
 class EngineSettings(BaseModel):

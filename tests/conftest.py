@@ -70,12 +70,13 @@ def corrupt_copy(model: Path, folder: Path) -> Path:
     return folder
 
 
-def make_settings(target, draft, engine=None, cache=None, **server):
+def make_settings(target, draft, engine=None, cache=None, models=None, **server):
     from server.config import Settings
 
     return Settings.load(
         None,
-        models={"model": str(target), "draft_model": str(draft) if draft else None},
+        models={"model": str(target), "draft_model": str(draft) if draft else None,
+                **(models or {})},
         # Tests check what speculation outputs, so rows draft up to the caps: the cost model
         # would rightly stop the tiny pair from drafting (its draft is half the target).
         server=server, engine={"cost_model": False, **(engine or {})}, cache=cache or {},
@@ -171,13 +172,15 @@ def free_ports(count: int) -> int:
 
 
 @asynccontextmanager
-async def served(target, draft, *, model_roots=None, engine=None, cache=None, **server):
-    """A fresh started engine and an httpx client on its app; stopped on exit."""
+async def served(target, draft, *, model_roots=None, engine=None, cache=None, models=None,
+                 **server):
+    """A fresh started engine and an httpx client on its app; stopped on exit. `models`: more
+    model settings."""
     import httpx
 
     from server.http.app import build_engine, create_app
 
-    settings = make_settings(target, draft, engine, cache, **server)
+    settings = make_settings(target, draft, engine, cache, models, **server)
     if model_roots is not None:
         settings.models.model_roots = [str(r) for r in model_roots]
     engine = build_engine(settings)

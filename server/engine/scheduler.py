@@ -163,6 +163,7 @@ class Scheduler:
         self.prefix_cache = None  # a PrefixCache, when one is configured
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle_calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._waiting_count = 0  # submitted, not yet admitted (any thread reads it)
@@ -221,13 +222,26 @@ class Scheduler:
         self._calls.put((fn, done))
         self._wake.set()
 
+    def call_when_idle(self, fn: Callable[[], object],
+                       done: Callable[[object, BaseException | None], None]):
+        """As `call`, at the first step when no request waits or runs (the caller stops new
+        submissions first); ShuttingDown once a drain began."""
+        with self._lock:
+            if not self._draining:
+                self._idle_calls.put((fn, done))
+                self._wake.set()
+                return
+        done(None, ShuttingDown("the server is shutting down"))
+
     def wake(self) -> None:
         self._wake.set()
 
     def begin_drain(self) -> None:
-        """Stop admitting: new submits raise ShuttingDown, waiting requests are answered."""
+        """Stop admitting: new submits raise ShuttingDown, waiting requests are answered, and
+        so are calls waiting for an idle moment."""
         with self._lock:
             self._draining = True
+        self._fail_calls(self._idle_calls, ShuttingDown("the server is shutting down"))
         self._wake.set()
 
     # -- the MLX thread -----------------------------------------------------------------------
@@ -238,7 +252,9 @@ class Scheduler:
         """One scheduler step; False when there was nothing to do. Decoding rows wait while a
         wave of prompts is prefilled (`_in_wave`)."""
         self._take_incoming()
-        self._run_calls()
+        self._run_calls(self._calls)
+        if not self.has_work() and self._waiting_count == 0:
+            self._run_calls(self._idle_calls)
         self._retire_cancelled()
         self._admit()
         wave = self._in_wave()
@@ -297,10 +313,11 @@ class Scheduler:
                 seq.error = ShuttingDown("the server is shutting down")
                 seq.finish()
 
-    def _run_calls(self) -> None:
+    @staticmethod
+    def _run_calls(calls: queue.SimpleQueue) -> None:
         while True:
             try:
-                fn, done = self._calls.get_nowait()
+                fn, done = calls.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -309,6 +326,15 @@ class Scheduler:
                 done(None, e)
             else:
                 done(result, None)
+
+    @staticmethod
+    def _fail_calls(calls: queue.SimpleQueue, error: BaseException) -> None:
+        while True:
+            try:
+                _, done = calls.get_nowait()
+            except queue.Empty:
+                return
+            done(None, error)
 
     def _left_queue(self) -> None:
         with self._lock:

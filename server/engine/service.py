@@ -12,6 +12,7 @@ import gc
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,7 +22,16 @@ import numpy as np
 
 from server.engine.embeddings import Embedder, batches
 from server.engine.events import Finished
-from server.engine.model_kit import KEEP, LoadedModel, ModelKit, is_hub_id, load_model
+from server.engine.model_kit import (
+    KEEP,
+    IncompatibleDraft,
+    LoadedModel,
+    ModelKit,
+    is_hub_id,
+    load_model,
+    load_tokenizer_only,
+    tokenizer_mismatch,
+)
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
 from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, InvalidRequest, SpeculationPolicy
 from server.engine.scheduler import (
@@ -35,12 +45,14 @@ from server.engine.scheduler import (
 )
 from server.engine.scoring import PromptLogprobs, PromptScorer
 from server.engine.sequence import Sequence
+from server.engine.switching import TargetEntry, TargetSwitcher, TargetUnavailable
 
 log = logging.getLogger(__name__)
 
 # What HTTP may import from the engine besides params, events and model-kit errors.
 __all__ = ["KEEP", "InferenceEngine", "InvalidRequest", "ModelCard", "ModelReplaced",
-           "QueueFull", "RequestHandle", "SchedulerConfig", "SchedulerObserver", "ShuttingDown"]
+           "QueueFull", "RequestHandle", "SchedulerConfig", "SchedulerObserver", "ShuttingDown",
+           "TargetEntry", "TargetUnavailable"]
 
 # CPython hands the GIL to a waiting thread only every `switchinterval` (default 5 ms). The
 # event loop wakes for every streamed token while the MLX thread builds the next graph; the
@@ -113,7 +125,7 @@ class InferenceEngine:
                  spec_batch_draft_tokens: int | None = None,
                  prefix_cache_bytes: int = 0, fuse_projections: bool = False,
                  disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
-                 cost_model: bool = False):
+                 cost_model: bool = False, more_targets: list[TargetEntry] | None = None):
         self._target_path = model
         self._draft_path = draft_model
         self._adapter_path = adapter_path
@@ -131,6 +143,16 @@ class InferenceEngine:
         self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens,
                                         **{k: v for k, v in policy.items() if v is not None})
         self.scheduler_config = scheduler or SchedulerConfig()
+        # The configured targets (`models.model` first), when there are several to switch
+        # between; the one serving now, None after an admin loaded another.
+        primary = TargetEntry(model, self.model_name, draft_model, num_draft_tokens,
+                              adapter_path, chat_template)
+        more = [replace(e, num_draft_tokens=e.num_draft_tokens or num_draft_tokens)
+                for e in more_targets or ()]
+        self.switcher = TargetSwitcher(self, [primary, *more] if more else [],
+                                       self.scheduler_config.max_queue_size)
+        self.serving_entry: TargetEntry | None = primary
+        self.started_at = int(time.time())
         self.observers = ObserverList()
         self.prefix_cache_bytes = prefix_cache_bytes
         self.disk_cache_dir = disk_cache_dir if disk_cache_bytes > 0 else None
@@ -182,12 +204,26 @@ class InferenceEngine:
             log.info("loading embedding model %s", self._embedding[0])
             self.embedder = Embedder(load_model(self._embedding[0], dtype=self.dtype),
                                      self._embedding[1])
+        self._check_more_targets()
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
         if self.cost_model:
             self.scheduler.measure_costs()  # measured once per model and machine, then cached
         if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
             self.scheduler.prefix_cache = self._prefix_cache()
             self._register_on_disk(self.kit.target, self.kit.draft)
+
+    def _check_more_targets(self) -> None:
+        """Fail the start on a configured target that could never serve: no tokenizer there,
+        or a draft whose tokenizer differs from its target's."""
+        for entry in self.switcher.entries[1:]:
+            if is_hub_id(entry.path):
+                continue
+            tokenizer = load_tokenizer_only(entry.path)
+            if entry.draft and not is_hub_id(entry.draft):
+                reason = tokenizer_mismatch(tokenizer, load_tokenizer_only(entry.draft))
+                if reason is not None:
+                    raise IncompatibleDraft(f"{entry.draft} cannot draft for {entry.path}: "
+                                            f"{reason}")
 
     def _prefix_cache(self):
         from server.engine.disk_cache import DiskPromptCache
@@ -340,18 +376,13 @@ class InferenceEngine:
     async def _call(self, fn: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        self.scheduler.call(fn, _settler(loop, future))
+        return await future
 
-        def done(result, error):
-            def settle():
-                if future.done():
-                    return
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(result)
-            loop.call_soon_threadsafe(settle)
-
-        self.scheduler.call(fn, done)
+    async def _call_when_idle(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.scheduler.call_when_idle(fn, _settler(loop, future))
         return await future
 
     async def load_draft(self, path: str, num_draft_tokens: int | None = None) -> ModelCard:
@@ -397,21 +428,34 @@ class InferenceEngine:
         path = await self._local_path(path)
         if isinstance(draft, str):
             draft = await self._local_path(draft)
+        entry = TargetEntry(path, name or path, draft, num_draft_tokens)
+        return await self._call(lambda: self._install(entry, None))
 
-        def swap():
-            target = load_model(path, dtype=self.dtype, name=name or path,
-                                fuse=self.fuse_projections)
-            new_draft = self.kit.draft_for(target, draft)
-            self.kit.install(target, new_draft)
-            self.model_name = target.name
-            if num_draft_tokens is not None:
-                self._set_num_draft_tokens(num_draft_tokens)
-            self._register_on_disk(target, new_draft)
-            self.scheduler.target_changed()
-            return (self.card(target, "target"),
-                    self.card(new_draft, "draft") if new_draft is not None else None)
+    async def switch_target(self, entry: TargetEntry) -> None:
+        """Serve `entry` (a configured target) once no request waits or runs: nothing in
+        flight is lost (`TargetSwitcher` holds new requests back meanwhile)."""
+        path = await self._local_path(entry.path)
+        draft = await self._local_path(entry.draft) if entry.draft else None
+        await self._call_when_idle(
+            lambda: self._install(replace(entry, path=path, draft=draft), entry))
 
-        return await self._call(swap)
+    def _install(self, entry: TargetEntry, configured: TargetEntry | None
+                 ) -> tuple[ModelCard, ModelCard | None]:
+        """Load `entry`'s target and draft, then serve them (MLX thread): what ran on the
+        previous target ends with ModelReplaced. `configured`: the switcher's entry it is."""
+        target = load_model(entry.path, dtype=self.dtype, name=entry.name,
+                            fuse=self.fuse_projections, adapter_path=entry.adapter_path,
+                            chat_template=entry.chat_template)
+        new_draft = self.kit.draft_for(target, entry.draft)
+        self.kit.install(target, new_draft)
+        self.model_name = target.name
+        self.serving_entry = configured
+        if entry.num_draft_tokens is not None:
+            self._set_num_draft_tokens(entry.num_draft_tokens)
+        self._register_on_disk(target, new_draft)
+        self.scheduler.target_changed()
+        return (self.card(target, "target"),
+                self.card(new_draft, "draft") if new_draft is not None else None)
 
     async def unload_draft(self) -> bool:
         def unload():
@@ -438,3 +482,18 @@ class InferenceEngine:
             lambda: {"active_gb": mx.get_active_memory() / 1e9,
                      "cache_gb": mx.get_cache_memory() / 1e9}
         )
+
+
+def _settler(loop: asyncio.AbstractEventLoop, future: asyncio.Future):
+    """A scheduler call's `done(result, error)` that settles `future` on `loop`."""
+    def done(result, error):
+        def settle():
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        loop.call_soon_threadsafe(settle)
+
+    return done

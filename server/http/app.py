@@ -11,7 +11,7 @@ from starlette.middleware.cors import CORSMiddleware
 from server.config import Settings
 from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.prefix_cache import cache_budget_bytes
-from server.engine.service import InferenceEngine, SchedulerConfig
+from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
 from server.http.auth import log_exposure
 from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics
@@ -40,11 +40,13 @@ ADMIN_PATHS = ("/v1/models/draft", "/v1/models/target", "/v1/cache")
 def build_engine(settings: Settings) -> InferenceEngine:
     """The engine `settings` ask for; on rank 0 of `mlx.launch`, one with a sharded target."""
     m = settings.models
-    draft = None if (m.draft_model or "none").lower() == "none" else m.draft_model
+    draft = _draft_path(m.draft_model)
     layout = launched_layout(settings.distributed.mode)
     engine_class = InferenceEngine
     extra = {}
     if layout is not None:
+        if m.more_targets:
+            raise ValueError("models.more_targets: a sharded target cannot be switched")
         engine_class = DistributedEngine
         extra = {"layout": layout, "timeout_s": settings.distributed.timeout_s,
                  "heartbeat_s": settings.distributed.heartbeat_s}
@@ -68,7 +70,15 @@ def build_engine(settings: Settings) -> InferenceEngine:
         disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9),
         cost_model=settings.engine.cost_model,
+        more_targets=[TargetEntry(t.model, t.name, _draft_path(t.draft_model),
+                                  t.num_draft_tokens, t.adapter_path, t.chat_template)
+                      for t in m.more_targets],
     )
+
+
+def _draft_path(draft: str | None) -> str | None:
+    """None for no draft (left out, null or "none")."""
+    return None if (draft or "none").lower() == "none" else draft
 
 
 def create_app(settings: Settings, engine: InferenceEngine | None = None) -> FastAPI:
@@ -92,8 +102,9 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.access = ModelAccessPolicy.from_settings(settings)
     app.state.responses = ResponseStore(settings.server.responses_store_size)
     log_exposure(settings.server)
-    app.state.metrics = ServerMetrics(queue_depth=lambda: engine.queue_depth,
-                                      batch_size=lambda: engine.batch_size)
+    app.state.metrics = ServerMetrics(
+        queue_depth=lambda: engine.queue_depth, batch_size=lambda: engine.batch_size,
+        switcher=engine.switcher if engine.switcher.entries else None)
     engine.add_observer(app.state.metrics)
     install_error_handlers(app)
     install_openapi(app)

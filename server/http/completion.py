@@ -15,7 +15,7 @@ from server.engine.params import GenerationParams
 from server.http.choices import Choices
 from server.http.reasoning import ReplyStart
 from server.http.request_log import log_finished
-from server.http.request_mapping import chat_prompt, check_model_name, generation_params
+from server.http.request_mapping import chat_prompt, generation_params, serving
 from server.http.streaming import ResponseFormat, collect, stream_response
 from server.http.tools import ToolCallParser, parser_factory
 
@@ -59,11 +59,12 @@ async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
 async def complete_chat(request: Request, body: ChatCompletionRequest,
                         make_format: FormatFactory, *, fill_context: bool = False):
     engine = request.app.state.engine
-    check_model_name(engine, body.model)
-    target = engine.target.fingerprint  # before anything is tokenized
-    tools = parser_factory(engine.tokenizer, body.active_tools(),
-                           forced=body.forced_functions() is not None)
-    prompt = chat_prompt(engine, body)
-    params = plan(request, body, [prompt], target, fill_context=fill_context)
-    start = ReplyStart(prompt, constrained=body.constrains_output())
-    return await run(request, body, params, [make_format(tools, start) for _ in range(body.n)])
+    async with serving(engine, body.model):
+        target = engine.target.fingerprint  # before anything is tokenized
+        tools = parser_factory(engine.tokenizer, body.active_tools(),
+                               forced=body.forced_functions() is not None)
+        prompt = chat_prompt(engine, body)
+        params = plan(request, body, [prompt], target, fill_context=fill_context)
+        start = ReplyStart(prompt, constrained=body.constrains_output())
+        formats = [make_format(tools, start) for _ in range(body.n)]
+        return await run(request, body, params, formats)

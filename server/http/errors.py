@@ -16,7 +16,13 @@ from starlette.routing import Match
 
 from api_schemas.openai import ErrorBody, ErrorResponse
 from server.engine.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
-from server.engine.service import InvalidRequest, ModelReplaced, QueueFull, ShuttingDown
+from server.engine.service import (
+    InvalidRequest,
+    ModelReplaced,
+    QueueFull,
+    ShuttingDown,
+    TargetUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,8 @@ def as_api_error(exc: BaseException) -> APIError:
                         headers={"Retry-After": "1"})
     if isinstance(exc, ModelReplaced):
         return APIError(503, str(exc), code="model_replaced", headers={"Retry-After": "1"})
+    if isinstance(exc, TargetUnavailable):
+        return APIError(503, str(exc), param="model", code="model_unavailable")
     if isinstance(exc, IncompatibleDraft):
         return APIError(409, f"incompatible draft model: {exc}", param="model",
                         code="incompatible_draft")
@@ -177,6 +185,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, ModelReplaced,
-                     IncompatibleDraft, ModelLoadError):
+                     TargetUnavailable, IncompatibleDraft, ModelLoadError):
         app.add_exception_handler(exc_type, _api)
     app.add_exception_handler(Exception, _api)

@@ -19,7 +19,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class ServerMetrics(SchedulerObserver):
     """One registry per app, so several apps (tests) can live in one process."""
 
-    def __init__(self, queue_depth, batch_size=lambda: 0):
+    def __init__(self, queue_depth, batch_size=lambda: 0, switcher=None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_completions", "Finished completions.",
@@ -58,6 +58,13 @@ class ServerMetrics(SchedulerObserver):
         running = Gauge(f"{PREFIX}_running_requests", "Requests prefilling or decoding.",
                         registry=r)
         running.set_function(batch_size)
+        if switcher is not None:  # models.more_targets
+            switches = Gauge(f"{PREFIX}_target_switches", "Switches between the configured"
+                             " targets since the start.", registry=r)
+            switches.set_function(lambda: switcher.switches)
+            waiting = Gauge(f"{PREFIX}_switch_queue_depth", "Requests waiting for the target"
+                            " they name to be switched to.", registry=r)
+            waiting.set_function(lambda: switcher.waiting)
 
     # -- per request (event loop) -------------------------------------------------------------
     def observe(self, endpoint: str, finish_reason: str, stats: GenerationStats) -> None:

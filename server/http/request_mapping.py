@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from api_schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,11 +23,18 @@ from server.http.errors import APIError
 from server.http.tools import render_chat, writes_hermes_calls
 
 
-def check_model_name(engine: InferenceEngine, requested: str | None) -> None:
-    if engine.serves(requested):
-        return
-    raise APIError(404, f"model {requested!r} does not exist; this server serves "
-                   f"{engine.model_name!r}", param="model", code="model_not_found")
+@asynccontextmanager
+async def serving(engine: InferenceEngine, requested: str | None) -> AsyncIterator[None]:
+    """Run the block on the target `requested` (a request's `model`) selects: when it names
+    another of `models.more_targets`, once the server switched to it; no switch happens
+    before the block exits. A 404 for a name that no target answers to."""
+    switcher = engine.switcher
+    if switcher.entry_named(requested) is None and not engine.serves(requested):
+        names = [engine.model_name] + [e.name for e in switcher.standby()]
+        raise APIError(404, f"model {requested!r} does not exist; this server serves "
+                       + " or ".join(map(repr, names)), param="model", code="model_not_found")
+    async with switcher.hold(requested):
+        yield
 
 
 def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[int]:

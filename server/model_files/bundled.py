@@ -93,16 +93,30 @@ def ensure_demo_or_synthetic(settings: Settings) -> Settings:
 
 
 def resolve_gguf_paths(settings: Settings) -> Settings:
-    """`--model x.gguf` / `--draft-model y.gguf`: serve their converted folders."""
+    """`--model x.gguf` / `--draft-model y.gguf` (and `models.more_targets`' GGUF files): serve
+    their converted folders."""
     m = settings.models
-    model = resolve_model_path(m.model)
-    draft = resolve_model_path(m.draft_model) if _draft_wanted(m.draft_model) else m.draft_model
-    if (model, draft) == (m.model, m.draft_model):
+    update = _gguf_update(m.model, m.model_name, m.draft_model)
+    more = [t.model_copy(update=_gguf_update(t.model, t.model_name, t.draft_model))
+            for t in m.more_targets]
+    if not update and more == m.more_targets:
         return settings
-    update = {"model": model, "draft_model": draft}
-    if m.model_name is None and model != m.model:
-        update["model_name"] = Path(m.model).stem  # clients see the file's name, not the cache's
-    return _with_models(settings, **update)
+    return _with_models(settings, **update, more_targets=more)
+
+
+def _gguf_update(model: str, name: str | None, draft: str | None) -> dict:
+    """The fields that change when `model` or `draft` is a GGUF file: their folders, and the
+    name clients see (the file's, not the conversion cache's)."""
+    update = {}
+    resolved = resolve_model_path(model)
+    if resolved != model:
+        update["model"] = resolved
+        if name is None:
+            update["model_name"] = Path(model).stem
+    resolved = resolve_model_path(draft) if _draft_wanted(draft) else draft
+    if resolved != draft:
+        update["draft_model"] = resolved
+    return update
 
 
 def ensure_default_models(settings: Settings) -> Settings:

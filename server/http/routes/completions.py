@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.http.auth import require_api_key
 from server.http.completion import complete_chat, plan, run
-from server.http.request_mapping import check_model_name, completion_prompt
+from server.http.request_mapping import completion_prompt, serving
 from server.http.streaming import ChatFormat, Echo, TextFormat
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"])
@@ -24,17 +24,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request):
     engine = request.app.state.engine
-    check_model_name(engine, body.model)
-    target = engine.target.fingerprint  # what the prompts are tokenized for
-    given = body.prompts()
-    prompts = [completion_prompt(engine, prompt, body.suffix) for prompt in given]
-    params = plan(request, body, prompts, target)
-    formats = []
-    for text, tokens in zip(given, prompts, strict=True):
-        echo = await _echo(engine, body, text, tokens, target) if body.echo else None
-        formats += [TextFormat(engine.model_name, engine.tokenizer, echo)
-                    for _ in range(body.n)]
-    return await run(request, body, params, formats)
+    async with serving(engine, body.model):
+        target = engine.target.fingerprint  # what the prompts are tokenized for
+        given = body.prompts()
+        prompts = [completion_prompt(engine, prompt, body.suffix) for prompt in given]
+        params = plan(request, body, prompts, target)
+        formats = []
+        for text, tokens in zip(given, prompts, strict=True):
+            echo = await _echo(engine, body, text, tokens, target) if body.echo else None
+            formats += [TextFormat(engine.model_name, engine.tokenizer, echo)
+                        for _ in range(body.n)]
+        return await run(request, body, params, formats)
 
 
 async def _echo(engine, body: CompletionRequest, given: str | list[int],

@@ -11,7 +11,7 @@ from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
 from server.http.messages_format import MessagesFormat
 from server.http.messages_mapping import RENAMES, chat_from_messages
-from server.http.request_mapping import chat_prompt, check_model_name
+from server.http.request_mapping import chat_prompt, serving
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["messages"])
 
@@ -30,5 +30,5 @@ async def create_message(body: MessagesRequest, request: Request):
 @router.post("/messages/count_tokens", response_model=TokenCount)
 async def count_tokens(body: CountTokensRequest, request: Request):
     engine = request.app.state.engine
-    check_model_name(engine, body.model)
-    return TokenCount(input_tokens=len(chat_prompt(engine, chat_from_messages(body))))
+    async with serving(engine, body.model):
+        return TokenCount(input_tokens=len(chat_prompt(engine, chat_from_messages(body))))

@@ -25,7 +25,7 @@ from api_schemas.admin import (
     UnloadResponse,
 )
 from api_schemas.anthropic import ModelInfo, ModelInfoList
-from server.engine.model_kit import KEEP, IncompatibleDraft, LoadedModel, ModelLoadError
+from server.engine.model_kit import KEEP, IncompatibleDraft, ModelLoadError
 from server.http import paging
 from server.http.auth import require_admin_key, require_api_key
 from server.http.draft_candidates import draft_candidates
@@ -38,24 +38,27 @@ health_router = APIRouter(tags=["health"])
 admin = [Depends(require_admin_key)]
 
 
-def served_models(engine) -> list[tuple[ModelEntry, LoadedModel]]:
-    """The target, then the draft if one is loaded: each as a list entry, and the model."""
+def served_models(engine) -> list[ModelEntry]:
+    """The target, the draft if one is loaded, the embedding model, then the standby
+    targets (`models.more_targets` not serving now)."""
     served = [(engine.model_name, "target", engine.target)]
     if engine.draft is not None:
         served.append((engine.draft.name, "draft", engine.draft))
     if engine.embedder is not None:
         served.append((engine.embedder.model.name, "embedding", engine.embedder.model))
-    return [(ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
-                        adapter_path=model.adapter_path, max_model_len=model.context_length),
-             model)
-            for name, role, model in served]
+    loaded = [ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
+                         adapter_path=model.adapter_path, max_model_len=model.context_length)
+              for name, role, model in served]
+    return loaded + [ModelEntry(id=e.name, role="standby", path=e.path, created=engine.started_at,
+                                adapter_path=e.adapter_path)
+                     for e in engine.switcher.standby()]
 
 
-def anthropic_model(entry: ModelEntry, model: LoadedModel) -> ModelInfo:
+def anthropic_model(entry: ModelEntry) -> ModelInfo:
     loaded = datetime.fromtimestamp(entry.created, timezone.utc)
     return ModelInfo(id=entry.id, display_name=entry.id, role=entry.role, path=entry.path,
                      created_at=loaded.isoformat().replace("+00:00", "Z"),
-                     max_input_tokens=model.context_length)
+                     max_input_tokens=entry.max_model_len)
 
 
 @router.get("/models", summary="List models",
@@ -72,8 +75,8 @@ async def list_models(
 ) -> ModelList | ModelInfoList:
     served = served_models(request.app.state.engine)
     if not speaks_anthropic(request):
-        return ModelList(data=[entry for entry, _ in served])
-    infos = [anthropic_model(entry, model) for entry, model in served]
+        return ModelList(data=served)
+    infos = [anthropic_model(entry) for entry in served]
     return ModelInfoList(**paging.page(infos, limit, after=("after_id", after_id),
                                        before=("before_id", before_id)))
 
@@ -94,11 +97,11 @@ async def list_draft_candidates(request: Request) -> DraftCandidates:
 async def retrieve_model(model_id: str, request: Request) -> ModelEntry | ModelInfo:
     engine = request.app.state.engine
     served = served_models(engine)
-    for entry, model in served:
+    for entry in served:
         if model_id in (entry.id, entry.path) or entry.role == "target" and engine.serves(model_id):
-            return anthropic_model(entry, model) if speaks_anthropic(request) else entry
+            return anthropic_model(entry) if speaks_anthropic(request) else entry
     raise APIError(404, f"model {model_id!r} does not exist; this server serves "
-                   + " and ".join(repr(entry.id) for entry, _ in served), param="model",
+                   + " and ".join(repr(entry.id) for entry in served), param="model",
                    code="model_not_found")
 
 

@@ -19,7 +19,7 @@ from server.http import paging
 from server.http.auth import require_api_key
 from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
-from server.http.request_mapping import chat_prompt, check_model_name
+from server.http.request_mapping import chat_prompt, serving
 from server.http.response_store import ResponseStore, StoredResponse
 from server.http.responses_format import ResponsesFormat
 from server.http.responses_mapping import (
@@ -43,13 +43,13 @@ async def create_response(body: ResponsesRequest, request: Request):
     items = ([] if previous is None else previous.context()) + request_items(body.input)
     tools = ToolTable(body.tools)
     chat = chat_from_responses(body, conversation, tools)
-    skeleton = response_skeleton(body, engine.model_name)
 
     def finished(response: ResponseObject) -> None:
         if body.store:
             store.put(response, items)
 
     def make_format(tool_calls, start):
+        skeleton = response_skeleton(body, engine.model_name)  # the target now serving
         return ResponsesFormat(engine.model_name, engine.tokenizer, skeleton, tool_calls, tools,
                                finished, start)
 
@@ -61,11 +61,11 @@ async def create_response(body: ResponsesRequest, request: Request):
 async def count_input_tokens(body: InputTokensRequest, request: Request):
     """The prompt tokens the same request to POST /v1/responses would have."""
     engine = request.app.state.engine
-    check_model_name(engine, body.model)
     conversation = _conversation(_previous(request.app.state.responses, body), body)
-    with renamed_params(RENAMES):
-        prompt = chat_prompt(engine, chat_from_responses(body, conversation,
-                                                         ToolTable(body.tools)))
+    async with serving(engine, body.model):
+        with renamed_params(RENAMES):
+            prompt = chat_prompt(engine, chat_from_responses(body, conversation,
+                                                             ToolTable(body.tools)))
     return InputTokenCount(input_tokens=len(prompt))
 
 

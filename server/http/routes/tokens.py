@@ -15,7 +15,7 @@ from api_schemas.tokens import (
 )
 from server.engine.prompts import text_tokens
 from server.http.auth import require_api_key
-from server.http.request_mapping import chat_prompt, check_model_name, check_token_ids
+from server.http.request_mapping import chat_prompt, check_token_ids, serving
 
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["tokenizer"])
 
@@ -25,25 +25,25 @@ router = APIRouter(dependencies=[Depends(require_api_key)], tags=["tokenizer"])
              " (`messages`, `tools`) would prefill.")
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     engine = request.app.state.engine
-    check_model_name(engine, body.model)
-    tokenizer = engine.tokenizer
-    if body.messages is not None:
-        tokens = chat_prompt(engine, body)
-    elif body.add_special_tokens:
-        tokens = text_tokens(tokenizer, body.prompt)
-    else:
-        tokens = list(tokenizer.encode(body.prompt, add_special_tokens=False))
-    strs = tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
-    return TokenizeResponse(count=len(tokens), max_model_len=engine.context_length,
-                            tokens=tokens, token_strs=strs)
+    async with serving(engine, body.model):
+        tokenizer = engine.tokenizer
+        if body.messages is not None:
+            tokens = chat_prompt(engine, body)
+        elif body.add_special_tokens:
+            tokens = text_tokens(tokenizer, body.prompt)
+        else:
+            tokens = list(tokenizer.encode(body.prompt, add_special_tokens=False))
+        strs = tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        return TokenizeResponse(count=len(tokens), max_model_len=engine.context_length,
+                                tokens=tokens, token_strs=strs)
 
 
 @router.post("/detokenize", summary="Decode token ids")
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     engine = request.app.state.engine
-    check_model_name(engine, body.model)
-    check_token_ids(engine.target.vocab_size, body.tokens, "tokens")
-    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
+    async with serving(engine, body.model):
+        check_token_ids(engine.target.vocab_size, body.tokens, "tokens")
+        return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
 
 
 @router.get("/tokenizer_info", summary="The served tokenizer's special tokens and template")
