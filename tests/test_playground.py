@@ -464,3 +464,33 @@ def test_capture_screenshot_writes_a_png(ui_server, browser):
     out = ui.capture_screenshot(ui_server[0], ARTIFACTS / "capture.png", prompt=REPETITIVE,
                                 max_tokens=16, browser=browser)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@slow
+def test_with_several_targets_the_model_list_switches_the_server(browser, tiny_pair,
+                                                                  foreign_model):
+    from server.http.app import create_app
+
+    more = {"more_targets": [{"model": str(foreign_model), "model_name": "foreign"}]}
+    context = browser.new_context(viewport=ui.VIEWPORT)
+    try:
+        with started_engine(*tiny_pair, models=more) as engine, \
+                serving(create_app(make_settings(*tiny_pair, models=more), engine)) as port:
+            url = f"http://127.0.0.1:{port}"
+            page = Page(context.new_page())
+            page.page.goto(url + "/")
+            page.page.wait_for_selector("#target-choice:not([hidden])")
+            options = page.page.locator("#target option").all_inner_texts()
+            assert options == [str(tiny_pair[0]), "foreign"]
+            page.page.select_option("#target", "foreign")
+            page.page.fill("#max-tokens", "8")
+            ui.ask(page.page, "Write a function")
+            assert page.text("#target-name") == "foreign"
+            assert page.page.input_value("#target") == "foreign"
+            expected = httpx.post(f"{url}/v1/chat/completions", timeout=60, json=chat_body(
+                max_tokens=8, temperature=0, model="foreign")).json()
+            shown = "".join(page.page.locator("#chat .assistant span.tok").all_inner_texts())
+            assert shown == expected["choices"][0]["message"]["content"]
+            assert engine.switcher.switches == 1 and page.errors == []
+    finally:
+        context.close()

@@ -112,6 +112,7 @@ function jsonSchema() {
 // The request body: the settings as OpenAI fields plus our extensions (draft, use_draft, ...).
 function requestBody(messages, { speculate = true } = {}) {
   const body = { messages };
+  if (!$("target-choice").hidden) body.model = $("target").value;
   const temperature = numberSetting("temperature");
   const maxTokens = numberSetting("max-tokens");
   if (temperature !== null) body.temperature = temperature;
@@ -120,8 +121,8 @@ function requestBody(messages, { speculate = true } = {}) {
   if (!speculate || drafter === "off") {
     body.use_draft = false;
   } else {
-    body.draft = drafter;
-    body.use_draft = true;
+    // "": the server's default drafter, which never fails whatever is loaded.
+    if (drafter) Object.assign(body, { draft: drafter, use_draft: true });
     const k = numberSetting("num-draft-tokens");
     if (k !== null) body.num_draft_tokens = k;
     const guess = $("prediction").value;
@@ -244,6 +245,10 @@ async function exclusive(action) {
   } catch (e) {
     if (e.name !== "AbortError") showError(e);
   } finally {
+    if (!$("target-choice").hidden) {  // the run may have switched the target
+      await showHealth();
+      await refreshModels({ candidates: false }).catch(() => {});
+    }
     state.controller = null;
     state.runs += 1;
     document.body.dataset.runs = String(state.runs);
@@ -360,10 +365,21 @@ async function refreshModels({ candidates = true } = {}) {
   }
   const draft = models.find((m) => m.role === "draft");
   const target = models.find((m) => m.role === "target");
+  chooseAmong(models.filter((m) => m.role === "target" || m.role === "standby"), target);
   $("target-name").textContent = target ? target.id : "?";
   $("draft-name").textContent = draft ? draft.id : "none";
   if (draft && !$("draft-path").value) $("draft-path").value = draft.path;
   if (candidates) await listCandidates();
+}
+
+// With several targets (`models.more_targets`), the Model list picks the one a chat names;
+// the choice stays as the list refreshes.
+function chooseAmong(targets, serving) {
+  const select = $("target");
+  const chosen = select.value || (serving ? serving.id : "");
+  select.replaceChildren(...targets.map((m) => new Option(m.id, m.id)));
+  if (targets.some((m) => m.id === chosen)) select.value = chosen;
+  $("target-choice").hidden = targets.length < 2;
 }
 
 // The local models that could draft for the target, offered in the draft path's list. An
