@@ -256,6 +256,7 @@ class ModelInfo(OpenAIBaseModel):
     display_name: str
     created_at: str = Field(description="When this server loaded it (RFC 3339).")
     max_input_tokens: int | None = Field(None, description="The model's context length.")
+    lifecycle: Literal["active", "deprecated", "retired"] = "active"
     role: Literal["target", "draft", "embedding", "standby"] = Field(
         description="standby: one of `models.more_targets`, served once a request names it.")
     path: str

@@ -2,7 +2,7 @@
 extensions (`from_draft` on text deltas, `stats` on the response) as documented extra fields.
 
 Request fields follow the order of OpenAI's reference; fields we do not use (`user`,
-`reasoning`, `truncation`, `include`, ...) are accepted and ignored.
+`truncation`, `service_tier`, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -242,6 +242,10 @@ class _ResponsesFields(RequestModel):
     instructions: str | None = Field(
         None, description="A system message before the input (not carried over by"
         " previous_response_id).")
+    include: list[str] | None = Field(
+        None, max_length=16, description="`message.output_text.logprobs`: the output text's"
+        " token log-probabilities (with `top_logprobs` alternatives); other values are accepted"
+        " and ignored.")
     max_output_tokens: int | None = Field(
         None, ge=1, description="At most the model's context length minus the prompt's tokens.")
     metadata: dict[str, str] | None = Field(None, max_length=16)
@@ -256,7 +260,13 @@ class _ResponsesFields(RequestModel):
     text: TextConfig | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="With `include`'s"
+                                     " `message.output_text.logprobs`: the most likely"
+                                     " tokens at each position.")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
+
+    def wants_logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or ())
 
 
 class ResponsesRequest(EngineExtensions, _ResponsesFields):
@@ -343,6 +353,8 @@ class CustomToolCallItem(OpenAIBaseModel):
 
 class InputTokensDetails(OpenAIBaseModel):
     cached_tokens: int = 0
+    cache_write_tokens: int = Field(0, description="Tokens written to a cache the client pays"
+                                    " for: none here (the prefix cache keeps prompts unasked).")
 
 
 class OutputTokensDetails(OpenAIBaseModel):

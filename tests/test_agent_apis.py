@@ -125,6 +125,37 @@ async def test_responses_stream_events_and_equality(client):
         "output_tokens": 20}
 
 
+def same_logprobs(got: list[dict], want: list[dict]) -> bool:
+    """The same tokens; log-probabilities equal up to float32 noise (the forwards that scored
+    them verified drafts of other lengths)."""
+    def flat(entries):
+        return [(e["token"], e["bytes"], e["logprob"]) for entry in entries
+                for e in [entry, *entry["top_logprobs"]]]
+    return [t[:2] for t in flat(got)] == [t[:2] for t in flat(want)] and \
+        [t[2] for t in flat(got)] == pytest.approx([t[2] for t in flat(want)], abs=1e-4)
+
+
+async def test_responses_logprobs_are_chat_completions_and_typed_by_the_sdk(client):
+    from openai.types.responses import Response
+
+    want = await chat(client, [{"role": "user", "content": PROMPT}], max_tokens=8,
+                      logprobs=True, top_logprobs=2)
+    expected = want["choices"][0]["logprobs"]["content"]
+    body = {"input": PROMPT, "max_output_tokens": 8, "temperature": 0, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}
+    whole = await responses(client, **body)
+    part = Response.model_validate(whole).output[0].content[0]
+    assert same_logprobs([lp.model_dump() for lp in part.logprobs], expected)
+    events = await read_events(client, "/v1/responses", {**body, "stream": True})
+    deltas = [d["logprobs"] for name, d in events if name == "response.output_text.delta"]
+    assert same_logprobs([lp for delta in deltas for lp in delta], expected)
+    done = next(d for name, d in events if name == "response.output_text.done")
+    assert same_logprobs(done["logprobs"], expected)
+    # Without `include`, none (as at OpenAI, top_logprobs alone asks for nothing).
+    plain = await responses(client, **{k: v for k, v in body.items() if k != "include"})
+    assert plain["output"][0]["content"][0]["logprobs"] == []
+
+
 async def test_without_max_output_tokens_a_response_may_fill_the_context(client, tiny_pair):
     """OpenAI's rule for the Responses API (Codex sends no limit); chat completions keep
     `defaults.max_tokens` (512)."""

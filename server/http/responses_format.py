@@ -34,12 +34,17 @@ from server.http.streaming import ResponseFormat, json_dict
 
 
 class ResponseBuilder:
-    def __init__(self, response: ResponseObject, split: OutputSplit, tools: ToolTable):
+    """`logprob`: a token's log-probability entry (None when they were not asked for)."""
+
+    def __init__(self, response: ResponseObject, split: OutputSplit, tools: ToolTable,
+                 logprob: Callable[[TokenEvent], dict | None] = lambda _: None):
         self.response, self.split, self.tools = response, split, tools
         self._sequence = 0
         self._open: OutputMessage | ReasoningItem | None = None  # the item being written
         self._from_draft = False
         self._reasoning_tokens = 0
+        self._logprob = logprob
+        self._logprobs: list[dict] = []  # of the answer's tokens whose text is still held back
 
     def event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -54,6 +59,9 @@ class ResponseBuilder:
     def token(self, event: TokenEvent) -> list[dict]:
         self._from_draft = event.from_draft
         self._reasoning_tokens += self.split.in_reasoning
+        entry = None if self.split.in_reasoning else self._logprob(event)
+        if entry is not None:
+            self._logprobs.append(entry)
         return self._output(self.split.feed(event.text))
 
     def close(self, done: Finished) -> list[dict]:
@@ -73,8 +81,11 @@ class ResponseBuilder:
         return events + [self.event(kind, response=json_dict(r))]
 
     def _output(self, out: Output) -> list[dict]:
-        return (self._text(ReasoningItem, out.reasoning) + self._text(OutputMessage, out.content)
-                + self._calls(out.calls))
+        events = (self._text(ReasoningItem, out.reasoning)
+                  + self._text(OutputMessage, out.content) + self._calls(out.calls))
+        if out.calls:
+            self._logprobs = []  # the tokens of the calls: not output text
+        return events
 
     def _text(self, kind: type, text: str) -> list[dict]:
         """Append to the open item of `kind` (a message's text, or reasoning), opening it
@@ -89,8 +100,10 @@ class ResponseBuilder:
         where = {"item_id": self._open.id, "output_index": self._index, "content_index": 0}
         if kind is ReasoningItem:
             return events + [self.event("response.reasoning_text.delta", **where, delta=text)]
+        logprobs, self._logprobs = self._logprobs, []
+        part.logprobs += logprobs
         return events + [self.event("response.output_text.delta", **where, delta=text,
-                                    logprobs=[], from_draft=self._from_draft)]
+                                    logprobs=logprobs, from_draft=self._from_draft)]
 
     @property
     def _index(self) -> int:
@@ -115,7 +128,8 @@ class ResponseBuilder:
         item.status = status
         index, part = self.response.output.index(item), item.content[0]
         where = {"item_id": item.id, "output_index": index, "content_index": 0}
-        done = (self.event("response.output_text.done", **where, text=part.text, logprobs=[])
+        done = (self.event("response.output_text.done", **where, text=part.text,
+                           logprobs=part.logprobs)
                 if isinstance(item, OutputMessage) else
                 self.event("response.reasoning_text.done", **where, text=part.text))
         return [done, self.event("response.content_part.done", **where, part=json_dict(part)),
@@ -164,7 +178,13 @@ class ResponsesFormat(ResponseFormat):
 
     def _new_builder(self) -> ResponseBuilder:
         split = OutputSplit.of(self._tool_calls, self.tokenizer, self._start)
-        return ResponseBuilder(self._skeleton.model_copy(deep=True), split, self._tools)
+        return ResponseBuilder(self._skeleton.model_copy(deep=True), split, self._tools,
+                               self._logprob_entry)
+
+    def _logprob_entry(self, event: TokenEvent) -> dict | None:
+        """The Responses API's log-probability entry: the chat one's shape."""
+        entry = self.token_logprob(event)
+        return entry.model_dump() if entry is not None else None
 
     def stream_open(self) -> list[dict]:
         self._builder = self._new_builder()

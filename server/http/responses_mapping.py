@@ -116,6 +116,8 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[dict],
         "parallel_tool_calls": body.parallel_tool_calls,
         "response_format": _response_format(fmt),
         "reasoning_effort": body.reasoning.effort if body.reasoning else None,
+        "logprobs": body.wants_logprobs(),
+        "top_logprobs": body.top_logprobs if body.wants_logprobs() else None,
         **body.extensions(),
     }, RENAMES)
 

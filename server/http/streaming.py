@@ -81,6 +81,17 @@ class ResponseFormat:
     def token_str(self, token: int) -> str:
         return self.tokenizer.decode([token])
 
+    def token_logprob(self, event: TokenEvent) -> TokenLogprob | None:
+        """The chat (and Responses) API's entry for a token; None when none was asked."""
+        if event.logprob is None:
+            return None
+        tok = self.token_str(event.token)
+        tops = [TopLogprob(token=self.token_str(t), logprob=lp,
+                           bytes=list(self.token_str(t).encode()))
+                for t, lp in (event.top_logprobs or ())]
+        return TokenLogprob(token=tok, logprob=event.logprob, bytes=list(tok.encode()),
+                            top_logprobs=tops)
+
     # The stream as SSE messages ({"data": ..., "event": ...}); by default OpenAI's chunks.
     def stream_open(self) -> list[dict]:
         return []
@@ -135,15 +146,7 @@ class ChatFormat(ResponseFormat):
     def logprobs(self, events: list[TokenEvent]) -> ChatLogprobs | None:
         if not events or events[0].logprob is None:
             return None
-        content = []
-        for e in events:
-            tok = self.token_str(e.token)
-            tops = [TopLogprob(token=self.token_str(t), logprob=lp,
-                               bytes=list(self.token_str(t).encode()))
-                    for t, lp in (e.top_logprobs or ())]
-            content.append(TokenLogprob(token=tok, logprob=e.logprob, bytes=list(tok.encode()),
-                                        top_logprobs=tops))
-        return ChatLogprobs(content=content)
+        return ChatLogprobs(content=[self.token_logprob(e) for e in events])
 
     def token_chunk(self, event: TokenEvent, first: bool):
         delta = self._delta(self._stream.feed(event.text), role="assistant" if first else None)
