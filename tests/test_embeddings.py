@@ -10,6 +10,7 @@ import pytest
 from conftest import make_settings, uvicorn_thread
 from fastapi.testclient import TestClient
 from mlx_lm import load
+from openai.types import CreateEmbeddingResponse
 
 TEXTS = ["def binary_search(items, x):", "hello world", "a"]
 
@@ -45,6 +46,7 @@ def test_vectors_are_the_pooled_normalized_hidden_states(embedding_server, tiny_
     r = client.post("/v1/embeddings", json={"input": TEXTS, "model": str(tiny_pair[0])})
     assert r.status_code == 200, r.text
     body = r.json()
+    CreateEmbeddingResponse.model_validate(body)  # strictly the SDK's type
     assert [d["index"] for d in body["data"]] == [0, 1, 2]
     for text, item in zip(TEXTS, body["data"], strict=True):
         assert np.allclose(item["embedding"], reference(tiny_pair[0], text), atol=1e-4)
