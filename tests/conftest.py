@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import shutil
@@ -269,3 +270,27 @@ def uvicorn_thread(app):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def disk_cache_files(folder) -> list:
+    """The prompt-cache files of a disk cache folder."""
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # a superseded entry, deleted since the listing
+        return 0
+
+
+async def wait_for_disk_entries(client, folder) -> dict:
+    """/health once the writer has settled: at least one entry, and the bytes it reports are
+    the files' (a second entry superseding the first may still be on its way)."""
+    for _ in range(200):
+        health = (await client.get("/health")).json()
+        on_disk = sum(_size(f) for f in disk_cache_files(folder))
+        if health["disk_cache_entries"] and health["disk_cache_bytes"] == on_disk:
+            return health
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the disk cache never settled: {health}, {on_disk} bytes in files")

@@ -3,14 +3,14 @@ changed model means a warning and a cold prefill, never a failure."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import shutil
 
 import mlx.core as mx
 import pytest
-from conftest import served
+from conftest import disk_cache_files as files
+from conftest import served, wait_for_disk_entries
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 from server.engine.disk_cache import DiskPromptCache
@@ -58,10 +58,6 @@ def request(kit, text, *, k=0, max_tokens=12):
 
 def uncached(kit, p):
     return [e.token for e in generate_events(kit, p) if isinstance(e, TokenEvent)]
-
-
-def files(folder):
-    return sorted(folder.glob("*.safetensors"))
 
 
 @pytest.mark.parametrize("k", [0, 4])
@@ -208,25 +204,6 @@ def test_files_of_another_kind_are_left_alone(kit, tmp_path):
     assert (tmp_path / "notes.txt").exists() and (tmp_path / "model.safetensors").exists()
 
 
-def _size(path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:  # a superseded entry, deleted since the listing
-        return 0
-
-
-async def _wait_for_disk_entries(client, folder) -> dict:
-    """/health once the writer has settled: at least one entry, and the bytes it reports are
-    the files' (a second entry superseding the first may still be on its way)."""
-    for _ in range(200):
-        health = (await client.get("/health")).json()
-        on_disk = sum(_size(f) for f in files(folder))
-        if health["disk_cache_entries"] and health["disk_cache_bytes"] == on_disk:
-            return health
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the disk cache never settled: {health}, {on_disk} bytes in files")
-
-
 @pytest.mark.anyio
 async def test_http_restart_health_and_admin_clear(tiny_pair, tmp_path):
     body = {"messages": [{"role": "system", "content": SYSTEM},
@@ -235,7 +212,7 @@ async def test_http_restart_health_and_admin_clear(tiny_pair, tmp_path):
     async with served(*tiny_pair, cache=cache) as (client, _):
         first = (await client.post("/v1/chat/completions", json=body)).json()
         assert first["stats"]["cached_tokens"] == 0
-        await _wait_for_disk_entries(client, tmp_path)
+        await wait_for_disk_entries(client, tmp_path)
     async with served(*tiny_pair, cache=cache) as (client, _):
         again = (await client.post("/v1/chat/completions", json=body)).json()
         assert again["stats"]["cached_tokens"] > 0

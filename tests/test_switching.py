@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import chat_body, corrupt_copy, read_sse, served
+from conftest import chat_body, corrupt_copy, read_sse, served, wait_for_disk_entries
 from mlx_lm import generate, load
 
 from server.config import Settings
@@ -216,3 +216,35 @@ async def test_a_waiter_that_goes_away_leaves_no_switch_behind():
         assert later.done() and switcher.waiting == 0  # no longer behind a switch
     await asyncio.sleep(0.05)
     assert engine.loads == []
+
+
+async def test_with_a_disk_cache_each_targets_prompts_come_back_after_a_switch(
+        tiny_pair, foreign_model, tmp_path):
+    more = [{"model": str(foreign_model), "model_name": "foreign"}]
+    cache = {"disk_dir": str(tmp_path), "disk_max_gb": 1}
+    body = chat_body("A long enough system of words " * 6, max_tokens=6, model="tiny")
+    async with served(*tiny_pair, cache=cache,
+                      models={"model_name": "tiny", "more_targets": more}) as (client, engine):
+        first = (await client.post("/v1/chat/completions", json=body)).json()
+        assert first["stats"]["cached_tokens"] == 0
+        await wait_for_disk_entries(client, tmp_path)
+        await chat(client, "foreign")  # the in-memory cache is emptied by the switch
+        again = (await client.post("/v1/chat/completions", json=body)).json()
+        assert engine.switcher.switches == 2 and again["stats"]["cached_tokens"] > 0
+        assert again["choices"][0]["message"] == first["choices"][0]["message"]
+
+
+async def test_after_an_admin_loaded_another_target_a_named_one_is_switched_back_to(
+        tiny_pair, foreign_model, model_dir):
+    more = [{"model": str(foreign_model), "model_name": "foreign"}]
+    async with served(*tiny_pair, model_roots=[model_dir],
+                      models={"model_name": "tiny", "more_targets": more}) as (client, engine):
+        r = await client.post("/v1/models/target", json={"model": str(foreign_model),
+                                                          "model_name": "adhoc"})
+        assert r.status_code == 200
+        roles = {m["id"]: m["role"] for m in (await client.get("/v1/models")).json()["data"]}
+        assert roles == {"adhoc": "target", "tiny": "standby", "foreign": "standby"}
+        assert (await chat(client, ""))["model"] == "adhoc"  # no name: whatever serves
+        out = await chat(client, "tiny")
+        assert out["model"] == "tiny" and engine.switcher.switches == 1
+        assert out["choices"][0]["message"]["content"] == mlx_lm_text(tiny_pair[0])
