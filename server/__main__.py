@@ -1,6 +1,7 @@
 """`python -m server`: serve the configured models over the OpenAI API.
 
-Flags override `config.yaml`; `--draft-model none` starts without a draft. Under
+Flags override `config.yaml`; `--draft-model none` starts without a draft, `--draft-model
+auto` with the smallest local model that can draft for the target. Under
 `mlx.launch -n N`, rank 0 serves with the target sharded over the N processes and the others
 follow it (`server.engine.distributed`).
 """
@@ -35,7 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='Variables every chat is rendered with, e.g. \'{"enable_thinking":'
                         ' false}\'.')
     p.add_argument("--embedding-model", help="A model for /v1/embeddings (default: none).")
-    p.add_argument("--draft-model", help="Draft model path or hub id; 'none' for no draft.")
+    p.add_argument("--draft-model", help="Draft model path or hub id; 'auto': the smallest local"
+                   " model that can draft for the target; 'none' for no draft.")
     p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
     p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
     p.add_argument("--port", type=int, help="TCP port (default 8000).")

@@ -70,7 +70,8 @@ class MoreTarget(BaseModel):
 
     model: str = Field(..., min_length=1, description="Local mlx_lm folder, GGUF file or hub id.")
     model_name: str | None = Field(None, description="Its name in `model`; default: the path.")
-    draft_model: str | None = Field(None, description="A draft for it; default: none.")
+    draft_model: str | None = Field(None, description="A draft for it ('auto' as for"
+                                    " models.draft_model); default: none.")
     num_draft_tokens: int | None = Field(None, ge=1, le=64,
                                          description="Its k; default: models.num_draft_tokens.")
     adapter_path: str | None = Field(None, description="Adapters folded into it, as"
@@ -96,7 +97,9 @@ class ModelSettings(BaseModel):
         None, description="Name clients use in `model`; defaults to the `model` path or id."
     )
     draft_model: str | None = Field(
-        "models/demo/draft", description="Draft model path or hub id; null or 'none' for none."
+        "models/demo/draft", description="Draft model path or hub id; null or 'none' for none;"
+        " 'auto': the smallest model under model_roots with the target's tokenizer and at most a"
+        " third of its weights (none if there is none).",
     )
     model_aliases: list[str] = Field(
         default_factory=list, description="More names clients may send as `model` for the"

@@ -182,3 +182,25 @@ async def test_draft_candidates_are_the_smaller_models_with_the_targets_tokenize
         assert r.status_code == 200, r.text
     async with served(*tiny_pair, admin_api_key="admin") as (client, _):
         assert (await client.get("/v1/models/draft/candidates")).status_code == 401
+
+
+async def test_draft_model_auto_takes_the_smallest_candidate_small_enough(
+        tiny_pair, padded_draft, foreign_model, tmp_path, monkeypatch):
+    from server.http import draft_candidates
+
+    roots = tmp_path / "roots"
+    shutil.copytree(padded_draft, roots / "padded")  # larger than the tiny draft
+    shutil.copytree(foreign_model, roots / "foreign")  # smaller, another tokenizer
+    models = {"draft_model": "auto", "model_roots": [str(roots), str(tiny_pair[1].parent)]}
+    # The tiny draft has 65% of its target's weights: too big for the default rule.
+    async with served(tiny_pair[0], None, models=models) as (client, engine):
+        assert engine.draft is None
+        assert [m["role"] for m in (await client.get("/v1/models")).json()["data"]] == [
+            "target"]
+    monkeypatch.setattr(draft_candidates, "AUTO_MAX_SHARE", 0.9)
+    async with served(tiny_pair[0], None, models=models) as (client, engine):
+        assert engine.draft.path == str(tiny_pair[1])
+        r = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Write a function"}], "max_tokens": 8,
+            "num_draft_tokens": 2})
+        assert r.json()["stats"]["draft_model"] == str(tiny_pair[1])

@@ -13,6 +13,7 @@ from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.prefix_cache import cache_budget_bytes
 from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
 from server.http.auth import log_exposure
+from server.http.draft_candidates import AUTO, auto_draft
 from server.http.errors import install_error_handlers
 from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
@@ -40,7 +41,8 @@ ADMIN_PATHS = ("/v1/models/draft", "/v1/models/target", "/v1/cache")
 def build_engine(settings: Settings) -> InferenceEngine:
     """The engine `settings` ask for; on rank 0 of `mlx.launch`, one with a sharded target."""
     m = settings.models
-    draft = _draft_path(m.draft_model)
+    roots = ModelAccessPolicy.from_settings(settings).roots
+    draft = _draft_path(m.model, m.draft_model, roots)
     layout = launched_layout(settings.distributed.mode)
     engine_class = InferenceEngine
     extra = {}
@@ -70,15 +72,22 @@ def build_engine(settings: Settings) -> InferenceEngine:
         disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9),
         cost_model=settings.engine.cost_model,
-        more_targets=[TargetEntry(t.model, t.name, _draft_path(t.draft_model),
+        more_targets=[TargetEntry(t.model, t.name, _draft_path(t.model, t.draft_model, roots),
                                   t.num_draft_tokens, t.adapter_path, t.chat_template)
                       for t in m.more_targets],
     )
 
 
-def _draft_path(draft: str | None) -> str | None:
-    """None for no draft (left out, null or "none")."""
-    return None if (draft or "none").lower() == "none" else draft
+def _draft_path(target: str, draft: str | None, roots) -> str | None:
+    """`target`'s draft: None for none (left out, null or "none"); for "auto", the smallest
+    local model that can draft for it (`auto_draft`), if any."""
+    if (draft or "none").lower() == "none":
+        return None
+    if draft.lower() != AUTO:
+        return draft
+    found = auto_draft(target, roots)
+    log.info("draft_model auto: %s for %s", found or "none found", target)
+    return found
 
 
 def create_app(settings: Settings, engine: InferenceEngine | None = None) -> FastAPI:

@@ -16,26 +16,45 @@ from pathlib import Path
 MAX_DEPTH = 4
 MAX_FOLDERS = 5_000  # folders visited per root at most: a huge tree is not scanned whole
 SKIPPED = {"blobs", ".git", ".locks", "__pycache__", ".venv", "node_modules"}
+AUTO = "auto"  # `draft_model: auto`
+AUTO_MAX_SHARE = 1 / 3  # an automatic draft has at most this share of its target's weights
 
 
 def draft_candidates(roots: list[Path], target, draft) -> list[dict]:
     """`{"path", "size_gb", "loaded"}` for each candidate; `target`, `draft`: the loaded
     models (`LoadedModel`)."""
-    vocab = target.vocab
     limit = _weights_bytes(Path(target.path)) or float("inf")  # a hub id: no local files
-    exclude = {_real(Path(target.path))}
     loaded = _real(Path(draft.path)) if draft is not None else None
-    found, seen = [], set()
+    return [{"path": _shown(folder), "size_gb": round(size / 1e9, 3),
+             "loaded": _real(folder) == loaded}
+            for size, folder in _candidates(roots, target.vocab, limit, Path(target.path))]
+
+
+def auto_draft(target: str, roots: list[Path]) -> str | None:
+    """`draft_model: auto`: the smallest candidate with at most `AUTO_MAX_SHARE` of the weights
+    of `target` (a local folder); None when there is none, or `target` is no local folder."""
+    folder = Path(target).expanduser()
+    size, vocab = _weights_bytes(folder), _vocab(folder)
+    if not size or vocab is None:
+        return None
+    found = _candidates(roots, vocab, size * AUTO_MAX_SHARE, folder)
+    return _shown(found[0][1]) if found else None
+
+
+def _candidates(roots: list[Path], vocab: dict, limit: float,
+                target: Path) -> list[tuple[int, Path]]:
+    """(weights bytes, folder) of the models under `roots` with the tokenizer vocabulary
+    `vocab` and fewer weights than `limit`, `target` left out; smallest first."""
+    found, seen = [], {_real(target)}
     for folder in (f for root in roots for f in model_folders(root)):
         real = _real(folder)
-        if real in seen or real in exclude:
+        if real in seen:
             continue
         seen.add(real)
         size = _weights_bytes(folder)
         if 0 < size < limit and _vocab(folder) == vocab:
-            found.append({"path": _shown(folder), "size_gb": round(size / 1e9, 3),
-                          "loaded": real == loaded})
-    return sorted(found, key=lambda c: (c["size_gb"], c["path"]))
+            found.append((size, folder))
+    return sorted(found, key=lambda c: (c[0], _shown(c[1])))
 
 
 def model_folders(root: Path) -> Iterator[Path]:

@@ -69,16 +69,16 @@ class ModelAccessPolicy:
     @classmethod
     def from_settings(cls, settings) -> ModelAccessPolicy:
         m, server = settings.models, settings.server
-        roots = m.model_roots if m.model_roots is not None else (
-            cls.default_roots([m.model, m.draft_model])
-        )
+        start_up = [m.model, m.draft_model] + [r for t in m.more_targets
+                                               for r in (t.model, t.draft_model)]
+        roots = m.model_roots if m.model_roots is not None else cls.default_roots(start_up)
         return cls(roots, allow_hub=hub_allowed(m.allow_hub, server.admin_api_key))
 
     @classmethod
     def default_roots(cls, start_up_models: list[str | None]) -> list[Path]:
         roots = [Path("models"), hf_cache_dir()]
         for ref in start_up_models:
-            if ref and ref.lower() != "none" and not _looks_like_hub_id(ref):
+            if ref and ref.lower() not in ("none", "auto") and not _looks_like_hub_id(ref):
                 roots.append(Path(ref).expanduser().resolve().parent)
         return roots
 
