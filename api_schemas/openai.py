@@ -275,6 +275,18 @@ class EngineExtensions(RequestModel):
     )
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)
+    repetition_context_size: int | None = Field(
+        None, ge=1, le=1_000_000, description="mlx_lm's: the tokens repetition_penalty looks"
+        " back over (default 20).")
+    presence_context_size: int | None = Field(
+        None, ge=1, le=1_000_000, description="mlx_lm's: the same for presence_penalty.")
+    frequency_context_size: int | None = Field(
+        None, ge=1, le=1_000_000, description="mlx_lm's: the same for frequency_penalty.")
+    xtc_probability: float | None = Field(
+        None, ge=0.0, le=1.0, description="mlx_lm's XTC (exclude top choices): the chance that"
+        " a step drops every token above xtc_threshold but the least likely of them.")
+    xtc_threshold: float | None = Field(None, ge=0.0, le=0.5, description="mlx_lm's XTC"
+                                        " threshold (default 0.1).")
     ignore_eos: bool | None = Field(None, description="vLLM's: never stop at EOS.")
     cache_prompt: bool | None = Field(
         None, description="llama.cpp's: reuse (and store) the prefix cache; default true."

@@ -211,3 +211,26 @@ async def test_stop_token_ids_end_the_output_as_eos_does(client, loaded_pair, k)
     assert kept["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
     bad = await client.post("/v1/chat/completions", json={**body, "stop_token_ids": [10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"
+
+
+async def test_mlx_lm_servers_sampling_fields(client, engine):
+    """XTC and the penalties' context sizes, as mlx_lm.server takes them: XTC never drops a
+    newline or an EOS token (mlx_lm.server's special tokens)."""
+    from api_schemas.openai import ChatCompletionRequest
+    from server.config import GenerationDefaults
+    from server.http.request_mapping import sampling_params
+
+    fields = {"xtc_probability": 0.5, "xtc_threshold": 0.2, "repetition_penalty": 1.2,
+              "repetition_context_size": 5, "presence_context_size": 7,
+              "frequency_context_size": 9}
+    body = chat_body(max_tokens=8, temperature=0.8, seed=1, **fields)
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    tokenizer = engine.tokenizer
+    sampling = sampling_params(ChatCompletionRequest(**body), GenerationDefaults(), tokenizer,
+                               engine.vocab_size)
+    assert {k: getattr(sampling, k) for k in fields} == fields
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    assert sampling.xtc_special_tokens == tuple(newline + sorted(tokenizer.eos_token_ids))
+    r = await client.post("/v1/chat/completions", json={**body, "xtc_threshold": 0.6})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "xtc_threshold"

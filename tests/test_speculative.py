@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -124,11 +126,16 @@ def test_greedy_with_a_padded_draft_vocabulary(pair, references, padded_draft):
 
 
 @pytest.mark.parametrize("k", [0, 4])
-def test_greedy_with_logits_processors_equals_mlx_lm(pair, k):
-    """Penalties see prompt + output with and without a draft (mlx_lm's rule)."""
+@pytest.mark.parametrize("sizes", [{}, {"repetition_context_size": 3,
+                                        "frequency_context_size": 50}], ids=["20", "3-50"])
+def test_greedy_with_logits_processors_equals_mlx_lm(pair, k, sizes):
+    """Penalties see prompt + output with and without a draft (mlx_lm's rule), over the last
+    context-size tokens."""
     target, draft, vocab, prompts = pair
-    processors = make_logits_processors(repetition_penalty=1.3, logit_bias={7: 2.0})
-    sampling = SamplingParams(repetition_penalty=1.3, logit_bias=((7, 2.0),))
+    processors = make_logits_processors(repetition_penalty=1.3, logit_bias={7: 2.0},
+                                        frequency_penalty=0.5, **sizes)
+    sampling = SamplingParams(repetition_penalty=1.3, logit_bias=((7, 2.0),),
+                              frequency_penalty=0.5, **sizes)
     for prompt in prompts:
         expected = greedy_reference(target, prompt, 24, logits_processors=processors)
         tokens, _, _ = run(target, draft, prompt, max_tokens=24, sampling=sampling,
@@ -539,10 +546,14 @@ def simulate_two_tokens(target, draft, sampling: SamplingParams, k: int = 2):
     return first, second, p0, p0 @ p1
 
 
+XTC = SamplingParams(temperature=0.8, top_k=10, xtc_probability=0.5, xtc_threshold=0.02,
+                     xtc_special_tokens=(3,))
+
+
 @pytest.mark.parametrize(
     "sampling",
-    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=10, top_p=0.9)],
-    ids=["plain", "top-k-top-p"],
+    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=10, top_p=0.9), XTC],
+    ids=["plain", "top-k-top-p", "xtc"],
 )
 def test_rejection_sampling_follows_the_target_distribution(small_pair, sampling):
     mx.random.seed(0)
@@ -594,6 +605,45 @@ def test_target_distribution_is_what_mlx_lm_samples_from(small_pair):
     samples = sampler(mx.broadcast_to(logprobs, (NUM_SAMPLES, SMALL.vocab_size)))
     assert (probs == 0).sum().item() > 0  # the filters did cut something
     assert chi_square_p(samples, probs) > 1e-3
+
+
+def test_xtc_is_the_mixture_of_what_mlx_lm_samples_from_with_and_without_its_cut(small_pair):
+    """mlx_lm flips XTC's coin once per step: its distribution is (1 - p) times the sampler's
+    without the cut plus p times with it. Each side against mlx_lm's sampler (a coin of 0 or 1
+    is certain), the mixture exactly."""
+    target, _ = small_pair
+    logits = target(mx.array([SMALL_PROMPT]))[0, -1:]
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.eval(logprobs)  # mlx_lm's compiled XTC cannot take a graph as its input
+
+    def ours(p):
+        pipeline = LogitsPipeline(replace(XTC, xtc_probability=p), SMALL.vocab_size)
+        return pipeline.probs(pipeline.scaled(pipeline.process(logits)))[0]
+
+    assert mx.abs(ours(0.0) - ours(1.0)).max().item() > 0.05  # the cut changes something
+    for p, seed in ((0.0, 3), (1.0, 4)):
+        sampler = make_sampler(temp=XTC.temperature, top_k=XTC.top_k, xtc_probability=p,
+                               xtc_threshold=XTC.xtc_threshold,
+                               xtc_special_tokens=list(XTC.xtc_special_tokens))
+        mx.random.seed(seed)
+        samples = sampler(mx.broadcast_to(logprobs, (NUM_SAMPLES, SMALL.vocab_size)))
+        assert chi_square_p(samples, ours(p)) > 1e-3
+    mixed = 0.7 * ours(0.0) + 0.3 * ours(1.0)
+    assert mx.allclose(ours(0.3), mixed, atol=1e-6).item()
+
+
+def test_xtc_cut_is_mlx_lms(small_pair):
+    from mlx_lm.sample_utils import apply_xtc
+
+    from server.engine.sampling import xtc_cut
+
+    target, _ = small_pair
+    logits = target(mx.array([SMALL_PROMPT]))[0, -3:]
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.eval(logprobs)  # mlx_lm's compiled XTC cannot take a graph as its input
+    for threshold, special in ((0.02, [3]), (0.1, []), (0.5, [])):
+        want = apply_xtc(logprobs, 1.0, threshold, special)  # a coin of 1: always cut
+        assert mx.array_equal(xtc_cut(logprobs, threshold, special), want).item()
 
 
 def test_exact_matching_and_rejection_on_known_values():

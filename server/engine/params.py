@@ -27,8 +27,17 @@ class SamplingParams:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # The tokens each penalty looks back over (`mlx_lm`'s defaults).
+    repetition_context_size: int = 20
+    presence_context_size: int = 20
+    frequency_context_size: int = 20
     logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
+    # XTC ("exclude top choices", `mlx_lm`'s): with this probability a step drops every token
+    # above the threshold but the least likely of them; the special tokens are never dropped.
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    xtc_special_tokens: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:

@@ -3,13 +3,16 @@
 Speculative sampling compares the target's probability p(x) with the draft's q(x), which is only
 correct when both come out of the same processing: vocabulary alignment, logits processors
 (repetition penalty, logit bias) on the same token history, then `mlx_lm`'s filters (top-p,
-min-p, top-k, in `make_sampler`'s order) and the temperature. `LogitsPipeline` does that for
+min-p, XTC, top-k, in `make_sampler`'s order) and the temperature. XTC applies at random (a coin
+per step in `mlx_lm`): its distribution is the mixture of the two outcomes, which is what
+speculative sampling needs to know. `LogitsPipeline` does that for
 both sides. Every method works on rows (`(..., V)`), so a whole draft block, or a batch of
 thousands of samples in a test, goes through one call.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -58,6 +61,7 @@ class LogitsPipeline:
         self.vocab_size = vocab_size
         self.logits_processors = list(logits_processors or ())
         self._filters = _filters(sampling, vocab_size)
+        self._top_k = _top_k(sampling, vocab_size)
 
     @property
     def greedy(self) -> bool:
@@ -88,11 +92,21 @@ class LogitsPipeline:
         return mx.concatenate(rows, axis=0)
 
     def scaled(self, processed: mx.array) -> mx.array:
-        """`mlx_lm`'s sampler input: filters on the log-probabilities, then 1/temperature."""
+        """`mlx_lm`'s sampler input: filters on the log-probabilities, then 1/temperature
+        (with XTC, the log of the mixture of its two outcomes)."""
+        s = self.sampling
         logprobs = normalize(processed.astype(mx.float32))
         for apply_filter in self._filters:
             logprobs = apply_filter(logprobs)
-        return logprobs * (1.0 / self.sampling.temperature)
+        kept = self._top_k(logprobs) * (1.0 / s.temperature)
+        if s.xtc_probability <= 0.0:
+            return kept
+        cut = self._top_k(xtc_cut(logprobs, s.xtc_threshold, s.xtc_special_tokens))
+        cut = normalize(cut * (1.0 / s.temperature))
+        if s.xtc_probability >= 1.0:
+            return cut
+        return mx.logaddexp(math.log1p(-s.xtc_probability) + normalize(kept),
+                            math.log(s.xtc_probability) + cut)
 
     @staticmethod
     def probs(scaled: mx.array) -> mx.array:
@@ -115,13 +129,29 @@ def apply_mask(processed: mx.array, allowed: mx.array | None) -> mx.array:
     return mx.where(allowed, processed, mx.array(-mx.inf, processed.dtype))
 
 
+def xtc_cut(logprobs: mx.array, threshold: float, special: Sequence[int] = ()) -> mx.array:
+    """`mlx_lm`'s XTC when its coin says apply: every token above `threshold` but the least
+    likely of them gets -inf (none with fewer than two above it), `special` tokens excepted."""
+    probs = mx.softmax(logprobs, axis=-1)
+    least = mx.where(probs > threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+    cut = probs > least
+    if special:
+        cut[..., list(special)] = False
+    return mx.where(cut, -mx.inf, logprobs)
+
+
 def _filters(sampling: SamplingParams, vocab_size: int) -> list[Callable[[mx.array], mx.array]]:
-    """The filters `mlx_lm.sample_utils.make_sampler` would chain, in its order."""
+    """The filters `mlx_lm.sample_utils.make_sampler` chains before XTC, in its order."""
     filters = []
     if 0.0 < sampling.top_p < 1.0:
         filters.append(lambda x: apply_top_p(x, sampling.top_p))
     if sampling.min_p != 0.0:
         filters.append(lambda x: apply_min_p(x, sampling.min_p))
-    if 0 < sampling.top_k < vocab_size:
-        filters.append(lambda x: apply_top_k(x, sampling.top_k))
     return filters
+
+
+def _top_k(sampling: SamplingParams, vocab_size: int) -> Callable[[mx.array], mx.array]:
+    """`make_sampler`'s last filter (after XTC), or nothing."""
+    if 0 < sampling.top_k < vocab_size:
+        return lambda x: apply_top_k(x, sampling.top_k)
+    return lambda x: x

@@ -341,8 +341,11 @@ def _processors(params: GenerationParams) -> list:
     """`mlx_lm`'s logits processors for the request's penalties and logit bias."""
     s = params.sampling
     return make_logits_processors(
-        logit_bias=dict(s.logit_bias) or None, repetition_penalty=s.repetition_penalty,
-        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+        logit_bias=dict(s.logit_bias) or None,
+        repetition_penalty=s.repetition_penalty,
+        repetition_context_size=s.repetition_context_size,
+        presence_penalty=s.presence_penalty, presence_context_size=s.presence_context_size,
+        frequency_penalty=s.frequency_penalty, frequency_context_size=s.frequency_context_size,
     )
 
 

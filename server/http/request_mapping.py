@@ -99,10 +99,19 @@ def check_token_ids(vocab: int, ids: list[int], param: str, code: str | None = N
                        param=param, code=code)
 
 
-def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, vocab: int):
+def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, tokenizer, vocab: int):
     bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
     if any(not 0 <= k < vocab for k, _ in bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    sizes = {name: getattr(body, name) for name in ("repetition_context_size",
+             "presence_context_size", "frequency_context_size") if getattr(body, name)}
+    xtc = {}
+    if body.xtc_probability:  # mlx_lm.server's special tokens: a newline and the EOS tokens
+        special = list(tokenizer.encode("\n", add_special_tokens=False))
+        xtc = {"xtc_probability": body.xtc_probability,
+               "xtc_special_tokens": tuple(special + sorted(tokenizer.eos_token_ids))}
+        if body.xtc_threshold is not None:
+            xtc["xtc_threshold"] = body.xtc_threshold
     return SamplingParams(
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
@@ -113,6 +122,7 @@ def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, vocab: 
         frequency_penalty=body.frequency_penalty,
         logit_bias=bias,
         seed=body.seed,
+        **sizes, **xtc,
     )
 
 
@@ -143,7 +153,7 @@ def generation_params(
     return GenerationParams(
         prompt_tokens=tuple(prompt),
         max_tokens=max_tokens,
-        sampling=sampling_params(body, defaults, engine.target.vocab_size),
+        sampling=sampling_params(body, defaults, engine.tokenizer, engine.target.vocab_size),
         speculation=speculation,
         stop=tuple(body.stop_list()),
         logprobs=logprobs,
