@@ -7,18 +7,24 @@ import random
 import pytest
 
 from server.engine.drafting import lookup_proposal
-from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, find_continuation
+from server.engine.prompt_lookup import (
+    DEFAULT_MAX_NGRAM,
+    DEFAULT_MIN_NGRAM,
+    find_continuation,
+    find_match,
+)
 
 
 def brute_force(tokens, num_tokens, max_ngram, min_ngram):
-    """The definition, spelled out: longest n first, then the latest earlier start."""
+    """The definition, spelled out: longest n first, then the latest earlier start; the
+    continuation and n."""
     length = len(tokens)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = tokens[length - n :]
         for start in range(length - n - 1, -1, -1):
             if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + num_tokens]
-    return []
+                return tokens[start + n : start + n + num_tokens], n
+    return [], 0
 
 
 def test_finds_the_continuation_of_the_last_trigram():
@@ -64,8 +70,11 @@ def test_agrees_with_brute_force_on_random_sequences():
         min_ngram = rng.randint(1, 3)
         max_ngram = rng.randint(min_ngram, 5)
         k = rng.randint(0, 6)
-        expected = brute_force(tokens, k, max_ngram, min_ngram)
+        expected, n = brute_force(tokens, k, max_ngram, min_ngram)
         assert find_continuation(tokens, k, max_ngram=max_ngram, min_ngram=min_ngram) == expected
+        if k:  # and the n-gram it continues
+            assert find_match(tokens, k, max_ngram=max_ngram, min_ngram=min_ngram) == (
+                expected, n)
 
 
 def test_long_context_lookup_agrees_with_brute_force():
@@ -74,10 +83,10 @@ def test_long_context_lookup_agrees_with_brute_force():
     tokens = [rng.randrange(150_000) for _ in range(200_000)] + [11, 12, 13]
     tokens[1000:1006] = [11, 12, 13, 21, 22, 23]
     tokens[150_000:150_003] = [12, 13, 31]
-    assert find_continuation(tokens, 3) == [21, 22, 23] == brute_force(
+    assert find_match(tokens, 3) == ([21, 22, 23], 3) == brute_force(
         tokens, 3, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM)
     later = [31, tokens[150_003], tokens[150_004]]
-    assert find_continuation(tokens, 3, max_ngram=2) == later == brute_force(tokens, 3, 2, 1)
+    assert find_match(tokens, 3, max_ngram=2) == (later, 2) == brute_force(tokens, 3, 2, 1)
 
 
 def test_rejects_bad_ngram_bounds():

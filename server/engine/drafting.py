@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from itertools import islice
 
 from server.engine.params import SpeculationParams
-from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, find_continuation
+from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, find_match
 
 
 class DraftSchedule:
@@ -42,8 +42,13 @@ def lookup_proposal(context: list[int], num_tokens: int,
                     min_ngram: int = DEFAULT_MIN_NGRAM) -> list[int]:
     """Prompt lookup: the continuation of the last n-gram's earlier occurrence (an n-gram of at
     least `min_ngram` tokens)."""
-    return find_continuation(context, num_tokens, max_ngram=DEFAULT_MAX_NGRAM,
-                             min_ngram=min_ngram)
+    return lookup_match(context, num_tokens, min_ngram)[0]
+
+
+def lookup_match(context: list[int], num_tokens: int,
+                 min_ngram: int = DEFAULT_MIN_NGRAM) -> tuple[list[int], int]:
+    """`lookup_proposal`, and the length of the n-gram it continues (0: no match)."""
+    return find_match(context, num_tokens, max_ngram=DEFAULT_MAX_NGRAM, min_ngram=min_ngram)
 
 
 def confident_count(probabilities: Iterable[float], k: int, p_min: float) -> int:

@@ -36,19 +36,26 @@ def find_continuation(
 
     The continuation may run into the suffix itself (a repeating pattern keeps repeating).
     """
+    return find_match(tokens, num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)[0]
+
+
+def find_match(tokens: Sequence[int], num_tokens: int, *, max_ngram: int = DEFAULT_MAX_NGRAM,
+               min_ngram: int = DEFAULT_MIN_NGRAM) -> tuple[list[int], int]:
+    """`find_continuation`'s tokens, and the length n of the n-gram they continue (0 when
+    none occurs, or no token is asked for)."""
     if min_ngram < 1 or max_ngram < min_ngram:
         raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
     length = len(tokens)
     if num_tokens <= 0 or length < 2:
-        return []
+        return [], 0
     buffer = as_token_buffer(tokens)
     data = buffer.tobytes()
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         start = _last_earlier_occurrence(data, data[(length - n) * _WORD :], length - 1)
         if start is not None:
             begin = start + n
-            return buffer[begin : begin + num_tokens].tolist()
-    return []
+            return buffer[begin : begin + num_tokens].tolist(), n
+    return [], 0
 
 
 def _last_earlier_occurrence(data: bytes, pattern: bytes, limit: int) -> int | None:

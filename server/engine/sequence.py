@@ -18,7 +18,7 @@ from enum import Enum
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from server.engine.drafting import DraftSchedule, lookup_proposal
+from server.engine.drafting import DraftSchedule, lookup_match
 from server.engine.events import (
     DraftCounters,
     Finished,
@@ -28,7 +28,7 @@ from server.engine.events import (
 )
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.prediction import PredictionDraft
-from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from server.engine.prompt_lookup import DEFAULT_MIN_NGRAM
 from server.engine.sampling import LogitsPipeline
 from server.engine.stop_sequences import StopMatcher
 
@@ -125,14 +125,17 @@ class Sequence:
         drafter = self.drafter
         if drafter is None:
             return
+        self.predicting = False
         self.forcing = self._plan_forced()
-        self.predicting = not self.forcing and self._plan_prediction(drafter)
-        if self.forcing or self.predicting:
+        if self.forcing:
             return
         spec = self.params.speculation
         min_match = spec.hybrid_min_match if drafter == "hybrid" else DEFAULT_MIN_NGRAM
-        self.looked_up = [] if drafter == "model" else \
-            lookup_proposal(self.context, self._schedules["prompt_lookup"].max_k, min_match)
+        self.looked_up, matched = ([], 0) if drafter == "model" else \
+            lookup_match(self.context, self._schedules["prompt_lookup"].max_k, min_match)
+        self.predicting = self._plan_prediction(matched)
+        if self.predicting:
+            return
         if drafter == "hybrid":
             drafter = "prompt_lookup" if self.looked_up else "model"
         self.round_drafter = drafter
@@ -147,18 +150,16 @@ class Sequence:
         self.looked_up, self.round_drafter = tokens, "prompt_lookup"
         return True
 
-    def _plan_prediction(self, drafter: str) -> bool:
+    def _plan_prediction(self, looked_up: int) -> bool:
         """Whether this round drafts from the request's prediction: when it continues the
-        answer, unless prompt lookup (for a row that looks up) has a longer match."""
+        answer, unless prompt lookup (for a row that looks up) matched a longer n-gram
+        (`looked_up` tokens long)."""
         if self.prediction is None:
             return False
         k = self._schedules[PREDICTION].max_k
         guess, n = self.prediction.propose(self.output, k,
                                            self.params.speculation.hybrid_min_match)
-        if not guess:
-            return False
-        if drafter != "model" and n < DEFAULT_MAX_NGRAM and \
-                lookup_proposal(self.context, 1, n + 1):
+        if not guess or looked_up > n:
             return False
         self.looked_up, self.round_drafter = guess, "prompt_lookup"
         return True
