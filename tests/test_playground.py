@@ -171,7 +171,8 @@ def ui_server(tiny_pair):
 
 
 # What the page may call: its own assets and endpoints the API already has.
-PAGE_PATHS = {"/", "/ui/app.js", "/ui/style.css", "/ui/favicon.svg", "/health", "/v1/models",
+PAGE_PATHS = {"/", "/ui/app.js", "/ui/style.css", "/ui/favicon.svg", "/health", "/metrics",
+              "/v1/models",
               "/v1/models/draft", "/v1/models/draft/candidates", "/v1/chat/completions"}
 
 
@@ -237,6 +238,39 @@ def test_chat_streams_tokens_coloured_by_where_they_came_from(page, ui_server):
     assert [r.split()[0] for r in rows] == [f"k={k}" for k in stats["k_histogram"]]
     assert page.text("#prompt") == ""
     page.page.screenshot(path=str(ARTIFACTS / "playground-chat.png"), full_page=True)
+    assert page.errors == []
+
+
+def metric_sums(url: str) -> dict[str, float]:
+    """Each /metrics sample name's value, its labelled series summed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
+
+
+@slow
+def test_the_server_panel_shows_every_requests_figures(page, ui_server):
+    settings(page, "prompt_lookup", 24, k=4)
+    ui.ask(page.page, REPETITIVE)
+    httpx.post(f"{ui_server[0]}/v1/chat/completions", timeout=60, json=chat_body(
+        REPETITIVE, max_tokens=8, draft="prompt_lookup"))  # another client's request
+    m = metric_sums(ui_server[0])
+    generated = m["mlx_spec_generated_tokens_total"]
+    accepted = m["mlx_spec_spec_decode_num_accepted_tokens_total"]
+    deadline = time.monotonic() + 10  # the panel refreshes every 2 s
+    while page.text("#srv-tokens") != str(int(generated)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert page.text("#srv-tokens") == str(int(generated)) and accepted > 0
+    assert page.text("#srv-requests") == str(int(m["mlx_spec_completions_total"]))
+    assert page.text("#srv-from-draft") == f"{100 * accepted / generated:.1f}%"
+    proposed = m["mlx_spec_spec_decode_num_draft_tokens_total"]
+    assert page.text("#srv-acceptance") == f"{100 * accepted / proposed:.1f}%"
+    assert page.text("#srv-load") == "0 / 0"
+    assert not page.page.is_visible("#target-choice")  # one target: no Model list
     assert page.errors == []
 
 

@@ -417,6 +417,47 @@ async function unloadDraft() {
   await refreshModels();
 }
 
+// --------------------------------------------------------------------------- server-wide
+// The Server panel: every request's figures, from /metrics (Prometheus text, no key needed),
+// refreshed every few seconds while the page is in view.
+const SERVER_REFRESH_MS = 2000;
+
+// Each metric's value, its labelled series summed ("name{labels} value" lines).
+function metricSums(text) {
+  const sums = {};
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const cut = line.lastIndexOf(" ");
+    const name = line.slice(0, cut).replace(/\{.*\}$/, "");
+    sums[name] = (sums[name] ?? 0) + Number(line.slice(cut + 1));
+  }
+  return sums;
+}
+
+const share = (part, whole) => (whole > 0 ? percent(part / whole) : "\u2013");
+
+async function showServerStats() {
+  if (document.visibilityState === "hidden") return;
+  const m = metricSums(await (await api("GET", "/metrics")).text());
+  const generated = m.mlx_spec_generated_tokens_total ?? 0;
+  const accepted = m.mlx_spec_spec_decode_num_accepted_tokens_total ?? 0;
+  $("srv-requests").textContent = String(m.mlx_spec_completions_total ?? 0);
+  $("srv-tokens").textContent = String(generated);
+  $("srv-from-draft").textContent = share(accepted, generated);
+  $("srv-acceptance").textContent = share(accepted,
+    m.mlx_spec_spec_decode_num_draft_tokens_total ?? 0);
+  $("srv-load").textContent =
+    `${m.mlx_spec_running_requests ?? 0} / ${m.mlx_spec_queue_depth ?? 0}`;
+  $("srv-cached").textContent = share(m.mlx_spec_prefix_cache_hits_total ?? 0,
+    m.mlx_spec_prefix_cache_queries_total ?? 0);
+}
+
+function watchServer() {
+  const refresh = () => showServerStats().catch(() => {});  // a missed refresh is no error
+  refresh();
+  setInterval(refresh, SERVER_REFRESH_MS);
+}
+
 // The header names the models even before a key is typed: /health needs none.
 async function showHealth() {
   try {
@@ -455,5 +496,6 @@ document.addEventListener("DOMContentLoaded", () => {
   document.body.dataset.runs = "0";
   setBusy(false);
   showHealth();
+  watchServer();
   admin(() => refreshModels({ candidates: false }));
 });
