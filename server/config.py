@@ -278,6 +278,9 @@ class GenerationDefaults(BaseModel):
         " than small contexts hold (Claude Code always asks for 32,000).")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Default temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default top_p.")
+    top_k: int = Field(0, ge=0, description="Default top_k (0: off; more than the vocabulary"
+                       " keeps every token), such as a model card's recommended 20.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Default min_p.")
     draft: DraftSource = Field(
         "model", description="Default drafter: model, prompt_lookup or hybrid (prompt lookup"
         " when it finds a match of hybrid_min_match tokens, the draft model when it finds none).")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import chat_body, read_sse, served
+from conftest import chat_body, make_settings, read_sse, served
 from mlx_lm import generate, stream_generate
 
 pytestmark = pytest.mark.anyio
@@ -234,3 +234,28 @@ async def test_mlx_lm_servers_sampling_fields(client, engine):
     assert sampling.xtc_special_tokens == tuple(newline + sorted(tokenizer.eos_token_ids))
     r = await client.post("/v1/chat/completions", json={**body, "xtc_threshold": 0.6})
     assert r.status_code == 400 and r.json()["error"]["param"] == "xtc_threshold"
+
+
+@pytest.mark.parametrize("defaults", [{"top_k": 1}, {"min_p": 1.0}, {"top_k": 10**9}])
+async def test_server_default_top_k_and_min_p(engine, tiny_pair, defaults):
+    """mlx_lm.server's --top-k and --min-p: a request that sets neither gets them. top_k 1 or
+    min_p 1 keep only the likeliest token, so sampling gives the greedy text; a top_k beyond
+    the vocabulary keeps every token."""
+    import httpx
+
+    from server.http.app import create_app
+
+    settings = make_settings(*tiny_pair)
+    settings.defaults = settings.defaults.model_copy(update=defaults)
+    transport = httpx.ASGITransport(app=create_app(settings, engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        greedy = await client.post("/v1/chat/completions", json=chat_body(max_tokens=16))
+        sampled = await client.post("/v1/chat/completions", json=chat_body(
+            max_tokens=16, temperature=1.0, seed=3))
+        own = await client.post("/v1/chat/completions", json=chat_body(
+            max_tokens=16, temperature=1.0, seed=3, top_k=0, min_p=0.0))  # the request's win
+    text = [r.json()["choices"][0]["message"]["content"] for r in (greedy, sampled, own)]
+    if defaults.get("top_k") == 10**9:
+        assert text[1] == text[2]  # the same as no top_k at all
+    else:
+        assert text[0] == text[1] != text[2]

@@ -115,8 +115,8 @@ def sampling_params(body: SamplingRequest, defaults: GenerationDefaults, tokeniz
     return SamplingParams(
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
+        top_k=min(defaults.top_k if body.top_k is None else body.top_k, vocab),
+        min_p=defaults.min_p if body.min_p is None else body.min_p,
         repetition_penalty=body.repetition_penalty,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
