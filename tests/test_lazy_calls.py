@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from conftest import served
 from mlx_lm import load, stream_generate
-from tool_call_model import OPENS_AT, PROMPT, TOOLS, build_tool_call_pair
+from mlx_lm.tool_parsers import qwen3_coder
+from tool_call_model import OPENS_AT, PROMPT, QWEN3_CODER_TEMPLATE, TOOLS, build_tool_call_pair
 
 from server.engine.grammar import grammars_for
 from server.engine.lazy_grammar import LazyConstraint, lazy_tool_calls
-from server.http.tools import render_chat
+from server.http.tools import own_call_syntax, render_chat
 
 pytestmark = pytest.mark.anyio
 MAX = 60
@@ -38,14 +39,14 @@ def model_and_tokenizer(call_pair):
     return load(str(call_pair[0]))
 
 
-def constraint_of(tokenizer) -> LazyConstraint:
+def constraint_of(tokenizer, syntax: str = "json") -> LazyConstraint:
     vocab = tokenizer.get_vocab()
     build = lazy_tool_calls(grammars_for(tokenizer), vocab, [TOOLS[0]["function"]],
-                            "<tool_call>", "</tool_call>")
+                            "<tool_call>", "</tool_call>", syntax)
     return build()
 
 
-def driven(model, tokenizer, constraint) -> tuple[str, list[int]]:
+def driven(model, tokenizer, constraint, max_tokens: int = MAX) -> tuple[str, list[int]]:
     """mlx_lm's greedy reply with `constraint` masking its logits (None: unconstrained)."""
     prompt = prompt_tokens(tokenizer)
     consumed = 0
@@ -64,7 +65,7 @@ def driven(model, tokenizer, constraint) -> tuple[str, list[int]]:
         return mx.where(mx.array(full), logits, -mx.inf)
 
     processors = [process] if constraint is not None else []
-    out = list(stream_generate(model, tokenizer, prompt, max_tokens=MAX,
+    out = list(stream_generate(model, tokenizer, prompt, max_tokens=max_tokens,
                                logits_processors=processors))
     return "".join(r.text for r in out), [r.token for r in out]
 
@@ -114,3 +115,58 @@ def test_the_servers_call_is_mlx_lms_under_the_rule_and_it_validates(call_pair,
         assert reply["choices"][0]["message"]["content"] == before + rest.split("</tool_call>")[1]
     # The call's frame and the lone function's name are forced: they draft themselves.
     assert reply["stats"]["draft_tokens_accepted"] > 0
+
+
+# --- Qwen3-Coder's XML calls ------------------------------------------------------------------
+XML_MAX = 120  # the tiny vocabulary spells the XML frame out in many tokens
+
+
+@pytest.fixture(scope="module")
+def xml_pair(tiny_pair, tmp_path_factory):
+    return build_tool_call_pair(tiny_pair, tmp_path_factory.mktemp("xml-calls"), prompt_tokens,
+                                QWEN3_CODER_TEMPLATE)
+
+
+def test_an_xml_call_is_held_to_its_function_and_its_parameters_types(xml_pair):
+    _, tokenizer = load(str(xml_pair[0]))
+    assert own_call_syntax(tokenizer) == "xml"  # mlx_lm reads its calls as Qwen3-Coder's
+    start, end = (tokenizer.get_vocab()[t] for t in ("<tool_call>", "</tool_call>"))
+    good = ("\n<function=get_weather>\n<parameter=city>\nNew <York>\n</parameter>\n"
+            "<parameter=unit>\ncelsius\n</parameter>\n</function>\n")
+    bad = [good.replace("get_weather", "get_time"),  # an unknown function
+           good.replace("New <York>", "A city too long"),  # over maxLength
+           good.replace("celsius", "kelvin"),  # not in the enum
+           good.replace("<parameter=city>\nNew <York>\n</parameter>\n", "")]  # required
+    for text, fits in [(good, True)] + [(b, False) for b in bad]:
+        constraint = constraint_of(tokenizer, "xml")
+        ids = [start, *tokenizer.encode(text, add_special_tokens=False), end]
+        assert (constraint.consume(ids) == len(ids)) is fits, text
+    call = qwen3_coder.parse_tool_call(good, TOOLS)
+    assert call == {"name": "get_weather", "arguments": {"city": "New <York>",
+                                                         "unit": "celsius"}}
+
+
+def test_the_servers_xml_call_is_mlx_lms_under_the_rule_and_it_validates(xml_pair):
+    model, tokenizer = load(str(xml_pair[0]))
+    expected, tokens = driven(model, tokenizer, constraint_of(tokenizer, "xml"), XML_MAX)
+    raw, _ = driven(model, tokenizer, None, XML_MAX)
+    assert tokenizer.get_vocab()["<tool_call>"] in tokens[:OPENS_AT]  # it opens a call
+    assert raw != expected
+    before, rest = expected.split("<tool_call>", 1)  # (it opens a second call later)
+    call = qwen3_coder.parse_tool_call(rest.split("</tool_call>")[0], TOOLS)
+    jsonschema.validate(call["arguments"], TOOLS[0]["function"]["parameters"])
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": XML_MAX, "temperature": 0}
+
+    async def run():
+        async with served(*xml_pair) as (client, _):
+            return [(await client.post("/v1/chat/completions", json={**body, **extra})).json()
+                    for extra in ({"use_draft": False}, {"num_draft_tokens": 3},
+                                  {"draft": "prompt_lookup"})]
+
+    for reply in anyio.run(run):
+        calls = reply["choices"][0]["message"]["tool_calls"]
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in calls][:1] == [(call["name"], call["arguments"])], reply
+        assert reply["usage"]["completion_tokens"] == len(tokens)
+        assert reply["choices"][0]["message"]["content"].startswith(before)
+    assert reply["stats"]["draft_tokens_accepted"] > 0  # the call's frame drafts itself

@@ -1,9 +1,10 @@
-"""A tiny pair that writes Hermes tool calls by itself (as Qwen2.5 does with `tool_choice`
-auto): the tiny test pair with `<tool_call>` and `</tool_call>` appended to its vocabulary as
-tokens of their own. The random target never writes a new token by itself, so `<tool_call>`'s
-output row is made a copy, scaled up, of the row of a token it writes early in its reply to
-`PROMPT` with `TOOLS` offered: it then opens a call there. What follows is up to the grammar
-(`server.engine.lazy_grammar`), or, without one, to the random model."""
+"""A tiny pair that writes tool calls by itself (as Qwen2.5, in Hermes' JSON, or Qwen3-Coder, in
+its XML, do with `tool_choice` auto): the tiny test pair with `<tool_call>` and `</tool_call>`
+appended to its vocabulary as tokens of their own. The random target never writes a new token
+by itself, so `<tool_call>`'s output row is made a copy, scaled up, of the row of a token it
+writes early in its reply to `PROMPT` with `TOOLS` offered: it then opens a call there. What
+follows is up to the grammar (`server.engine.lazy_grammar`), or, without one, to the random
+model."""
 
 from __future__ import annotations
 
@@ -23,13 +24,46 @@ TOOLS = [{"type": "function", "function": {
 OPENS_AT = 3  # its reply opens the call with its third token
 
 
-def build_tool_call_pair(pair: tuple[Path, Path], out: Path, prompt_tokens) -> tuple[Path, Path]:
-    """`prompt_tokens(tokenizer)`: the prompt the server renders for PROMPT with TOOLS."""
+# A chat template that renders tools and calls as Qwen3-Coder's does (mlx_lm then reads the
+# model's calls with its `qwen3_coder` parser), on the tiny pair's ChatML.
+QWEN3_CODER_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+You may call these functions:
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools>
+To call one, reply with:
+<tool_call>
+<function=example_function_name>
+<parameter=example_parameter_1>
+value_1
+</parameter>
+</function>
+</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}
+{%- for call in message.tool_calls or [] %}
+<tool_call>
+<function={{ call.function.name }}>
+{% for key, value in call.function.arguments | items %}<parameter={{ key }}>
+{{ value }}
+</parameter>
+{% endfor %}</function>
+</tool_call>{% endfor %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def build_tool_call_pair(pair: tuple[Path, Path], out: Path, prompt_tokens,
+                         template: str | None = None) -> tuple[Path, Path]:
+    """`prompt_tokens(tokenizer)`: the prompt the server renders for PROMPT with TOOLS;
+    `template`: the pair's chat template (default: the tiny pair's, which knows no tools)."""
     from mlx_lm import load, stream_generate
 
     target, draft = out / "target", out / "draft"
-    start, _ = add_tokens(pair[0], target, CALL_TOKENS)
-    add_tokens(pair[1], draft, CALL_TOKENS)
+    start, _ = add_tokens(pair[0], target, CALL_TOKENS, template=template)
+    add_tokens(pair[1], draft, CALL_TOKENS, template=template)
     model, tokenizer = load(str(target))
     tokens = [r.token for r in stream_generate(model, tokenizer, prompt_tokens(tokenizer),
                                                max_tokens=OPENS_AT)]

@@ -29,6 +29,8 @@ import llguidance
 import llguidance.hf
 import numpy as np
 
+from server.engine.xml_calls import XmlCallError, xml_call_lark
+
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 # How a forced tool call is written: the Hermes / Qwen2.5 format that mlx_lm's `json_tools`
 # parser reads, one call per block, blocks separated by a newline.
@@ -66,6 +68,10 @@ class GrammarConstraint:
             else:
                 bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
                 mask = np.unpackbits(bits, bitorder="little")[: self._vocab_size].view(bool)
+                if not self._matcher.is_accepting():
+                    # EOS ends the output here, not only a lexeme: llguidance lets it end a
+                    # lazy one (a `stop` rule's text) where the grammar still wants more.
+                    mask[[t for t in self._eos if t < self._vocab_size]] = False
             self._mask = mask
         return self._mask
 
@@ -272,6 +278,15 @@ class Grammars:
                               f" <[{int(end_token)}]>", _lark_json("body", schema)])
 
         return self._compile_schema(body, all(f.get("strict") for f in functions), lark)
+
+    def xml_call_body(self, functions: list[dict], end_token: int) -> Grammar:
+        """What follows a `<tool_call>` token for a model that writes Qwen3-Coder's XML calls
+        by itself (`server.engine.xml_calls`), up to the `</tool_call>` token (`end_token`)."""
+        try:
+            text = xml_call_lark(functions, end_token)
+        except XmlCallError as e:
+            raise GrammarError(str(e)) from e
+        return self.lark(text)
 
     def regex(self, pattern: str) -> Grammar:
         """Output that the regular expression matches as a whole (vLLM's `regex`)."""

@@ -3,10 +3,11 @@
 With `tool_choice: auto` the model may answer in text or call a tool. A small model's calls
 break (unbalanced JSON, an invented function, a missing argument), so once it writes the call
 marker (`<tool_call>`, a token of its own in the vocabularies that use it: Qwen2.5, Qwen3,
-Hermes), the rest of the call is held to the offered functions' schemas (llama.cpp's "lazy
-grammars"): one call, then the `</tool_call>` token, then free text again (another call opens
-a new grammar). Until the marker, nothing is masked. The grammar's forced tokens (a call's
-frame, a lone function's name) then draft themselves.
+Qwen3-Coder, Hermes), the rest of the call is held to the offered functions' schemas, in the
+model's own syntax (Hermes' JSON, or Qwen3-Coder's XML) as llama.cpp's "lazy grammars" do: one
+call, then the `</tool_call>` token, then free text again (another call opens a new grammar).
+Until the marker, nothing is masked. The grammar's forced tokens (a call's frame, a lone
+function's name) then draft themselves.
 
 `LazyConstraint` is a `TokenConstraint`: every consumed token is logged with what it did, so
 a rollback (a rejected draft) can undo a call's opening or closing exactly.
@@ -69,14 +70,16 @@ class LazyConstraint:
 
 
 def lazy_tool_calls(grammars, vocab: dict[str, int], functions: list[dict], start: str,
-                    end: str):
+                    end: str, syntax: str = "json"):
     """A builder of the constraint for calls opened by the `start` token and closed by the
-    `end` token (`GenerationParams.constraint`), or None when either is not one token of
-    `vocab` or the functions' schemas do not compile."""
+    `end` token (`GenerationParams.constraint`), written in `syntax` ("json": Hermes' JSON,
+    `Grammars.tool_call_body`; "xml": Qwen3-Coder's, `Grammars.xml_call_body`); None when
+    either token is not one token of `vocab` or the functions' schemas do not compile."""
     if start not in vocab or end not in vocab:
         return None
+    body = grammars.xml_call_body if syntax == "xml" else grammars.tool_call_body
     try:
-        grammar = grammars.tool_call_body(functions, vocab[end])
+        grammar = body(functions, vocab[end])
     except GrammarError:
         return None
     return lambda: LazyConstraint(vocab[start], grammar)

@@ -20,7 +20,7 @@ from server.engine.prompts import RESERVED_TEMPLATE_KWARGS, text_tokens
 from server.engine.reasoning_budget import reasoning_budget
 from server.engine.service import InferenceEngine
 from server.http.errors import APIError
-from server.http.tools import render_chat, writes_hermes_calls
+from server.http.tools import own_call_syntax, render_chat
 
 
 @asynccontextmanager
@@ -221,14 +221,16 @@ def reply_constraint(body: SamplingRequest, engine: InferenceEngine, prompt: lis
 
 def lazy_calls(body: SamplingRequest, engine: InferenceEngine):
     """With tools offered and not forced, the calls a model writes by itself held to the
-    functions' schemas from its `<tool_call>` token on (`server.engine.lazy_grammar`); None
-    for models that write calls another way, or without those tokens."""
+    functions' schemas from its `<tool_call>` token on, in its own syntax (Hermes' JSON or
+    Qwen3-Coder's XML; `server.engine.lazy_grammar`); None for models that write calls
+    another way, or without those tokens."""
     tools = body.active_tools() if isinstance(body, ChatCompletionRequest) else None
-    if not tools or not writes_hermes_calls(engine.tokenizer):
+    syntax = own_call_syntax(engine.tokenizer) if tools else None
+    if syntax is None:
         return None
     functions = [t["function"] for t in tools if t.get("type") == "function"]
     return lazy_tool_calls(grammars_for(engine.tokenizer), engine.target.vocab, functions,
-                           TOOL_CALL_START, TOOL_CALL_END) if functions else None
+                           TOOL_CALL_START, TOOL_CALL_END, syntax) if functions else None
 
 
 def output_constraint(body: SamplingRequest, engine: InferenceEngine):

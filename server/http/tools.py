@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_lm.tool_parsers import json_tools
+from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
 from server.engine.grammar import TOOL_CALL_END, TOOL_CALL_START, call_key
 from server.engine.prompts import chat_tokens
@@ -40,11 +40,14 @@ class ToolCallFormat:
 HERMES = ToolCallFormat(TOOL_CALL_START, TOOL_CALL_END, json_tools.parse_tool_call)
 
 
-def writes_hermes_calls(tokenizer) -> bool:
-    """Whether the model's own calls (`tool_choice` auto) are Hermes' JSON between
-    `<tool_call>` and `</tool_call>`, the format `Grammars.tool_call_body` holds them to."""
+def own_call_syntax(tokenizer) -> str | None:
+    """How the model's own calls (`tool_choice` auto) are written between `<tool_call>` and
+    `</tool_call>`: "json" (Hermes, `Grammars.tool_call_body`), "xml" (Qwen3-Coder,
+    `Grammars.xml_call_body`), or None for another format."""
     fmt = call_format(tokenizer, forced=False)
-    return (fmt.start, fmt.end, fmt.parse) == (HERMES.start, HERMES.end, HERMES.parse)
+    if (fmt.start, fmt.end) != (HERMES.start, HERMES.end):
+        return None
+    return {HERMES.parse: "json", qwen3_coder.parse_tool_call: "xml"}.get(fmt.parse)
 
 TOOLS_SYSTEM_PROMPT = """\
 # Tools
