@@ -151,6 +151,19 @@ async def test_metrics_count_tokens_and_drafts(admin_env):
         if x.startswith("mlx_spec_spec_decode_num_accepted_tokens_per_pos_total{")
     ]
     assert sum(per_position) == stats["draft_tokens_accepted"]
+    # By drafter: this request drafted with the draft model only.
+    assert value('mlx_spec_drafter_draft_tokens_total{drafter="model"}') == \
+        stats["draft_tokens_proposed"]
+    assert value('mlx_spec_drafter_accepted_tokens_total{drafter="model"}') == \
+        stats["draft_tokens_accepted"]
+    # The same request with its answer as the prediction: drafted by the prediction alone.
+    guess = {"type": "content", "content": r.json()["choices"][0]["message"]["content"]}
+    r = await client.post("/v1/chat/completions", json=chat_body(
+        max_tokens=9, prediction=guess, draft="prompt_lookup"))
+    assert r.json()["stats"]["draft_tokens_proposed"] > 0
+    text = (await client.get("/metrics")).text
+    assert value('mlx_spec_drafter_accepted_tokens_total{drafter="prediction"}') == \
+        r.json()["stats"]["draft_tokens_accepted"] > 0
     assert value("mlx_spec_queue_depth") == 0
     assert value("mlx_spec_running_requests") == 0
     assert value("mlx_spec_batch_size_count") >= 1

@@ -242,13 +242,17 @@ def test_chat_streams_tokens_coloured_by_where_they_came_from(page, ui_server):
 
 
 def metric_sums(url: str) -> dict[str, float]:
-    """Each /metrics sample name's value, its labelled series summed."""
+    """Each /metrics sample name's value, its labelled series summed; and each series' own,
+    under `name{label="value",...}`."""
     from prometheus_client.parser import text_string_to_metric_families
 
     sums: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for sample in family.samples:
             sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            if sample.labels:
+                labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+                sums[f"{sample.name}{{{labels}}}"] = sample.value
     return sums
 
 
@@ -270,6 +274,11 @@ def test_the_server_panel_shows_every_requests_figures(page, ui_server):
     proposed = m["mlx_spec_spec_decode_num_draft_tokens_total"]
     assert page.text("#srv-acceptance") == f"{100 * accepted / proposed:.1f}%"
     assert page.text("#srv-load") == "0 / 0"
+    by_drafter = {s.rsplit(" ", 1)[0]: s.rsplit(" ", 1)[1]
+                  for s in page.text("#srv-drafters").split(" \u00b7 ")}
+    looked_up = 'mlx_spec_drafter_{}_tokens_total{{drafter="prompt_lookup"}}'
+    assert by_drafter["prompt_lookup"] == \
+        f"{100 * m[looked_up.format('accepted')] / m[looked_up.format('draft')]:.1f}%"
     assert not page.page.is_visible("#target-choice")  # one target: no Model list
     assert page.errors == []
 

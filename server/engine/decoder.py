@@ -54,6 +54,7 @@ class RoundResult:
 
     proposed: int
     accepted: int
+    drafter: str = ""  # whose tokens they were: model, prompt_lookup, prediction or forced
 
 
 # -- masks -----------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
                     rates.record(seq.drafted_by, *tried)
             for j in range(n):
                 seq.accepted_per_position[j] += 1
-        results[id(seq)] = RoundResult(len(p.tokens), n)
+        results[id(seq)] = RoundResult(len(p.tokens), n, seq.drafted_by if p.tokens else "")
         emitted = 0
         for j, token in enumerate(emit):
             if seq.constraint is not None:  # before `emit`, which asks if the grammar is done

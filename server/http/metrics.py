@@ -48,6 +48,13 @@ class ServerMetrics(SchedulerObserver):
         self.accepted_per_pos = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by position in the draft.",
                                         ["position"], registry=r)
+        # Ours: which drafter pays (model, prompt_lookup, prediction, forced).
+        self.drafter_tokens = Counter(f"{PREFIX}_drafter_draft_tokens",
+                                      "Draft tokens proposed, by drafter.", ["drafter"],
+                                      registry=r)
+        self.drafter_accepted = Counter(f"{PREFIX}_drafter_accepted_tokens",
+                                        "Draft tokens accepted, by drafter.", ["drafter"],
+                                        registry=r)
         # vLLM's prefix-cache counters (tokens).
         self.cache_queries = Counter(f"{PREFIX}_prefix_cache_queries",
                                      "Prompt tokens looked up in the prefix cache.", registry=r)
@@ -88,6 +95,8 @@ class ServerMetrics(SchedulerObserver):
             self.drafts.inc()
             self.draft_tokens.inc(result.proposed)
             self.accepted.inc(result.accepted)
+            self.drafter_tokens.labels(result.drafter).inc(result.proposed)
+            self.drafter_accepted.labels(result.drafter).inc(result.accepted)
             for position in range(result.accepted):
                 self.accepted_per_pos.labels(str(position)).inc()
 

@@ -422,16 +422,33 @@ async function unloadDraft() {
 // refreshed every few seconds while the page is in view.
 const SERVER_REFRESH_MS = 2000;
 
-// Each metric's value, its labelled series summed ("name{labels} value" lines).
+// Each metric's value, its labelled series summed ("name{labels} value" lines); and under
+// "name{labels}", each series' own.
 function metricSums(text) {
   const sums = {};
   for (const line of text.split("\n")) {
     if (!line || line.startsWith("#")) continue;
     const cut = line.lastIndexOf(" ");
-    const name = line.slice(0, cut).replace(/\{.*\}$/, "");
-    sums[name] = (sums[name] ?? 0) + Number(line.slice(cut + 1));
+    const series = line.slice(0, cut);
+    const name = series.replace(/\{.*\}$/, "");
+    const value = Number(line.slice(cut + 1));
+    sums[name] = (sums[name] ?? 0) + value;
+    if (series !== name) sums[series] = value;
   }
   return sums;
+}
+
+// "model 45.8% · prompt_lookup 80.0%": each drafter's acceptance.
+function drafterAcceptance(m) {
+  const proposed = /^mlx_spec_drafter_draft_tokens_total\{drafter="(.*)"\}$/;
+  const parts = [];
+  for (const [series, count] of Object.entries(m)) {
+    const found = series.match(proposed);
+    if (!found || count <= 0) continue;
+    const accepted = m[`mlx_spec_drafter_accepted_tokens_total{drafter="${found[1]}"}`] ?? 0;
+    parts.push(`${found[1]} ${share(accepted, count)}`);
+  }
+  return parts.length ? parts.sort().join(" \u00b7 ") : "\u2013";
 }
 
 const share = (part, whole) => (whole > 0 ? percent(part / whole) : "\u2013");
@@ -446,6 +463,7 @@ async function showServerStats() {
   $("srv-from-draft").textContent = share(accepted, generated);
   $("srv-acceptance").textContent = share(accepted,
     m.mlx_spec_spec_decode_num_draft_tokens_total ?? 0);
+  $("srv-drafters").textContent = drafterAcceptance(m);
   $("srv-load").textContent =
     `${m.mlx_spec_running_requests ?? 0} / ${m.mlx_spec_queue_depth ?? 0}`;
   $("srv-cached").textContent = share(m.mlx_spec_prefix_cache_hits_total ?? 0,
