@@ -5,6 +5,7 @@ compared with mlx_lm on the models loaded directly."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from conftest import chat_body, corrupt_copy, read_sse, served, wait_for_disk_entries
@@ -40,8 +41,11 @@ async def chat(client, model, max_tokens=MAX, **extra):
 async def test_a_request_naming_another_target_switches_to_it_and_back(
         two_targets, tiny_pair, foreign_model):
     client, engine = two_targets
-    roles = [(m["id"], m["role"]) for m in (await client.get("/v1/models")).json()["data"]]
+    listed = (await client.get("/v1/models")).json()["data"]
+    roles = [(m["id"], m["role"]) for m in listed]
     assert roles == [("tiny", "target"), (str(tiny_pair[1]), "draft"), ("foreign", "standby")]
+    foreign_config = json.loads((foreign_model / "config.json").read_text())
+    assert listed[2]["max_model_len"] == foreign_config["max_position_embeddings"]
 
     out = await chat(client, "foreign")
     assert out["model"] == "foreign" and out["stats"]["draft_model"] is None

@@ -78,14 +78,27 @@ class LoadedModel:
     @property
     def context_length(self) -> int | None:
         """The longest context the model was trained for (config's max_position_embeddings)."""
-        value = self.config.get("max_position_embeddings")
-        return int(value) if value else None
+        return context_length_of(self.config)
 
     def nbytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 
     def parameter_count(self) -> int:
         return sum(v.size for _, v in tree_flatten(self.model.parameters()))
+
+
+def context_length_of(config: dict) -> int | None:
+    value = config.get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def folder_context_length(path: str) -> int | None:
+    """The context length a local model folder's config.json gives (None: none, or no such
+    file, as for a hub id)."""
+    try:
+        return context_length_of(json.loads((Path(path) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def resolve_dtype(name: str) -> mx.Dtype | None:

@@ -25,7 +25,12 @@ from api_schemas.admin import (
     UnloadResponse,
 )
 from api_schemas.anthropic import ModelInfo, ModelInfoList
-from server.engine.model_kit import KEEP, IncompatibleDraft, ModelLoadError
+from server.engine.model_kit import (
+    KEEP,
+    IncompatibleDraft,
+    ModelLoadError,
+    folder_context_length,
+)
 from server.http import paging
 from server.http.auth import require_admin_key, require_api_key
 from server.http.draft_candidates import draft_candidates
@@ -50,7 +55,8 @@ def served_models(engine) -> list[ModelEntry]:
                          adapter_path=model.adapter_path, max_model_len=model.context_length)
               for name, role, model in served]
     return loaded + [ModelEntry(id=e.name, role="standby", path=e.path, created=engine.started_at,
-                                adapter_path=e.adapter_path)
+                                adapter_path=e.adapter_path,
+                                max_model_len=folder_context_length(e.path))
                      for e in engine.switcher.standby()]
 
 
