@@ -117,6 +117,29 @@ def test_the_servers_call_is_mlx_lms_under_the_rule_and_it_validates(call_pair,
     assert reply["stats"]["draft_tokens_accepted"] > 0
 
 
+def test_a_forced_call_writes_the_call_tags_as_their_tokens(call_pair, model_and_tokenizer):
+    """A model whose `<tool_call>` is a token of its own, forced to call: the grammar writes
+    the tags as those tokens (llguidance matches no text to an added token), and the server's
+    call is mlx_lm's under that grammar."""
+    model, tokenizer = model_and_tokenizer
+    forced = grammars_for(tokenizer).tool_calls([TOOLS[0]["function"]], parallel=False)
+    expected, tokens = driven(model, tokenizer, forced())
+    start, end = (tokenizer.get_vocab()[t] for t in ("<tool_call>", "</tool_call>"))
+    assert tokens[0] == start and end in tokens
+    call = json.loads(expected.split("<tool_call>")[1].split("</tool_call>")[0])
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX, "temperature": 0,
+            "tool_choice": "required", "parallel_tool_calls": False}
+
+    async def run():
+        async with served(*call_pair) as (client, _):
+            return (await client.post("/v1/chat/completions", json=body)).json()
+
+    reply = anyio.run(run)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in reply["choices"][0]["message"]["tool_calls"]] == [
+        (call["name"], call["arguments"])], reply
+
+
 # --- Qwen3-Coder's XML calls ------------------------------------------------------------------
 XML_MAX = 120  # the tiny vocabulary spells the XML frame out in many tokens
 
@@ -170,3 +193,30 @@ def test_the_servers_xml_call_is_mlx_lms_under_the_rule_and_it_validates(xml_pai
         assert reply["usage"]["completion_tokens"] == len(tokens)
         assert reply["choices"][0]["message"]["content"].startswith(before)
     assert reply["stats"]["draft_tokens_accepted"] > 0  # the call's frame drafts itself
+
+
+def test_a_forced_call_is_written_in_the_models_own_xml(xml_pair):
+    """tool_choice names the function: the grammar writes Qwen3-Coder's XML, not Hermes' JSON,
+    and the server's call is mlx_lm's under that grammar."""
+    model, tokenizer = load(str(xml_pair[0]))
+    forced = grammars_for(tokenizer).tool_calls([TOOLS[0]["function"]], parallel=False,
+                                                syntax="xml")
+    expected, tokens = driven(model, tokenizer, forced(), XML_MAX)
+    assert expected.startswith("<tool_call>\n<function=get_weather>\n<parameter=city>\n")
+    call = qwen3_coder.parse_tool_call(expected.split("<tool_call>")[1].split("</tool_call>")[0],
+                                       TOOLS)
+    jsonschema.validate(call["arguments"], TOOLS[0]["function"]["parameters"])
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": XML_MAX, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+
+    async def run():
+        async with served(*xml_pair) as (client, _):
+            return [(await client.post("/v1/chat/completions", json={**body, **extra})).json()
+                    for extra in ({"use_draft": False}, {"num_draft_tokens": 3})]
+
+    for reply in anyio.run(run):
+        choice = reply["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", reply
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in choice["message"]["tool_calls"]] == [(call["name"], call["arguments"])]
+        assert reply["usage"]["completion_tokens"] == len(tokens) - 1  # mlx_lm's has the EOS

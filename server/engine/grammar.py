@@ -29,7 +29,7 @@ import llguidance
 import llguidance.hf
 import numpy as np
 
-from server.engine.xml_calls import XmlCallError, xml_call_lark
+from server.engine.xml_calls import XmlCallError, xml_call_lark, xml_calls_lark
 
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 # How a forced tool call is written: the Hermes / Qwen2.5 format that mlx_lm's `json_tools`
@@ -214,6 +214,11 @@ class Grammars:
                 from e
         self.vocab_size = self._tokenizer.vocab_size
         self.eos_token_ids = frozenset(eos)
+        # A call tag that is a token of its own (Qwen's, Hermes') is written as that token:
+        # llguidance takes an added token for a special one, which no text in a grammar matches.
+        vocab = hf.get_vocab()
+        self._tags = {tag: f"<[{vocab[tag]}]>" for tag in (TOOL_CALL_START, TOOL_CALL_END)
+                      if tag in vocab}
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -232,29 +237,33 @@ class Grammars:
             raise GrammarError("a JSON schema must be an object")
         return self._compile_schema(schema, strict, lambda s: _lark_json("start", s))
 
-    def tool_calls(self, functions: list[dict], *, parallel: bool = True) -> Grammar:
+    def tool_calls(self, functions: list[dict], *, parallel: bool = True,
+                   syntax: str = "json") -> Grammar:
         """One call (or up to MAX_PARALLEL_TOOL_CALLS) of one of `functions`, written as
 
             <tool_call>
             {"name": "NAME", "arguments": {...}}
             </tool_call>
 
-        `functions`: OpenAI function objects ({"name", "parameters"?, "strict"?}); the
-        arguments are constrained to the function's `parameters` schema, whose top-level
-        properties are the only ones allowed unless it sets `additionalProperties` itself.
-        `parallel`: the calls end at the first one that repeats an earlier one
-        (`ToolCallsConstraint`).
+        or, with `syntax` "xml", in Qwen3-Coder's XML between the same tags
+        (`server.engine.xml_calls`). `functions`: OpenAI function objects ({"name",
+        "parameters"?, "strict"?}); the arguments are constrained to the function's
+        `parameters` schema, whose top-level properties are the only ones allowed unless it
+        sets `additionalProperties` itself. `parallel`: the calls end at the first one that
+        repeats an earlier one (`ToolCallsConstraint`).
         """
         if not functions:
             raise GrammarError("at least one function is needed for a tool call")
+        if syntax == "xml":
+            return self._xml_tool_calls(functions, parallel)
         variants = [_call_schema(f) for f in functions]
         body = variants[0] if len(variants) == 1 else {"anyOf": variants}
         strict = all(f.get("strict") for f in functions)
         start = "start: call"
         if parallel:
             start += f" ({_lark_literal(chr(10))} call){{0,{MAX_PARALLEL_TOOL_CALLS - 1}}}"
-        call = (f"call: {_lark_literal(TOOL_CALL_START + chr(10))} body "
-                f"{_lark_literal(chr(10) + TOOL_CALL_END)}")
+        call = (f"call: {self._tag(TOOL_CALL_START)} {_lark_literal(chr(10))} body "
+                f"{_lark_literal(chr(10))} {self._tag(TOOL_CALL_END)}")
 
         def lark(schema: dict) -> str:
             return "\n".join([start, call, _lark_json("body", schema)])
@@ -279,6 +288,17 @@ class Grammars:
 
         return self._compile_schema(body, all(f.get("strict") for f in functions), lark)
 
+    def _xml_tool_calls(self, functions: list[dict], parallel: bool) -> Grammar:
+        try:
+            text = xml_calls_lark(functions, self._tag(TOOL_CALL_START),
+                                  self._tag(TOOL_CALL_END),
+                                  MAX_PARALLEL_TOOL_CALLS if parallel else 1)
+        except XmlCallError as e:
+            raise GrammarError(str(e)) from e
+        grammar = self.lark(text)
+        return grammar.ending_at_repeated_calls(self._tokenizer.decode_bytes) if parallel \
+            else grammar
+
     def xml_call_body(self, functions: list[dict], end_token: int) -> Grammar:
         """What follows a `<tool_call>` token for a model that writes Qwen3-Coder's XML calls
         by itself (`server.engine.xml_calls`), up to the `</tool_call>` token (`end_token`)."""
@@ -301,6 +321,10 @@ class Grammars:
         """Output that follows a Lark grammar, in llguidance's dialect (vLLM's `grammar`)."""
         return self._compile(f"lark {text}",
                              lambda: llguidance.LLMatcher.grammar_from_lark(text))
+
+    def _tag(self, text: str) -> str:
+        """A call tag in Lark: its token where it is one, else the text."""
+        return self._tags.get(text, _lark_literal(text))
 
     # ------------------------------------------------------------------ compiling
     def _compile_schema(self, schema: dict, strict: bool, to_lark) -> Grammar:

@@ -31,15 +31,29 @@ class XmlCallError(ValueError):
 
 
 def xml_call_lark(functions: list[dict], end_token: int) -> str:
-    """Lark (llguidance's dialect) for a newline, one call of one of `functions` (OpenAI
-    function objects), a newline and the token `end_token`."""
+    """Lark (llguidance's dialect) for what follows a `<tool_call>` token: one call of one of
+    `functions` (OpenAI function objects), then the token `end_token`."""
+    return "\n".join([f"start: xml_call <[{int(end_token)}]>", *_call_rules(functions)])
+
+
+def xml_calls_lark(functions: list[dict], start: str, end: str, max_calls: int) -> str:
+    """Lark for 1 to `max_calls` whole calls, each between the `start` and `end` tags (Lark:
+    a literal or a token), one per line: the calls a request forces (`tool_choice` required or
+    named)."""
+    more = f" ({_literal(NL)} call){{0,{max_calls - 1}}}" if max_calls > 1 else ""
+    return "\n".join([f"start: call{more}", f"call: {start} xml_call {end}",
+                      *_call_rules(functions)])
+
+
+def _call_rules(functions: list[dict]) -> list[str]:
+    """`xml_call`: a newline, one call of one of `functions`, a newline."""
     if not functions:
         raise XmlCallError("at least one function is needed for a tool call")
-    rules = [f"start: {_literal(NL)} call {_literal(NL)} <[{int(end_token)}]>",
-             "call: " + " | ".join(f"f{i}" for i in range(len(functions)))]
+    rules = [f"xml_call: {_literal(NL)} ({' | '.join(f'f{i}' for i in range(len(functions)))})"
+             f" {_literal(NL)}"]
     for i, function in enumerate(functions):
         rules += _function_rules(f"f{i}", function)
-    return "\n".join(rules)
+    return rules
 
 
 def _function_rules(rule: str, function: dict) -> list[str]:

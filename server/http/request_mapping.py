@@ -237,7 +237,7 @@ def output_constraint(body: SamplingRequest, engine: InferenceEngine):
     """The grammar the output must follow, or None: vLLM's `structured_outputs` (any route),
     else a forced tool call (tool_choice required or named), which wins over `response_format`.
     The schema refuses `structured_outputs` beside either of the others."""
-    wanted = _wanted_grammar(body)
+    wanted = _wanted_grammar(body, own_call_syntax(engine.tokenizer) or "json")
     if wanted is None:
         return None
     param, compile_grammar = wanted
@@ -247,8 +247,9 @@ def output_constraint(body: SamplingRequest, engine: InferenceEngine):
         raise APIError(400, f"{param}: {e}", param=param, code="invalid_schema") from e
 
 
-def _wanted_grammar(body: SamplingRequest):
-    """(the field that asks, a function compiling its grammar from a `Grammars`), or None."""
+def _wanted_grammar(body: SamplingRequest, syntax: str):
+    """(the field that asks, a function compiling its grammar from a `Grammars`), or None;
+    `syntax`: how forced calls are written ("json" or "xml")."""
     if body.structured_outputs is not None:
         return "structured_outputs", _structured_grammar(body.structured_outputs)
     if not isinstance(body, ChatCompletionRequest):
@@ -256,7 +257,7 @@ def _wanted_grammar(body: SamplingRequest):
     functions = body.forced_functions()
     if functions is not None:
         parallel = body.parallel_tool_calls is not False and body.named_tool() is None
-        return "tools", lambda g: g.tool_calls(functions, parallel=parallel)
+        return "tools", lambda g: g.tool_calls(functions, parallel=parallel, syntax=syntax)
     fmt = body.response_format
     if fmt is None or fmt.type == "text":
         return None

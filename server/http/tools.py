@@ -44,7 +44,10 @@ def own_call_syntax(tokenizer) -> str | None:
     """How the model's own calls (`tool_choice` auto) are written between `<tool_call>` and
     `</tool_call>`: "json" (Hermes, `Grammars.tool_call_body`), "xml" (Qwen3-Coder,
     `Grammars.xml_call_body`), or None for another format."""
-    fmt = call_format(tokenizer, forced=False)
+    return _syntax(call_format(tokenizer, forced=False))
+
+
+def _syntax(fmt: ToolCallFormat) -> str | None:
     if (fmt.start, fmt.end) != (HERMES.start, HERMES.end):
         return None
     return {HERMES.parse: "json", qwen3_coder.parse_tool_call: "xml"}.get(fmt.parse)
@@ -78,11 +81,14 @@ def template_renders_tool_calls(tokenizer) -> bool:
 
 
 def call_format(tokenizer, *, forced: bool) -> ToolCallFormat:
-    """The format this request's calls come in: forced calls and prompts we wrote use Hermes."""
-    if forced or not template_renders_tools(tokenizer) or not tokenizer.has_tool_calling:
+    """The format this request's calls come in: the model's own where its template renders
+    tools; Hermes for prompts we wrote, and for forced calls in a syntax no grammar of ours
+    writes (forced calls in Hermes' JSON or Qwen3-Coder's XML keep it)."""
+    if not template_renders_tools(tokenizer) or not tokenizer.has_tool_calling:
         return HERMES
-    return ToolCallFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "",
-                          tokenizer.tool_parser)
+    own = ToolCallFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "",
+                         tokenizer.tool_parser)
+    return HERMES if forced and _syntax(own) is None else own
 
 
 # ----------------------------------------------------------------------------- the prompt
