@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import chat_body, served
-from mlx_lm import stream_generate
+from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
 from server.engine.constraints import TokenConstraint
@@ -636,3 +636,23 @@ async def test_forced_tokens_draft_and_change_nothing(tiny_pair, loaded_pair):
     # Prompt lookup finds nothing in this prompt; the forced key drafts itself.
     assert runs["lookup"]["stats"]["draft_tokens_accepted"] >= forced - 1
     assert runs["none"]["stats"]["draft_tokens_proposed"] == 0
+
+
+def test_an_added_token_is_offered_only_where_the_grammar_names_it(model_dir, tiny_pair):
+    """llguidance takes an added token for a special one: a grammar's text never matches it,
+    though its mask offered the token (and only it) where the text is the token's text."""
+    from thinking_model import add_tokens
+
+    from server.engine.grammar import Grammars
+
+    folder = model_dir / "added-tag"
+    if not folder.exists():
+        add_tokens(tiny_pair[0], folder, ("<tag>",))
+    tokenizer = load(str(folder))[1]
+    tag = tokenizer.get_vocab()["<tag>"]
+    grammars = Grammars(tokenizer)
+    as_text = grammars.lark('start: "<tag>" "x"')()
+    offered = np.flatnonzero(as_text.allowed()).tolist()
+    assert offered == sorted(tokenizer.eos_token_ids)  # not the tag: the output can only end
+    as_token = grammars.lark(f'start: <[{tag}]> "x"')()
+    assert as_token.allowed()[tag] and as_token.consume([tag]) == 1

@@ -22,6 +22,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -44,6 +45,16 @@ class GrammarError(ValueError):
     """A schema or tool list that cannot be compiled into a grammar (the client's fault)."""
 
 
+@dataclass(frozen=True)
+class SpecialTokens:
+    """A tokenizer's EOS tokens, and its added tokens (`<tool_call>`, `<think>`, ...), which
+    llguidance takes for special ones: a grammar matches them only where it names the token,
+    though its mask may offer one where a text would match its text."""
+
+    eos: frozenset[int]
+    added: frozenset[int] = frozenset()
+
+
 class GrammarConstraint:
     """One request's grammar state (a `TokenConstraint`).
 
@@ -52,11 +63,11 @@ class GrammarConstraint:
     token it emits, EOS included.
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int,
-                 eos_token_ids: frozenset[int]):
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, special: SpecialTokens):
         self._matcher = matcher
         self._vocab_size = vocab_size
-        self._eos = eos_token_ids
+        self._eos = special.eos
+        self._added = np.array(sorted(t for t in special.added if t < vocab_size), dtype=np.int64)
         self._ended = False  # EOS consumed
         self._mask: np.ndarray | None = None  # for the current state
 
@@ -72,8 +83,20 @@ class GrammarConstraint:
                     # EOS ends the output here, not only a lexeme: llguidance lets it end a
                     # lazy one (a `stop` rule's text) where the grammar still wants more.
                     mask[[t for t in self._eos if t < self._vocab_size]] = False
+                self._drop_unmatched_added(mask)
             self._mask = mask
         return self._mask
+
+    def _drop_unmatched_added(self, mask: np.ndarray) -> None:
+        """Offer an added token only where the grammar would consume it (see SpecialTokens). A
+        grammar whose text is an added token's text and nothing else (llguidance offers no other
+        tokenization of it) then offers nothing: the output ends there."""
+        refused = [t for t in self._added[mask[self._added]].tolist()
+                   if self._matcher.validate_tokens([t]) != 1]
+        if refused:
+            mask[refused] = False
+            if not mask.any():
+                mask[[t for t in self._eos if t < self._vocab_size]] = True
 
     def consume(self, tokens: list[int]) -> int:
         if self._ended or not tokens:
@@ -124,9 +147,9 @@ class ToolCallsConstraint(GrammarConstraint):
     (`server.http.tools.ToolCallParser`), so a client never sees two identical calls.
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int,
-                 eos_token_ids: frozenset[int], decode):
-        super().__init__(matcher, vocab_size, eos_token_ids)
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, special: SpecialTokens,
+                 decode):
+        super().__init__(matcher, vocab_size, special)
         self._decode = decode  # token ids -> bytes
         self._tokens: list[int] = []  # consumed, for the text
 
@@ -177,23 +200,24 @@ def repeats_a_call(text: str) -> bool:
 class Grammar:
     """A compiled grammar; calling it starts a new `GrammarConstraint` (a constraint factory)."""
 
-    def __init__(self, template: llguidance.LLMatcher, vocab_size: int,
-                 eos_token_ids: frozenset[int], description: str, decode=None):
+    def __init__(self, template: llguidance.LLMatcher, vocab_size: int, special: SpecialTokens,
+                 description: str, decode=None):
         self._template = template
         self._vocab_size = vocab_size
-        self._eos = eos_token_ids
+        self._special = special
         self.description = description
         self._decode = decode  # set: forced parallel tool calls (`ToolCallsConstraint`)
 
     def __call__(self) -> GrammarConstraint:
         matcher = self._template.deep_copy()
         if self._decode is not None:
-            return ToolCallsConstraint(matcher, self._vocab_size, self._eos, self._decode)
-        return GrammarConstraint(matcher, self._vocab_size, self._eos)
+            return ToolCallsConstraint(matcher, self._vocab_size, self._special, self._decode)
+        return GrammarConstraint(matcher, self._vocab_size, self._special)
 
     def ending_at_repeated_calls(self, decode) -> Grammar:
         """This grammar with `ToolCallsConstraint` states (`decode`: token ids -> bytes)."""
-        return Grammar(self._template, self._vocab_size, self._eos, self.description, decode)
+        return Grammar(self._template, self._vocab_size, self._special, self.description,
+                       decode)
 
     def __repr__(self) -> str:
         return f"Grammar({self.description})"
@@ -214,6 +238,8 @@ class Grammars:
                 from e
         self.vocab_size = self._tokenizer.vocab_size
         self.eos_token_ids = frozenset(eos)
+        self._special = SpecialTokens(self.eos_token_ids,
+                                      frozenset(hf.get_added_vocab().values()) - self.eos_token_ids)
         # A call tag that is a token of its own (Qwen's, Hermes') is written as that token:
         # llguidance takes an added token for a special one, which no text in a grammar matches.
         vocab = hf.get_vocab()
@@ -359,7 +385,7 @@ class Grammars:
             raise GrammarError(_first_line(str(e))) from e
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()))
-        grammar = Grammar(matcher, self.vocab_size, self.eos_token_ids, key[:80])
+        grammar = Grammar(matcher, self.vocab_size, self._special, key[:80])
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > GRAMMAR_CACHE_SIZE:
