@@ -151,10 +151,15 @@ def test_settings_refuse_two_targets_of_one_name(tiny_pair):
     assert settings.models.more_targets[0].name == "some/path"  # a path alone
 
 
-async def test_a_draft_that_cannot_draft_for_its_target_fails_the_start(
-        tiny_pair, foreign_model):
-    more = [{"model": str(foreign_model), "draft_model": str(tiny_pair[1])}]
-    with pytest.raises(Exception, match="cannot draft for"):
+@pytest.mark.parametrize("case", ["incompatible draft", "missing folder"])
+async def test_a_target_that_could_never_serve_fails_the_start(tiny_pair, foreign_model,
+                                                               tmp_path, case):
+    if case == "missing folder":
+        more, error = [{"model": str(tmp_path / "nowhere")}], "model path not found"
+    else:
+        more, error = [{"model": str(foreign_model), "draft_model": str(tiny_pair[1])}], \
+            "cannot draft for"
+    with pytest.raises(Exception, match=error):
         async with served(*tiny_pair, models={"more_targets": more}):
             pass
 
