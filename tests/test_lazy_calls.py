@@ -46,6 +46,19 @@ def constraint_of(tokenizer, syntax: str = "json") -> LazyConstraint:
     return build()
 
 
+DRAFTING = ({"use_draft": False}, {"num_draft_tokens": 3}, {"draft": "prompt_lookup"})
+
+
+def replies(pair, body: dict, extras=DRAFTING) -> list[dict]:
+    """The server's answers to `body` under each drafting setting of `extras`."""
+    async def run():
+        async with served(*pair) as (client, _):
+            return [(await client.post("/v1/chat/completions", json={**body, **extra})).json()
+                    for extra in extras]
+
+    return anyio.run(run)
+
+
 def driven(model, tokenizer, constraint, max_tokens: int = MAX) -> tuple[str, list[int]]:
     """mlx_lm's greedy reply with `constraint` masking its logits (None: unconstrained)."""
     prompt = prompt_tokens(tokenizer)
@@ -98,15 +111,9 @@ def test_the_servers_call_is_mlx_lms_under_the_rule_and_it_validates(call_pair,
     assert tokenizer.get_vocab()["<tool_call>"] in tokens[:OPENS_AT]  # it opens a call
     assert raw != expected  # without the rule the random model's call is something else
     body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX, "temperature": 0}
-    async def run():
-        async with served(*call_pair) as (client, _):
-            return [(await client.post("/v1/chat/completions", json={**body, **extra})).json()
-                    for extra in ({"use_draft": False}, {"num_draft_tokens": 3},
-                                  {"draft": "prompt_lookup"})]
-
     call = json.loads(expected.split("<tool_call>")[1].split("</tool_call>")[0])
     jsonschema.validate(call["arguments"], TOOLS[0]["function"]["parameters"])
-    for reply in anyio.run(run):
+    for reply in replies(call_pair, body):
         calls = reply["choices"][0]["message"]["tool_calls"]
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                 for c in calls][:1] == [(call["name"], call["arguments"])], reply
@@ -129,12 +136,7 @@ def test_a_forced_call_writes_the_call_tags_as_their_tokens(call_pair, model_and
     call = json.loads(expected.split("<tool_call>")[1].split("</tool_call>")[0])
     body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX, "temperature": 0,
             "tool_choice": "required", "parallel_tool_calls": False}
-
-    async def run():
-        async with served(*call_pair) as (client, _):
-            return (await client.post("/v1/chat/completions", json=body)).json()
-
-    reply = anyio.run(run)
+    (reply,) = replies(call_pair, body, DRAFTING[:1])
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
             for c in reply["choices"][0]["message"]["tool_calls"]] == [
         (call["name"], call["arguments"])], reply
@@ -179,14 +181,7 @@ def test_the_servers_xml_call_is_mlx_lms_under_the_rule_and_it_validates(xml_pai
     call = qwen3_coder.parse_tool_call(rest.split("</tool_call>")[0], TOOLS)
     jsonschema.validate(call["arguments"], TOOLS[0]["function"]["parameters"])
     body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": XML_MAX, "temperature": 0}
-
-    async def run():
-        async with served(*xml_pair) as (client, _):
-            return [(await client.post("/v1/chat/completions", json={**body, **extra})).json()
-                    for extra in ({"use_draft": False}, {"num_draft_tokens": 3},
-                                  {"draft": "prompt_lookup"})]
-
-    for reply in anyio.run(run):
+    for reply in replies(xml_pair, body):
         calls = reply["choices"][0]["message"]["tool_calls"]
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                 for c in calls][:1] == [(call["name"], call["arguments"])], reply
@@ -208,13 +203,7 @@ def test_a_forced_call_is_written_in_the_models_own_xml(xml_pair):
     jsonschema.validate(call["arguments"], TOOLS[0]["function"]["parameters"])
     body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": XML_MAX, "temperature": 0,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
-
-    async def run():
-        async with served(*xml_pair) as (client, _):
-            return [(await client.post("/v1/chat/completions", json={**body, **extra})).json()
-                    for extra in ({"use_draft": False}, {"num_draft_tokens": 3})]
-
-    for reply in anyio.run(run):
+    for reply in replies(xml_pair, body, DRAFTING[:2]):
         choice = reply["choices"][0]
         assert choice["finish_reason"] == "tool_calls", reply
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
