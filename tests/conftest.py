@@ -294,3 +294,15 @@ async def wait_for_disk_entries(client, folder) -> dict:
             return health
         await asyncio.sleep(0.05)
     raise AssertionError(f"the disk cache never settled: {health}, {on_disk} bytes in files")
+
+
+def mlx_lm_greedy(target, prompt: str, max_tokens: int) -> dict[str, str]:
+    """mlx_lm's greedy texts for `prompt`: as a chat's one user turn ("chat"), and bare
+    ("text")."""
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(str(target))
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                         add_generation_prompt=True)
+    return {"chat": generate(model, tokenizer, chat, max_tokens=max_tokens),
+            "text": generate(model, tokenizer, prompt, max_tokens=max_tokens)}

@@ -12,8 +12,7 @@ import os
 
 import jsonschema
 import pytest
-from conftest import make_settings, started_engine, uvicorn_thread
-from mlx_lm import generate, load
+from conftest import make_settings, mlx_lm_greedy, started_engine, uvicorn_thread
 
 pytestmark = [pytest.mark.slow,  # LiteLLM's own types warn as pydantic builds them
               pytest.mark.filterwarnings("ignore:Items? .* `ReadOnly` qualifier:UserWarning")]
@@ -42,10 +41,7 @@ def url(tiny_pair):
 @pytest.fixture(scope="module")
 def expected(tiny_pair):
     """mlx_lm's greedy texts: of the chat, and of the bare prompt."""
-    model, tokenizer = load(str(tiny_pair[0]))
-    chat = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
-    return {"chat": generate(model, tokenizer, chat, max_tokens=MAX),
-            "text": generate(model, tokenizer, PROMPT, max_tokens=MAX)}
+    return mlx_lm_greedy(tiny_pair[0], PROMPT, MAX)
 
 
 def openai_args(url):

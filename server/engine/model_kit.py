@@ -86,6 +86,17 @@ class LoadedModel:
     def parameter_count(self) -> int:
         return sum(v.size for _, v in tree_flatten(self.model.parameters()))
 
+    def float_dtype(self) -> str:
+        """The dtype of its floating-point weights ("float32", "bfloat16", ...)."""
+        return next((str(v.dtype).removeprefix("mlx.core.")
+                     for _, v in tree_flatten(self.model.parameters())
+                     if mx.issubdtype(v.dtype, mx.floating)), "")
+
+
+def on_gpu() -> bool:
+    """Whether MLX computes on a GPU (Metal, CUDA) rather than the CPU."""
+    return mx.default_device() == mx.gpu
+
 
 def context_length_of(config: dict) -> int | None:
     value = config.get("max_position_embeddings")

@@ -25,6 +25,7 @@ from server.http.routes import (
     embeddings,
     messages,
     models,
+    ollama,
     responses,
     tokens,
     ui,
@@ -123,6 +124,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.include_router(responses.router)
     app.include_router(messages.router)
     app.include_router(embeddings.router)
+    app.include_router(ollama.router)
     app.include_router(models.router)
     app.include_router(models.health_router)
     app.include_router(cache.router)

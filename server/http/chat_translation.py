@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from api_schemas.openai import ChatCompletionRequest
 from server.http.errors import APIError
@@ -25,9 +25,13 @@ def with_tool_call(messages: list[dict], call: dict) -> None:
 
 def chat_request(fields: dict, renames: dict[str, str]) -> ChatCompletionRequest:
     """`fields` of a chat completion request (None values dropped) -> the validated request."""
+    return validated(ChatCompletionRequest, fields, renames)
+
+
+def validated(model: type[BaseModel], fields: dict, renames: dict[str, str]):
+    """`fields` (None values dropped) validated as `model`; a 400 names the caller's field."""
     try:
-        return ChatCompletionRequest.model_validate(
-            {k: v for k, v in fields.items() if v is not None})
+        return model.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first.get("loc", ()))

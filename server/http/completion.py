@@ -39,8 +39,10 @@ def plan(request: Request, body: ChatCompletionRequest | CompletionRequest,
 
 
 async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
-              params: list[GenerationParams], formats: list[ResponseFormat]):
-    """Generate `body.n` choices per prompt; `formats`: one per choice, in index order."""
+              params: list[GenerationParams], formats: list[ResponseFormat], *,
+              ndjson: bool = False):
+    """Generate `body.n` choices per prompt; `formats`: one per choice, in index order;
+    `ndjson`: stream JSON lines (Ollama's API), not SSE."""
     state = request.app.state
     choices = Choices(state.engine, params, body.n)
     formats = [fmt.sibling_of(formats[0], i) for i, fmt in enumerate(formats)]
@@ -52,12 +54,13 @@ async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
 
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await stream_response(choices, formats, usage, observe)
+        return await stream_response(choices, formats, usage, observe, ndjson=ndjson)
     return await collect(choices, formats, observe, request.is_disconnected)
 
 
 async def complete_chat(request: Request, body: ChatCompletionRequest,
-                        make_format: FormatFactory, *, fill_context: bool = False):
+                        make_format: FormatFactory, *, fill_context: bool = False,
+                        ndjson: bool = False):
     engine = request.app.state.engine
     async with serving(engine, body.model):
         target = engine.target.fingerprint  # before anything is tokenized
@@ -67,4 +70,4 @@ async def complete_chat(request: Request, body: ChatCompletionRequest,
         params = plan(request, body, [prompt], target, fill_context=fill_context)
         start = ReplyStart(prompt, constrained=body.constrains_output())
         formats = [make_format(tools, start) for _ in range(body.n)]
-        return await run(request, body, params, formats)
+        return await run(request, body, params, formats, ndjson=ndjson)

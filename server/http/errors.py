@@ -1,7 +1,8 @@
 """Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}};
 under /v1/messages, and for any request with an `anthropic-version` header (Anthropic's
 clients send it), in Anthropic's: {"type": "error", "error": {type, message}}, where a full
-queue is a 529 `overloaded_error` as at Anthropic."""
+queue is a 529 `overloaded_error` as at Anthropic; under /api (Ollama's API), in Ollama's:
+{"error": message}."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ ANTHROPIC_ERROR_TYPES = {
 }
 ANTHROPIC_STATUS = {503: 529}
 ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
 
 
 def speaks_anthropic(request: Request) -> bool:
@@ -101,6 +103,9 @@ class APIError(Exception):
 
     def response_for(self, request: Request) -> JSONResponse:
         """This error in the shape of the API the request spoke."""
+        if request.url.path.startswith(OLLAMA_PREFIX):
+            return JSONResponse({"error": self.shown_message}, status_code=self.status,
+                                headers=self.headers)
         if speaks_anthropic(request):
             return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status,
                                 headers=self.headers)

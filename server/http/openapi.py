@@ -1,6 +1,6 @@
 """The OpenAPI document, made true: the statuses each route really answers, in OpenAI's error
-shape (Anthropic's under /v1/messages), and `text/event-stream` beside JSON for the generation
-routes. FastAPI's 422 never happens here
+shape (Anthropic's under /v1/messages, Ollama's under /api), and `text/event-stream` (Ollama's:
+JSON lines) beside JSON for the generation routes. FastAPI's 422 never happens here
 (a body that fails validation is a 400), so it is not listed.
 """
 
@@ -11,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from api_schemas.anthropic import AnthropicError, Message, MessageStreamEvent
+from api_schemas.ollama import OllamaAnswer, OllamaError
 from api_schemas.openai import (
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -18,7 +19,7 @@ from api_schemas.openai import (
     ErrorResponse,
 )
 from api_schemas.responses import ResponseObject, ResponseStreamEvent
-from server.http.errors import ANTHROPIC_PREFIX
+from server.http.errors import ANTHROPIC_PREFIX, OLLAMA_PREFIX
 
 REF = "#/components/schemas/{model}"
 ERROR_DESCRIPTIONS = {
@@ -53,6 +54,13 @@ ROUTE_ERRORS = {
     ("/v1/messages/count_tokens", "post"): (400, 401, 404),
     ("/v1/embeddings", "post"): (400, 401, 404),
     ("/v1/cache", "delete"): (401, 403),
+    ("/api/chat", "post"): (400, 401, 404, 503),
+    ("/api/generate", "post"): (400, 401, 404, 503),
+    ("/api/embed", "post"): (400, 401, 404),
+    ("/api/show", "post"): (400, 401, 404),
+    ("/api/tags", "get"): (401,),
+    ("/api/ps", "get"): (401,),
+    ("/api/version", "get"): (401,),
     ("/tokenize", "post"): (400, 401, 404),
     ("/detokenize", "post"): (400, 401, 404),
     ("/tokenizer_info", "get"): (401,),
@@ -66,6 +74,7 @@ STREAMED = {
     "/v1/responses": (ResponseObject, ResponseStreamEvent),
     "/v1/messages": (Message, MessageStreamEvent),
 }
+OLLAMA_STREAMED = ("/api/chat", "/api/generate")
 STREAM_ENDS = {
     "/v1/responses": "named events (`event:` = the data's `type`), the last response.completed"
                      " or response.incomplete",
@@ -91,7 +100,7 @@ def describe(schema: dict) -> None:
     extra = [(m, "serialization") for m in
              (ErrorResponse, AnthropicError, ChatCompletionResponse, ChatCompletionChunk,
               CompletionResponse, ResponseObject, ResponseStreamEvent, Message,
-              MessageStreamEvent)]
+              MessageStreamEvent, OllamaError, OllamaAnswer)]
     refs, defs = models_json_schema(extra, ref_template=REF)
     for name, definition in defs.get("$defs", {}).items():
         components.setdefault(name, definition)
@@ -101,10 +110,11 @@ def describe(schema: dict) -> None:
                 operation["security"] = [{}, *operation["security"]]
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
-            error_model = AnthropicError if path.startswith(ANTHROPIC_PREFIX) else ErrorResponse
-            error_ref = refs[(error_model, "serialization")]
+            error_ref = refs[(_error_model(path), "serialization")]
             for code in _errors_of(path, method, operation):
                 responses[str(code)] = _error_response(code, error_ref)
+            if path in OLLAMA_STREAMED:
+                responses["200"] = _json_lines_ok(refs[(OllamaAnswer, "serialization")])
             if path in STREAMED and method == "post":
                 body, chunk = STREAMED[path]
                 responses["200"] = _streamed_ok(refs[(body, "serialization")],
@@ -112,6 +122,20 @@ def describe(schema: dict) -> None:
                                                 STREAM_ENDS.get(path, "then `data: [DONE]`"))
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
+
+
+def _error_model(path: str):
+    if path.startswith(ANTHROPIC_PREFIX):
+        return AnthropicError
+    return OllamaError if path.startswith(OLLAMA_PREFIX) else ErrorResponse
+
+
+def _json_lines_ok(answer_ref: dict) -> dict:
+    return {"description": "The answer: one JSON object, or with `\"stream\": true` (Ollama's"
+                           " default) one per line, the last with `done: true` (an error after"
+                           " the stream started comes as a line `{\"error\": ...}`).",
+            "content": {"application/json": {"schema": answer_ref},
+                        "application/x-ndjson": {"schema": answer_ref}}}
 
 
 def _errors_of(path: str, method: str, operation: dict) -> tuple[int, ...]:

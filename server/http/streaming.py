@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sse_starlette import EventSourceResponse
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from api_schemas.openai import (
     AssistantMessage,
@@ -352,11 +352,19 @@ async def _watch(choices: Choices, disconnected: Callable[[], Awaitable[bool]]) 
 
 
 async def stream_response(choices: Choices, formats: list[ResponseFormat], include_usage: bool,
-                          observe: Observer):
+                          observe: Observer, *, ndjson: bool = False):
     """Fetch each choice's first event before answering, so an early failure is still an HTTP
-    error."""
+    error. `ndjson`: each message's data on a line of its own (Ollama's streams), not SSE."""
     await choices.start()
-    return EventSourceResponse(_sse(choices, formats, include_usage, observe), ping=15)
+    messages = _sse(choices, formats, include_usage, observe)
+    if ndjson:
+        return StreamingResponse(_lines(messages), media_type="application/x-ndjson")
+    return EventSourceResponse(messages, ping=15)
+
+
+async def _lines(messages):
+    async for message in messages:
+        yield message["data"] + "\n"
 
 
 async def _sse(choices: Choices, formats: list[ResponseFormat], include_usage: bool,
