@@ -147,7 +147,7 @@ def _bare(name: str) -> str:
 
 def served_name(engine, name: str) -> str:
     """`name`, or without the `:latest` tag Ollama's clients add when that is what we serve."""
-    known = [e.id for e in served_models(engine)] + [e.path for e in served_models(engine)]
+    known = {n for e in served_models(engine) for n in (e.id, e.path)}
     if name not in known and not engine.serves(name) and _bare(name) != name:
         return _bare(name)
     return name
