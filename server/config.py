@@ -208,9 +208,10 @@ class EngineSettings(BaseModel):
     cost_model: bool = Field(
         True,
         description="Time the models' forwards (rows x tokens) at start-up, cached per model"
-        " and machine under ~/.cache/mlx-spec-server, and let those times and each row's"
-        " acceptance choose how many tokens each row drafts per round. Off: every row drafts"
-        " up to the caps.",
+        " and machine under ~/.cache/mlx-spec-server (measured again when a spot check at"
+        " start finds the stored times measured while the machine was busy), and let those"
+        " times and each row's acceptance choose how many tokens each row drafts per round."
+        " Off: every row drafts up to the caps.",
     )
     drain_timeout_s: float = Field(
         10.0, ge=0.0, le=600.0,

@@ -3,6 +3,8 @@ they choose, checked against values computed by hand."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from server.engine import cost_model
@@ -262,3 +264,43 @@ def test_forward_times_are_measured_once_per_model_and_machine(tmp_path, tiny_pa
     assert all(b >= a for row in first.seconds for a, b in zip(row, row[1:], strict=False))
     cached_forward_times(model, str(tiny_pair[0]), "float16", tmp_path)  # another variant
     assert len(calls) == 2
+
+
+def test_a_stored_table_measured_while_busy_is_measured_again(tmp_path, tiny_pair):
+    """A stored table at 3x the machine's times now (measured beside busy processes) fails the
+    spot check at start and is measured again and stored; one at a third of them (measured
+    when the machine was less busy than now) is kept."""
+    model = load_model(str(tiny_pair[0])).model
+    path = str(tiny_pair[0])
+    file = tmp_path / f"{cost_model.machine_key(path, 'auto')}.json"
+    now = cost_model.time_forwards(model, (1, 8), (1, 2), reps=2)
+
+    def stored(scale: float) -> ForwardTimes:
+        return ForwardTimes(now.rows, now.tokens,
+                            tuple(tuple(x * scale for x in r) for r in now.seconds))
+
+    file.write_text(json.dumps(stored(1 / 3).to_json()))
+    assert cached_forward_times(model, path, "auto", tmp_path) == stored(1 / 3)
+    file.write_text(json.dumps(stored(3.0).to_json()))
+    measured = cached_forward_times(model, path, "auto", tmp_path)
+    assert measured.rows == cost_model.PROFILE_ROWS
+    assert measured.at(8, 1) < stored(3.0).at(8, 1)
+    assert ForwardTimes.from_json(json.loads(file.read_text())) == measured
+
+
+def test_drafting_rounds_faster_than_the_table_make_plain_rounds_faster_too():
+    """Drafting rounds at a quarter of the table's time (a table measured while the machine
+    was busy) and no plain round measured: plain rounds are judged at drafting rounds' mean
+    (shrunk towards 1 by two pseudo-rounds), not the table's. Drafting rounds slower than the
+    table leave plain rounds at 1 (drafting's own costs are not plain rounds')."""
+    calibration = RoundCalibration()
+    for _ in range(50):
+        calibration.record(16, True, 0.25, 1.0)
+    ratios, n = decayed(0.25, 50)
+    plain = (ratios + 2) / (n + 2)  # drafting rounds' mean, shrunk towards the table
+    assert calibration.factor(16, False) == pytest.approx(plain) and plain < 0.3
+    assert calibration.factor(16, True) == pytest.approx((ratios + 2 * plain) / (n + 2))
+    slower = RoundCalibration()
+    for _ in range(50):
+        slower.record(16, True, 1.5, 1.0)
+    assert slower.factor(16, False) == 1.0

@@ -39,6 +39,11 @@ PROFILE_ROWS = (1, 2, 4, 8, 16, 32)
 PROFILE_TOKENS = (1, 2, 3, 5)
 PROFILE_CONTEXT = 64  # tokens already in each row's cache while timing
 PROFILE_REPS = 3  # timed forwards per cell (after one warm-up); the fastest is kept
+# A stored table is checked at start on these cells (`measured_busy`), and measured again when
+# all of them now take less than BUSY_RATIO of its times.
+SPOT_CHECK_ROWS = (1, 8)
+SPOT_CHECK_TOKENS = (1, 2)
+BUSY_RATIO = 0.75
 # A row whose drafter has not been seen yet is expected to accept at this rate, weighted as
 # this many trials, until its own rounds say otherwise.
 PRIOR_ACCEPTANCE = 0.5
@@ -104,6 +109,12 @@ def monotone(seconds: list[list[float]]) -> list[list[float]]:
 
 def measure_forward_times(model: nn.Module, rows=PROFILE_ROWS, tokens=PROFILE_TOKENS,
                           context: int = PROFILE_CONTEXT, reps: int = PROFILE_REPS) -> ForwardTimes:
+    """The table of `model`'s forward times (`time_forwards`)."""
+    return time_forwards(model, rows, tokens, context, reps)
+
+
+def time_forwards(model: nn.Module, rows, tokens, context: int = PROFILE_CONTEXT,
+                  reps: int = PROFILE_REPS) -> ForwardTimes:
     """Time `model`'s forward of (r, t) inputs after `context` cached tokens, for every r, t.
 
     The cells take turns, rep after rep, and each keeps its fastest time: a machine shared
@@ -130,6 +141,18 @@ def measure_forward_times(model: nn.Module, rows=PROFILE_ROWS, tokens=PROFILE_TO
     return ForwardTimes(tuple(rows), tuple(tokens), tuple(map(tuple, monotone(table))))
 
 
+def measured_busy(model: nn.Module, table: ForwardTimes) -> bool:
+    """Whether `table` was measured while the machine was busy: a spot check of a few of its
+    cells now (`SPOT_CHECK_ROWS` x `SPOT_CHECK_TOKENS`) is faster in every one by more than
+    `BUSY_RATIO`. A table measured beside two busy processes put forwards at 2-7x their time
+    and made extra positions look nearly free: the server drafted in batches of 16 and 32 rows
+    where that made 0.8x the tokens per second of not drafting. A check slower than the table
+    keeps it (the machine is busy now; the table is the better measurement)."""
+    check = time_forwards(model, SPOT_CHECK_ROWS, SPOT_CHECK_TOKENS, reps=2)
+    return all(check.at(r, t) < BUSY_RATIO * table.at(r, t)
+               for r in SPOT_CHECK_ROWS for t in SPOT_CHECK_TOKENS)
+
+
 def machine_key(model_path: str, variant: str = "") -> str:
     """Which model (loaded how: `variant`) on which machine a table belongs to."""
     facts = [str(Path(model_path).resolve()), variant, platform.node(), platform.machine(),
@@ -142,14 +165,20 @@ def machine_key(model_path: str, variant: str = "") -> str:
 
 def cached_forward_times(model: nn.Module, model_path: str, variant: str = "",
                          cache_dir: Path | None = DEFAULT_CACHE_DIR) -> ForwardTimes:
-    """The model's table from `cache_dir`, measured (and stored) when missing."""
+    """The model's table from `cache_dir`, measured (and stored) when missing, or when a spot
+    check finds the stored one measured while the machine was busy (`measured_busy`)."""
     key = machine_key(model_path, variant)
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
     if path is not None and path.exists():
         try:
-            return ForwardTimes.from_json(json.loads(path.read_text()))
+            cached = ForwardTimes.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring an unreadable forward-time table %s", path)
+        else:
+            if not measured_busy(model, cached):
+                return cached
+            log.info("%s's stored forward times are slower than the machine is now (measured"
+                     " while it was busy): measuring them again", model_path)
     start = time.perf_counter()
     times = measure_forward_times(model)
     log.info("measured %s's forward times in %.1f s", model_path, time.perf_counter() - start)
@@ -203,8 +232,15 @@ class RoundCalibration:
         """Plain rounds' factor is shrunk towards the table (1), drafting rounds' towards plain
         rounds' factor: a machine slower than its table now is slower for both kinds. Towards
         1, drafting rounds not measured for a while looked cheap beside plain ones measured at
-        1.5x (default pair, 31 rows: lookup rounds of 0.49 s against 0.24 s plain ones)."""
-        plain = self._shrunk(rows, False, 1.0)
+        1.5x (default pair, 31 rows: lookup rounds of 0.49 s against 0.24 s plain ones).
+
+        Where drafting rounds run faster than the table says, the table is too slow for both
+        kinds (measured while the machine was busy): plain rounds' prior is then drafting
+        rounds' factor, not 1. With a table measured beside two busy processes, 16 rows
+        drafted every round at 0.23x its time while plain rounds, never tried, kept 1x: 0.82x
+        the tokens per second of not drafting."""
+        prior = min(1.0, self._shrunk(rows, True, 1.0))
+        plain = self._shrunk(rows, False, prior)
         return self._shrunk(rows, True, plain) if drafting else plain
 
     def _shrunk(self, rows: int, drafting: bool, prior: float) -> float:
