@@ -123,3 +123,23 @@ async def test_only_admins_and_only_from_the_model_roots(tiny_pair, tmp_path):
         r = await client.post("/v1/models/target", json={"model": str(tmp_path)},
                               headers={"Authorization": "Bearer admin"})
         assert r.status_code == 403
+
+
+async def test_an_ollama_stream_in_flight_ends_with_its_error_line(admin_env, tiny_pair):
+    """Ollama's stream reports the replacement as its last JSON line, `{"error": ...}` (what
+    Ollama's clients raise), after the lines written before it."""
+    client, _ = admin_env
+    body = {"model": str(tiny_pair[0]), "messages": [{"role": "user", "content": "Write"}],
+            "options": {"num_predict": 4000}, "ignore_eos": True}
+
+    async def long_stream():
+        async with client.stream("POST", "/api/chat", json=body) as r:
+            return [json.loads(line) async for line in r.aiter_lines() if line]
+
+    running = asyncio.create_task(long_stream())
+    await asyncio.sleep(0.5)
+    r = await client.post("/v1/models/target", json={"model": str(tiny_pair[0])})
+    assert r.status_code == 200, r.text
+    lines = await asyncio.wait_for(running, 60)
+    assert list(lines[-1]) == ["error"] and "send the request again" in lines[-1]["error"]
+    assert lines[:-1] and all(line["done"] is False for line in lines[:-1])
