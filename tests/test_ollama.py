@@ -244,3 +244,20 @@ def test_a_thinking_models_reasoning_goes_in_thinking(thinking_pair):
             "messages": messages, "max_tokens": 24, "temperature": 0,
             "reasoning_effort": "none"}).json()["choices"][0]["message"]
         assert off.message.content == off_openai["content"] and not off.message.thinking
+
+
+def test_log_probabilities_of_each_token(client, url, expected):
+    """`logprobs` with `top_logprobs`: each token's entry, the same as the chat route's for
+    the same request, on chat and on a raw generate."""
+    r = client.chat(model="tiny", messages=MESSAGES, options=GREEDY, logprobs=True,
+                    top_logprobs=2)
+    openai_r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": MAX, "temperature": 0,
+        "logprobs": True, "top_logprobs": 2}).json()["choices"][0]["logprobs"]["content"]
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in r.logprobs] == \
+        [(e["token"], e["logprob"], [t["token"] for t in e["top_logprobs"]]) for e in openai_r]
+    assert "".join(e.token for e in r.logprobs) == expected["chat"]
+    parts = list(client.generate(model="tiny", prompt=PROMPT, raw=True, options=GREEDY,
+                                 logprobs=True, stream=True))
+    tokens = [e.token for p in parts for e in (p.logprobs or ())]
+    assert len(tokens) == MAX and "".join(tokens) == expected["text"]
