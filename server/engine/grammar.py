@@ -278,13 +278,9 @@ class Grammars:
         sets `additionalProperties` itself. `parallel`: the calls end at the first one that
         repeats an earlier one (`ToolCallsConstraint`).
         """
-        if not functions:
-            raise GrammarError("at least one function is needed for a tool call")
         if syntax == "xml":
             return self._xml_tool_calls(functions, parallel)
-        variants = [_call_schema(f) for f in functions]
-        body = variants[0] if len(variants) == 1 else {"anyOf": variants}
-        strict = all(f.get("strict") for f in functions)
+        body, strict = _calls_schema(functions)
         start = "start: call"
         if parallel:
             start += f" ({_lark_literal(chr(10))} call){{0,{MAX_PARALLEL_TOOL_CALLS - 1}}}"
@@ -303,16 +299,13 @@ class Grammars:
         """What follows a `<tool_call>` token, for a model that wrote it freely (`tool_choice`
         auto; `server.engine.lazy_grammar`): a newline, one call of one of `functions` as
         `tool_calls` writes it, a newline and the `</tool_call>` token (`end_token`)."""
-        if not functions:
-            raise GrammarError("at least one function is needed for a tool call")
-        variants = [_call_schema(f) for f in functions]
-        body = variants[0] if len(variants) == 1 else {"anyOf": variants}
+        body, strict = _calls_schema(functions)
 
         def lark(schema: dict) -> str:
             return "\n".join([f"start: {_lark_literal(chr(10))} body {_lark_literal(chr(10))}"
                               f" <[{int(end_token)}]>", _lark_json("body", schema)])
 
-        return self._compile_schema(body, all(f.get("strict") for f in functions), lark)
+        return self._compile_schema(body, strict, lark)
 
     def _xml_tool_calls(self, functions: list[dict], parallel: bool) -> Grammar:
         try:
@@ -397,6 +390,16 @@ class Grammars:
 def grammars_for(tokenizer: Any) -> Grammars:
     """The `Grammars` of a tokenizer, built once (the vocabulary bridge takes ~0.3 s at 49k)."""
     return Grammars(tokenizer)
+
+
+def _calls_schema(functions: list[dict]) -> tuple[dict, bool]:
+    """The JSON schema of one call of one of `functions` (`_call_schema`), and whether it is
+    strict (every function is)."""
+    if not functions:
+        raise GrammarError("at least one function is needed for a tool call")
+    variants = [_call_schema(f) for f in functions]
+    body = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return body, all(f.get("strict") for f in functions)
 
 
 def _call_schema(function: dict) -> dict:

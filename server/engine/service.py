@@ -374,16 +374,10 @@ class InferenceEngine:
 
     # -- admin --------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[], Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.scheduler.call(fn, _settler(loop, future))
-        return await future
+        return await _settled(self.scheduler.call, fn)
 
     async def _call_when_idle(self, fn: Callable[[], Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.scheduler.call_when_idle(fn, _settler(loop, future))
-        return await future
+        return await _settled(self.scheduler.call_when_idle, fn)
 
     async def load_draft(self, path: str, num_draft_tokens: int | None = None) -> ModelCard:
         path = await self._local_path(path)
@@ -482,6 +476,15 @@ class InferenceEngine:
             lambda: {"active_gb": mx.get_active_memory() / 1e9,
                      "cache_gb": mx.get_cache_memory() / 1e9}
         )
+
+
+async def _settled(submit: Callable, fn: Callable[[], Any]) -> Any:
+    """`fn`'s result once the scheduler ran it (`submit`: `Scheduler.call` or
+    `call_when_idle`), or its error."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    submit(fn, _settler(loop, future))
+    return await future
 
 
 def _settler(loop: asyncio.AbstractEventLoop, future: asyncio.Future):

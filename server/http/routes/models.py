@@ -60,6 +60,14 @@ def served_models(engine) -> list[ModelEntry]:
                      for e in engine.switcher.standby()]
 
 
+def find_served(engine, name: str) -> ModelEntry | None:
+    """The entry of `served_models` that `name` names: its id or path, or for the target any
+    name it answers to (an alias); None for none."""
+    return next((entry for entry in served_models(engine)
+                 if name in (entry.id, entry.path)
+                 or entry.role == "target" and engine.serves(name)), None)
+
+
 def anthropic_model(entry: ModelEntry) -> ModelInfo:
     loaded = datetime.fromtimestamp(entry.created, timezone.utc)
     return ModelInfo(id=entry.id, display_name=entry.id, role=entry.role, path=entry.path,
@@ -102,13 +110,12 @@ async def list_draft_candidates(request: Request) -> DraftCandidates:
             " for an Anthropic client); 404 for a model this server does not serve.")
 async def retrieve_model(model_id: str, request: Request) -> ModelEntry | ModelInfo:
     engine = request.app.state.engine
-    served = served_models(engine)
-    for entry in served:
-        if model_id in (entry.id, entry.path) or entry.role == "target" and engine.serves(model_id):
-            return anthropic_model(entry) if speaks_anthropic(request) else entry
+    entry = find_served(engine, model_id)
+    if entry is not None:
+        return anthropic_model(entry) if speaks_anthropic(request) else entry
     raise APIError(404, f"model {model_id!r} does not exist; this server serves "
-                   + " and ".join(repr(entry.id) for entry in served), param="model",
-                   code="model_not_found")
+                   + " and ".join(repr(entry.id) for entry in served_models(engine)),
+                   param="model", code="model_not_found")
 
 
 @router.post("/models/draft", dependencies=admin)

@@ -34,7 +34,7 @@ from server.http.ollama_mapping import (
 )
 from server.http.request_mapping import completion_prompt, serving
 from server.http.routes.embeddings import embed_inputs
-from server.http.routes.models import served_models
+from server.http.routes.models import find_served, served_models
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_api_key)], tags=["ollama"])
 
@@ -147,17 +147,23 @@ def _bare(name: str) -> str:
 
 def served_name(engine, name: str) -> str:
     """`name`, or without the `:latest` tag Ollama's clients add when that is what we serve."""
-    known = {n for e in served_models(engine) for n in (e.id, e.path)}
-    if name not in known and not engine.serves(name) and _bare(name) != name:
-        return _bare(name)
-    return name
+    return name if _answers(engine, name) else _bare(name)
+
+
+def _answers(engine, name: str) -> bool:
+    """Whether `name` names a model this server serves (what `served_models` lists), without
+    reading the standby targets' folders."""
+    loaded = [m for m in (engine.draft, engine.embedder.model if engine.embedder else None)
+              if m is not None]
+    return (engine.serves(name) or engine.switcher.entry_named(name) is not None
+            or any(name in (m.name, m.path) for m in loaded))
 
 
 def _entry(engine, name: str):
-    for entry in served_models(engine):
-        if name in (entry.id, entry.path) or entry.role == "target" and engine.serves(name):
-            return entry
-    raise APIError(404, f"model {name!r} not found", param="model", code="model_not_found")
+    entry = find_served(engine, name)
+    if entry is None:
+        raise APIError(404, f"model {name!r} not found", param="model", code="model_not_found")
+    return entry
 
 
 def _loaded(engine, entry):
