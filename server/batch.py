@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import sys
-import uuid
 from pathlib import Path
 
 import httpx
@@ -30,9 +29,7 @@ import httpx
 from server.__main__ import parse_args as server_args
 from server.__main__ import settings_from_args
 from server.blas import ensure_fast_blas
-
-URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-        "/v1/embeddings")
+from server.http.batch_lines import run_line
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -89,39 +86,6 @@ async def run_file(settings, lines: list[str], output: Path,
         return len(requests)
     finally:
         engine.stop()
-
-
-async def run_line(client: httpx.AsyncClient, line: str) -> dict:
-    """One input line's result line."""
-    result = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": None, "response": None,
-              "error": None}
-    try:
-        request = json.loads(line)
-    except ValueError as e:
-        return {**result, "error": {"code": "invalid_json", "message": f"not JSON: {e}"}}
-    if not isinstance(request, dict):
-        return {**result, "error": {"code": "invalid_request", "message": "not a JSON object"}}
-    result["custom_id"] = request.get("custom_id")
-    problem = _request_problem(request)
-    if problem is not None:
-        return {**result, "error": {"code": "invalid_request", "message": problem}}
-    response = await client.post(request["url"], json=request["body"])
-    body = response.json() if response.content else None
-    return {**result, "response": {"status_code": response.status_code,
-                                   "request_id": f"req_{uuid.uuid4().hex}", "body": body}}
-
-
-def _request_problem(request: dict) -> str | None:
-    if request.get("method", "POST") != "POST":
-        return "method must be POST"
-    if request.get("url") not in URLS:
-        return f"url must be one of {', '.join(URLS)}"
-    body = request.get("body")
-    if not isinstance(body, dict):
-        return "body must be a JSON object"
-    if body.get("stream"):
-        return "stream is not supported in a batch"
-    return None
 
 
 def _progress(total: int):

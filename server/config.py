@@ -48,6 +48,17 @@ class ServerSettings(BaseModel):
         description="Responses API: finished responses kept in memory (least recently used"
         " out first) for GET /v1/responses/{id} and previous_response_id; 0 keeps none.",
     )
+    files_max_gb: float = Field(
+        1.0, ge=0,
+        description="Files API: bytes of uploaded files (a batch's requests) kept in memory"
+        " until deleted or a restart; an upload beyond it is a 413. Batches' output files are"
+        " kept beside it.",
+    )
+    batch_concurrency: int | None = Field(
+        None, ge=1, le=4096,
+        description="Batch API: requests of running batches in flight at once, all batches"
+        " together; null: half of engine.max_batch_size, leaving the rest to other clients.",
+    )
     log_level: str = Field("info", description="uvicorn log level.")
     ui: bool = Field(
         True,

@@ -27,8 +27,10 @@ ERROR_DESCRIPTIONS = {
     401: "Missing or wrong bearer key.",
     403: "Not allowed: a path outside the model roots, hub ids disabled, or model changes"
          " disabled on a server bound beyond loopback without an admin key.",
-    404: "No such model, path, loaded draft or stored response.",
-    409: "The draft's tokenizer does not match the target's.",
+    404: "No such model, path, loaded draft, stored response, file or batch.",
+    409: "The draft's tokenizer does not match the target's; a batch that is not running"
+         " cannot be cancelled.",
+    413: "The upload does not fit in the server's file budget (`server.files_max_gb`).",
     503: "The request queue is full; retry after `Retry-After` seconds.",
     529: "Overloaded (Anthropic's status): the request queue is full; retry after"
          " `Retry-After` seconds.",
@@ -54,6 +56,15 @@ ROUTE_ERRORS = {
     ("/v1/messages/count_tokens", "post"): (400, 401, 404),
     ("/v1/embeddings", "post"): (400, 401, 404),
     ("/v1/cache", "delete"): (401, 403),
+    ("/v1/files", "post"): (400, 401, 413),
+    ("/v1/files", "get"): (400, 401),
+    ("/v1/files/{file_id}", "get"): (401, 404),
+    ("/v1/files/{file_id}", "delete"): (401, 404),
+    ("/v1/files/{file_id}/content", "get"): (401, 404),
+    ("/v1/batches", "post"): (400, 401, 404),
+    ("/v1/batches", "get"): (400, 401),
+    ("/v1/batches/{batch_id}", "get"): (401, 404),
+    ("/v1/batches/{batch_id}/cancel", "post"): (401, 404, 409),
     ("/api/chat", "post"): (400, 401, 404, 503),
     ("/api/generate", "post"): (400, 401, 404, 503),
     ("/api/embed", "post"): (400, 401, 404),

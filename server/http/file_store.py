@@ -1,0 +1,65 @@
+"""The Files API's store: uploaded files (a batch's input) and the files batches write (their
+output), by id, in memory until deleted or a restart, within a byte budget
+(`server.files_max_gb`): an upload beyond it is a 413, never an eviction of a client's file."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from api_schemas.batches import FileObject
+from server.http.errors import APIError
+
+
+@dataclass
+class StoredFile:
+    info: FileObject
+    data: bytes
+
+
+class FileStore:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._files: dict[str, StoredFile] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(f.data) for f in self._files.values())
+
+    def add(self, filename: str, purpose: str, data: bytes, *, budget: bool = True) -> FileObject:
+        """Store `data`; an upload (`budget`) that does not fit what is left is a 413. A batch's
+        own output is stored beyond the budget: its requests already ran."""
+        if budget:
+            self.check_room(len(data))
+        info = FileObject(id=f"file-{uuid.uuid4().hex}", bytes=len(data),
+                          created_at=int(time.time()), filename=filename, purpose=purpose)
+        self._files[info.id] = StoredFile(info, data)
+        return info
+
+    def check_room(self, size: int) -> None:
+        """A 413 when `size` more bytes do not fit in the budget."""
+        if self.nbytes + size > self.max_bytes:
+            raise APIError(413, f"the file ({size:,} bytes) does not fit in the"
+                           f" {self.max_bytes:,} bytes the server keeps for files"
+                           f" ({self.nbytes:,} in use; server.files_max_gb): delete files"
+                           " first", param="file", code="file_store_full")
+
+    def get(self, file_id: str, *, param: str | None = None) -> StoredFile:
+        """404 in OpenAI's shape for an id never stored or deleted."""
+        stored = self._files.get(file_id)
+        if stored is None:
+            raise APIError(404, f"No file with id {file_id!r} (files are kept in memory until"
+                           " deleted or a restart)", param=param, code="file_not_found",
+                           redact=False)
+        return stored
+
+    def delete(self, file_id: str) -> None:
+        self.get(file_id)
+        del self._files[file_id]
+
+    def listed(self, purpose: str | None, order: str) -> list[FileObject]:
+        """Every file of `purpose` (None: all), by creation, oldest first for `asc`."""
+        files = [f.info for f in self._files.values()
+                 if purpose is None or f.info.purpose == purpose]
+        return files if order == "asc" else files[::-1]
