@@ -277,3 +277,46 @@ class AnthropicErrorBody(OpenAIBaseModel):
 class AnthropicError(OpenAIBaseModel):
     type: Literal["error"] = "error"
     error: AnthropicErrorBody
+
+
+# ------------------------------------------------------------------------------ message batches
+class BatchRequest(RequestModel):
+    custom_id: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    params: dict[str, Any] = Field(..., description="A `POST /v1/messages` body (no stream).")
+
+
+class MessageBatchCreate(RequestModel):
+    requests: list[BatchRequest] = Field(..., min_length=1, max_length=100_000)
+
+
+class MessageBatchRequestCounts(OpenAIBaseModel):
+    processing: int = 0
+    succeeded: int = 0
+    errored: int = 0
+    canceled: int = 0
+    expired: int = 0
+
+
+class MessageBatch(OpenAIBaseModel):
+    id: str
+    type: Literal["message_batch"] = "message_batch"
+    processing_status: Literal["in_progress", "canceling", "ended"]
+    request_counts: MessageBatchRequestCounts
+    ended_at: str | None = None
+    created_at: str
+    expires_at: str
+    archived_at: str | None = None
+    cancel_initiated_at: str | None = None
+    results_url: str | None = Field(None, description="Once ended: where its results are.")
+
+
+class MessageBatchList(OpenAIBaseModel):
+    data: list[MessageBatch]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class DeletedMessageBatch(OpenAIBaseModel):
+    id: str
+    type: Literal["message_batch_deleted"] = "message_batch_deleted"

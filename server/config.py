@@ -56,8 +56,9 @@ class ServerSettings(BaseModel):
     )
     batch_concurrency: int | None = Field(
         None, ge=1, le=4096,
-        description="Batch API: requests of running batches in flight at once, all batches"
-        " together; null: half of engine.max_batch_size, leaving the rest to other clients.",
+        description="Requests of running batches (OpenAI's Batch API, Anthropic's Message"
+        " Batches) in flight at once, all batches together; null: half of"
+        " engine.max_batch_size, leaving the rest to other clients.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
     ui: bool = Field(

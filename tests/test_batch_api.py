@@ -1,7 +1,8 @@
-"""OpenAI's Files and Batch APIs through the official `openai` SDK: a batch's results are the
-answers of the same requests sent one by one (greedy), in input order, with their usage summed;
-a file that is not a batch fails validation line by line; cancelling stops a batch; every
-answer validates strictly as the SDK's own types."""
+"""OpenAI's Files and Batch APIs through the official `openai` SDK, and Anthropic's Message
+Batches through the `anthropic` SDK: a batch's results are the answers of the same requests sent
+one by one (greedy), in input order, with their usage summed; a file that is not a batch fails
+validation line by line; cancelling stops a batch; every answer validates strictly as the SDKs'
+own types."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ REQUESTS = {
 
 
 @pytest.fixture(scope="module")
-def sdk(engine, tiny_pair):
+def server_url(engine, tiny_pair):
     """The SDK on a server whose batches run one request at a time (so one can be cancelled
     while it runs), that keeps 64 KB of files and wants a key (which the batches' own
     requests carry)."""
@@ -34,7 +35,18 @@ def sdk(engine, tiny_pair):
     settings = make_settings(*tiny_pair, batch_concurrency=1, files_max_gb=64e-6,
                              api_key="sk-test")
     with uvicorn_thread(create_app(settings, engine)) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def sdk(server_url):
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="sk-test", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(server_url):
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=server_url, api_key="sk-test", max_retries=0)
 
 
 def jsonl(requests: dict, url="/v1/chat/completions") -> bytes:
@@ -189,3 +201,92 @@ def test_bad_requests(sdk):
     with pytest.raises(openai.APIStatusError, match="does not fit") as e:
         upload(sdk, b" " * 70_000)
     assert e.value.status_code == 413
+
+
+# -- Anthropic's Message Batches -------------------------------------------------------------
+
+MESSAGE = {"model": "", "max_tokens": 8, "temperature": 0,
+           "messages": [{"role": "user", "content": "Write a function"}]}
+
+
+def ended(claude, batch_id: str):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        batch = claude.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch still {batch.processing_status}")
+
+
+def test_message_batch_results_are_the_messages_alone(claude):
+    from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
+
+    params = {"a": MESSAGE, "b": {**MESSAGE, "max_tokens": 12, "messages": [
+        {"role": "user", "content": "Write a sorting function"}]},
+        "bad": {k: v for k, v in MESSAGE.items() if k != "max_tokens"}}
+    batch = claude.messages.batches.create(requests=[
+        {"custom_id": cid, "params": p} for cid, p in params.items()])
+    strict(MessageBatch, batch)
+    assert batch.processing_status == "in_progress" and batch.request_counts.processing == 3
+    batch = ended(claude, batch.id)
+    strict(MessageBatch, batch)
+    counts = batch.request_counts
+    assert (counts.succeeded, counts.errored, counts.processing) == (2, 1, 0)
+    assert batch.ended_at >= batch.created_at and batch.results_url.endswith("/results")
+    results = list(claude.messages.batches.results(batch.id))
+    assert [r.custom_id for r in results] == ["a", "b", "bad"]
+    for r in results:
+        strict(MessageBatchIndividualResponse, r)
+    for r in results[:2]:
+        fields = {k: v for k, v in params[r.custom_id].items() if k != "temperature"}
+        alone = claude.messages.create(**fields, extra_body={"temperature": 0})  # SDK 2.x
+        assert r.result.type == "succeeded"
+        assert r.result.message.content[0].text == alone.content[0].text
+    assert results[2].result.type == "errored"
+    assert results[2].result.error.error.type == "invalid_request_error"
+    assert "max_tokens" in results[2].result.error.error.message
+    with pytest.raises(anthropic_errors().BadRequestError, match="has ended"):
+        claude.messages.batches.cancel(batch.id)
+
+
+def anthropic_errors():
+    import anthropic
+
+    return anthropic
+
+
+def test_message_batch_cancel_list_delete(claude):
+    many = [{"custom_id": f"r{i}", "params": {**MESSAGE, "max_tokens": 16, "messages": [
+        {"role": "user", "content": f"Write function number {i}"}]}} for i in range(30)]
+    batch = claude.messages.batches.create(requests=many)
+    with pytest.raises(anthropic_errors().BadRequestError, match="still processing"):
+        claude.messages.batches.delete(batch.id)
+    canceling = claude.messages.batches.cancel(batch.id)
+    assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at
+    batch = ended(claude, batch.id)
+    counts = batch.request_counts
+    assert counts.canceled > 0 and counts.succeeded + counts.errored + counts.canceled == 30
+    kinds = [r.result.type for r in claude.messages.batches.results(batch.id)]
+    assert kinds.count("canceled") == counts.canceled
+    listed = claude.messages.batches.list(limit=1)
+    assert [b.id for b in listed.data] == [batch.id] and listed.has_more  # newest first
+    older = claude.messages.batches.list(after_id=batch.id)
+    assert batch.id not in [b.id for b in older.data] and older.data
+    deleted = claude.messages.batches.delete(batch.id)
+    assert (deleted.id, deleted.type) == (batch.id, "message_batch_deleted")
+    with pytest.raises(anthropic_errors().NotFoundError, match="No message batch"):
+        claude.messages.batches.retrieve(batch.id)
+
+
+@pytest.mark.parametrize("requests, message", [
+    ([{"custom_id": "a", "params": MESSAGE}, {"custom_id": "a", "params": MESSAGE}],
+     "used by an earlier request"),
+    ([{"custom_id": "a", "params": {**MESSAGE, "stream": True}}], "stream is not supported"),
+    ([{"custom_id": "no spaces", "params": MESSAGE}], "custom_id"),
+    ([], "requests"),
+])
+def test_message_batch_bad_requests(claude, requests, message):
+    with pytest.raises(anthropic_errors().BadRequestError, match=message) as e:
+        claude.messages.batches.create(requests=requests)
+    assert e.value.body["type"] == "error"

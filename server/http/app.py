@@ -13,12 +13,14 @@ from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.prefix_cache import cache_budget_bytes
 from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
 from server.http.auth import log_exposure
-from server.http.batch_jobs import BatchJobs
+from server.http.batch_jobs import BatchRunner
 from server.http.draft_candidates import AUTO, auto_draft
 from server.http.errors import install_error_handlers
 from server.http.file_store import FileStore
+from server.http.message_batches import MessageBatches
 from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
+from server.http.openai_batches import OpenAIBatches
 from server.http.openapi import install_openapi
 from server.http.response_store import ResponseStore
 from server.http.routes import (
@@ -26,6 +28,7 @@ from server.http.routes import (
     cache,
     completions,
     embeddings,
+    message_batches,
     messages,
     models,
     ollama,
@@ -106,7 +109,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
         try:
             yield
         finally:
-            await app.state.batches.close()
+            await app.state.batch_runner.close()
             if owns_engine:
                 engine.stop()
 
@@ -116,9 +119,11 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.access = ModelAccessPolicy.from_settings(settings)
     app.state.responses = ResponseStore(settings.server.responses_store_size)
     app.state.files = FileStore(int(settings.server.files_max_gb * 1e9))
-    app.state.batches = BatchJobs(
-        app, app.state.files, settings.server.batch_concurrency
-        or max(1, settings.engine.max_batch_size // 2), settings.server.api_key)
+    app.state.batch_runner = runner = BatchRunner(
+        app, settings.server.batch_concurrency or max(1, settings.engine.max_batch_size // 2),
+        settings.server.api_key)
+    app.state.batches = OpenAIBatches(runner, app.state.files)
+    app.state.message_batches = MessageBatches(runner)
     log_exposure(settings.server)
     app.state.metrics = ServerMetrics(
         queue_depth=lambda: engine.queue_depth, batch_size=lambda: engine.batch_size,
@@ -130,6 +135,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.add_middleware(HeadAsGet)
     app.include_router(completions.router)
     app.include_router(responses.router)
+    app.include_router(message_batches.router)
     app.include_router(messages.router)
     app.include_router(embeddings.router)
     app.include_router(batches.router)

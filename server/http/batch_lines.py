@@ -69,7 +69,7 @@ async def send(client: httpx.AsyncClient, request: dict) -> dict:
     for _ in range(QUEUE_RETRIES):
         response = await client.post(request["url"], json=request["body"])
         wait = response.headers.get("retry-after", "")
-        if response.status_code != 503 or not wait.isdigit():
+        if response.status_code not in (503, 529) or not wait.isdigit():  # 529: Anthropic's
             break
         await asyncio.sleep(int(wait))
     body = response.json() if response.content else None
