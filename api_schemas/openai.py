@@ -235,7 +235,7 @@ class StructuredOutputs(RequestModel):
     grammar: str | None = Field(
         None, min_length=1, max_length=MAX_GRAMMAR_CHARS,
         description="A Lark grammar in llguidance's dialect (rule `start`; `%json {schema}`"
-        " embeds a JSON schema).")
+        " embeds a JSON schema), or llama.cpp's GBNF (rule `root`).")
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -248,7 +248,25 @@ class StructuredOutputs(RequestModel):
 
 
 class EngineExtensions(RequestModel):
-    """Our extensions (not in OpenAI's or Anthropic's API), the same in every generation API."""
+    """Our extensions (not in OpenAI's or Anthropic's API), the same in every generation API.
+    llama.cpp's `grammar` (GBNF) and `json_schema` are read as `structured_outputs`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llama_cpp_grammar(cls, data):
+        if not isinstance(data, dict) or not ({"grammar", "json_schema"} & data.keys()):
+            return data
+        data = dict(data)
+        given = {name: data.pop(name) for name in ("grammar", "json_schema") if name in data}
+        given = {name: value for name, value in given.items() if value is not None}
+        if not given:
+            return data
+        if len(given) > 1 or data.get("structured_outputs") is not None:
+            raise ValueError("grammar, json_schema (llama.cpp's) and structured_outputs are"
+                             " ways to give one grammar: send one of them")
+        [(name, value)] = given.items()
+        data["structured_outputs"] = {"grammar" if name == "grammar" else "json": value}
+        return data
 
     num_draft_tokens: NonNegInt | None = Field(
         None, le=64, description="Draft tokens per round (the maximum when adaptive); 0 = off."

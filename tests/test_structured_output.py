@@ -548,6 +548,48 @@ async def test_structured_outputs_greedy_equal_mlx_lm_with_and_without_drafts(ti
             assert len(texts) == 1 and STRUCTURED_MATCH[kind].fullmatch(texts.pop()), kind
 
 
+# The "grammar" of STRUCTURED in llama.cpp's GBNF.
+GBNF = 'root ::= "SELECT " col (", " col){0,2} " FROM t"\ncol ::= [a-z]{1,6}'
+
+
+@pytest.mark.anyio
+async def test_gbnf_and_llama_cpp_fields_give_the_lark_grammars_text(tiny_pair, loaded_pair):
+    """A GBNF grammar (in structured_outputs or as llama.cpp's top-level `grammar`) gives the
+    greedy text mlx_lm gives under the same grammar written in Lark; llama.cpp's `json_schema`
+    that of structured_outputs' `json`."""
+    model, tokenizer, _ = loaded_pair
+    grammars = grammars_for(tokenizer)
+    expected, _, _ = constrained_generate(model, tokenizer, grammars.lark(
+        STRUCTURED["grammar"]["grammar"]), PROMPTS[0])
+    assert STRUCTURED_MATCH["grammar"].fullmatch(expected)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    async with served(*tiny_pair) as (client, _):
+        async def text(**extra) -> str:
+            r = await client.post("/v1/chat/completions", json=chat_body(
+                PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, **extra))
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"]
+
+        assert await text(structured_outputs={"grammar": GBNF}) == expected
+        assert await text(grammar=GBNF, num_draft_tokens=3) == expected
+        assert await text(json_schema=schema) == await text(structured_outputs={"json": schema})
+        r = await client.post("/v1/completions", json={
+            "prompt": PROMPTS[1], "max_tokens": MAX_TOKENS, "temperature": 0, "grammar": GBNF})
+        assert STRUCTURED_MATCH["grammar"].fullmatch(r.json()["choices"][0]["text"]), r.text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("extra, message", [
+    ({"grammar": "root ::= ((("}, "not a Lark or GBNF grammar"),
+    ({"grammar": GBNF, "json_schema": {"type": "object"}}, "send one of them"),
+    ({"grammar": GBNF, "structured_outputs": {"regex": "a"}}, "send one of them"),
+])
+async def test_bad_llama_cpp_grammars_are_400s(client, extra, message):
+    r = await client.post("/v1/chat/completions", json=chat_body(**extra))
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
 @pytest.mark.anyio
 async def test_structured_outputs_reach_the_other_apis_and_sampling_stays_inside(client):
     spec = STRUCTURED["choice"]

@@ -29,6 +29,7 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import numpy as np
+from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from server.engine.xml_calls import XmlCallError, xml_call_lark, xml_calls_lark
 
@@ -336,8 +337,16 @@ class Grammars:
         """Output that is exactly one of `options` (vLLM's `choice`)."""
         return self.lark("start: " + " | ".join(_lark_literal(o) for o in options))
 
+    def grammar(self, text: str) -> Grammar:
+        """Output that follows a client's grammar: Lark in llguidance's dialect, or llama.cpp's
+        GBNF (`root ::= ...`), which llguidance translates to Lark."""
+        try:
+            return self.lark(any_to_lark(text))
+        except GbnfToLarkError as e:
+            raise GrammarError(f"not a Lark or GBNF grammar: {e}") from e
+
     def lark(self, text: str) -> Grammar:
-        """Output that follows a Lark grammar, in llguidance's dialect (vLLM's `grammar`)."""
+        """Output that follows a Lark grammar, in llguidance's dialect."""
         return self._compile(f"lark {text}",
                              lambda: llguidance.LLMatcher.grammar_from_lark(text))
 

@@ -277,7 +277,7 @@ def _structured_grammar(spec: StructuredOutputs):
         return lambda g: g.regex(spec.regex)
     if spec.choice is not None:
         return lambda g: g.choice(spec.choice)
-    return lambda g: g.lark(spec.grammar)
+    return lambda g: g.grammar(spec.grammar)
 
 
 # ---------------------------------------------------------------- bounds of the loaded model
