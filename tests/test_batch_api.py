@@ -160,6 +160,20 @@ def test_cancel(sdk):
     assert sdk.batches.cancel(batch.id).status == "cancelled"  # again: no change
 
 
+def test_other_clients_are_served_while_a_batch_runs(sdk):
+    """A batch takes `server.batch_concurrency` of the engine's rows (here 1): a client's
+    request is answered, with its own text, while the batch is still running."""
+    many = {f"r{i}": chat_body(f"Write function number {i}", max_tokens=16) for i in range(40)}
+    batch = sdk.batches.create(input_file_id=upload(sdk, jsonl(many)).id,
+                               endpoint="/v1/chat/completions", completion_window="24h")
+    before = answer_alone(sdk, REQUESTS["other"]).choices[0].message.content
+    running = sdk.batches.retrieve(batch.id)
+    assert running.status == "in_progress" and running.request_counts.completed < 40
+    batch = wait(sdk, batch.id)
+    assert batch.request_counts.completed == 40
+    assert answer_alone(sdk, REQUESTS["other"]).choices[0].message.content == before
+
+
 def test_files_and_batches_listed_retrieved_deleted(sdk):
     first, second = upload(sdk, b"{}\n"), upload(sdk, b"[]\n", purpose="user_data")
     assert sdk.files.retrieve(first.id) == first

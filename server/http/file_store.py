@@ -16,6 +16,7 @@ from server.http.errors import APIError
 class StoredFile:
     info: FileObject
     data: bytes
+    uploaded: bool  # counts against the budget (a batch's output does not)
 
 
 class FileStore:
@@ -25,16 +26,18 @@ class FileStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(f.data) for f in self._files.values())
+        """The uploads' bytes, what the budget bounds."""
+        return sum(len(f.data) for f in self._files.values() if f.uploaded)
 
-    def add(self, filename: str, purpose: str, data: bytes, *, budget: bool = True) -> FileObject:
-        """Store `data`; an upload (`budget`) that does not fit what is left is a 413. A batch's
-        own output is stored beyond the budget: its requests already ran."""
-        if budget:
+    def add(self, filename: str, purpose: str, data: bytes, *, uploaded: bool = True
+            ) -> FileObject:
+        """Store `data`; an upload that does not fit what is left is a 413. A batch's own
+        output is stored beside the budget: its requests already ran."""
+        if uploaded:
             self.check_room(len(data))
         info = FileObject(id=f"file-{uuid.uuid4().hex}", bytes=len(data),
                           created_at=int(time.time()), filename=filename, purpose=purpose)
-        self._files[info.id] = StoredFile(info, data)
+        self._files[info.id] = StoredFile(info, data, uploaded)
         return info
 
     def check_room(self, size: int) -> None:

@@ -55,7 +55,7 @@ class _OpenAIJob(Job):
             if results:
                 data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
                 info = self.files.add(f"{batch.id}_{kind}.jsonl", "batch_output", data.encode(),
-                                      budget=False)
+                                      uploaded=False)
                 setattr(batch, f"{kind}_file_id", info.id)
         if self.cancelling:
             batch.status, batch.cancelled_at = "cancelled", now()
