@@ -28,9 +28,10 @@ class _MessageJob(Job):
 
     def end(self) -> None:
         self.ended_at = now()
+        self.requests = []  # the bodies; the results stay until the batch is deleted
 
     def fail(self, error: Exception) -> None:
-        self.ended_at = now()  # the requests without a result are errored
+        self.end()  # the requests without a result are errored
 
     def result_lines(self) -> list[dict]:
         return [{"custom_id": custom_id, "result": _result(result, self.cancelling)}

@@ -61,6 +61,7 @@ class _OpenAIJob(Job):
             batch.status, batch.cancelled_at = "cancelled", now()
         else:
             batch.status, batch.completed_at = "completed", now()
+        self.requests, self.results = [], []  # the files hold them now
 
     def fail(self, error: Exception) -> None:
         self.batch.status, self.batch.failed_at = "failed", now()
