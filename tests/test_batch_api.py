@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 
+import httpx
 import pytest
 from conftest import chat_body, make_settings, uvicorn_thread
 
@@ -160,7 +162,7 @@ def test_cancel(sdk):
     assert sdk.batches.cancel(batch.id).status == "cancelled"  # again: no change
 
 
-def test_other_clients_are_served_while_a_batch_runs(sdk):
+def test_other_clients_are_served_while_a_batch_runs(sdk, server_url):
     """A batch takes `server.batch_concurrency` of the engine's rows (here 1): a client's
     request is answered, with its own text, while the batch is still running."""
     many = {f"r{i}": chat_body(f"Write function number {i}", max_tokens=16) for i in range(40)}
@@ -169,9 +171,39 @@ def test_other_clients_are_served_while_a_batch_runs(sdk):
     before = answer_alone(sdk, REQUESTS["other"]).choices[0].message.content
     running = sdk.batches.retrieve(batch.id)
     assert running.status == "in_progress" and running.request_counts.completed < 40
+    assert 0 < pending_gauge(server_url) <= 40 - running.request_counts.completed
     batch = wait(sdk, batch.id)
-    assert batch.request_counts.completed == 40
+    assert batch.request_counts.completed == 40 and pending_gauge(server_url) == 0
     assert answer_alone(sdk, REQUESTS["other"]).choices[0].message.content == before
+
+
+def test_a_server_stopped_while_its_batch_runs_leaves_the_engine_serving(engine, tiny_pair,
+                                                                         caplog):
+    """Stopping cancels the batch's requests in flight; their events then find the server's
+    event loop closed, which must not fail the engine's other requests (it did: the MLX thread
+    raised, failed every running row, and died)."""
+    from server.http.app import create_app
+
+    many = {f"r{i}": chat_body(f"Write function number {i}", max_tokens=32) for i in range(40)}
+    with uvicorn_thread(create_app(make_settings(*tiny_pair, batch_concurrency=4),
+                                   engine)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        client.batches.create(input_file_id=upload(client, jsonl(many)).id,
+                              endpoint="/v1/chat/completions", completion_window="24h")
+        time.sleep(0.3)  # requests in flight
+    time.sleep(0.5)  # their cancellation reaches the engine
+    with uvicorn_thread(create_app(make_settings(*tiny_pair), engine)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert answer_alone(client, REQUESTS["plain"]).choices[0].finish_reason == "length"
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def pending_gauge(server_url: str) -> float:
+    """/metrics' count of batch requests not answered yet."""
+    text = httpx.get(f"{server_url}/metrics").text
+    [line] = [line for line in text.splitlines()
+              if line.startswith("mlx_spec_batch_requests_pending ")]
+    return float(line.split()[1])
 
 
 def test_files_and_batches_listed_retrieved_deleted(sdk):

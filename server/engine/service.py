@@ -90,7 +90,10 @@ class RequestHandle:
             self._pending.append(event)
             first = len(self._pending) == 1
         if first:
-            self._loop.call_soon_threadsafe(self._flush)
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # its event loop is closed: nobody listens any more
+                pass
 
     def _flush(self) -> None:  # event loop
         with self._lock:

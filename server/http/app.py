@@ -127,7 +127,8 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     log_exposure(settings.server)
     app.state.metrics = ServerMetrics(
         queue_depth=lambda: engine.queue_depth, batch_size=lambda: engine.batch_size,
-        switcher=engine.switcher if engine.switcher.entries else None)
+        switcher=engine.switcher if engine.switcher.entries else None,
+        batch_pending=lambda: runner.pending)
     engine.add_observer(app.state.metrics)
     install_error_handlers(app)
     install_openapi(app)

@@ -52,9 +52,11 @@ class BatchRunner:
         self._headers = {"Authorization": f"Bearer {api_key or 'unused'}"}
         self._jobs: list[Job] = []
         self._client: httpx.AsyncClient | None = None
+        self.pending = 0  # requests of running jobs not done yet (GET /metrics)
 
     def start(self, job: Job) -> None:
         self._jobs.append(job)
+        self.pending += len(job.requests)
         job.task = asyncio.get_running_loop().create_task(self._run(job))
 
     async def close(self) -> None:
@@ -79,11 +81,14 @@ class BatchRunner:
             self._jobs.remove(job)
 
     async def _one(self, job: Job, i: int) -> None:
-        async with self._limit:
-            if job.cancelling:
-                return
-            result = await send(self._http(), job.requests[i])
-        job.record(i, result)
+        try:
+            async with self._limit:
+                if job.cancelling:
+                    return
+                result = await send(self._http(), job.requests[i])
+            job.record(i, result)
+        finally:
+            self.pending -= 1
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:

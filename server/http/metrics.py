@@ -19,7 +19,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class ServerMetrics(SchedulerObserver):
     """One registry per app, so several apps (tests) can live in one process."""
 
-    def __init__(self, queue_depth, batch_size=lambda: 0, switcher=None):
+    def __init__(self, queue_depth, batch_size=lambda: 0, switcher=None,
+                 batch_pending=lambda: 0):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_completions", "Finished completions.",
@@ -65,6 +66,9 @@ class ServerMetrics(SchedulerObserver):
         running = Gauge(f"{PREFIX}_running_requests", "Requests prefilling or decoding.",
                         registry=r)
         running.set_function(batch_size)
+        pending = Gauge(f"{PREFIX}_batch_requests_pending", "Requests of running batches (the"
+                        " Batch APIs) not answered yet.", registry=r)
+        pending.set_function(batch_pending)
         if switcher is not None:  # models.more_targets
             switches = Gauge(f"{PREFIX}_target_switches", "Switches between the configured"
                              " targets since the start.", registry=r)
