@@ -255,6 +255,10 @@ class _ResponsesFields(RequestModel):
     store: bool = Field(True, description="Keep the response for GET and previous_response_id"
                         " (a bounded in-memory store: server.responses_store_size).")
     stream: bool = False
+    background: bool | None = Field(
+        None, description="Answer at once with a `queued` response and run it in the"
+        " background: poll GET /v1/responses/{id}, cancel with POST /v1/responses/{id}/cancel"
+        " (needs store; not with stream).")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.")
     text: TextConfig | None = None
@@ -278,6 +282,9 @@ class ResponsesRequest(EngineExtensions, _ResponsesFields):
             raise ValueError("input must not be empty")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs 'tools'")
+        if self.background and (self.stream or not self.store):
+            raise ValueError("background needs store (true) and no stream: its response is"
+                             " read with GET /v1/responses/{id}")
         if self.tool_choice == "required" and not self.offers_tools():
             raise ValueError("tool_choice 'required' needs a function, custom or namespace tool"
                              " (hosted tools are not run here)")
@@ -389,7 +396,8 @@ class ResponseObject(OpenAIBaseModel):
     id: str = Field(default_factory=lambda: item_id("resp"))
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=lambda: int(time.time()))
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "cancelled", "failed"]
+    background: bool | None = None
     error: dict[str, Any] | None = None
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Literal
 
 import jsonschema
@@ -166,6 +167,57 @@ def test_openai_input_items_list_the_chain_that_made_a_response(oai, model):
     assert bad.value.body["param"] == "after"
     with pytest.raises(openai.NotFoundError):
         oai.responses.input_items.list("resp_unknown")
+
+
+def finished(oai, response_id: str):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        response = oai.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress"):
+            return response
+        time.sleep(0.05)
+    raise AssertionError(f"response still {response.status}")
+
+
+def test_openai_background_response_is_the_foreground_one(oai, model):
+    from openai.types.responses import Response
+
+    kwargs = dict(model=model, input="Write a function", temperature=0, max_output_tokens=16,
+                  instructions="Be brief.")
+    queued = oai.responses.create(**kwargs, background=True)
+    assert (queued.status, queued.background, queued.output) == ("queued", True, [])
+    assert queued.instructions == "Be brief."
+    done = finished(oai, queued.id)
+    Response.model_validate(done.model_dump(mode="json", exclude_unset=True))
+    alone = oai.responses.create(**kwargs)
+    assert (done.id, done.status, done.background) == (queued.id, alone.status, True)
+    assert done.output_text == alone.output_text and done.usage.output_tokens == 16
+    [item] = oai.responses.input_items.list(done.id)
+    assert item.content[0].text == "Write a function"
+    follow = oai.responses.create(model=model, previous_response_id=done.id, input="More",
+                                  max_output_tokens=2)
+    assert follow.status == "incomplete"
+    assert oai.responses.cancel(done.id).status == "incomplete"  # ended: as it is
+
+
+def test_openai_background_response_cancelled_failed_refused(oai, model):
+    long = oai.responses.create(model=model, input="Write a long story", background=True,
+                                max_output_tokens=400, extra_body={"ignore_eos": True})
+    with pytest.raises(openai.BadRequestError, match="still"):
+        oai.responses.create(model=model, previous_response_id=long.id, input="x")
+    cancelled = oai.responses.cancel(long.id)
+    assert cancelled.status == "cancelled" and cancelled.background
+    time.sleep(0.3)
+    assert oai.responses.retrieve(long.id).status == "cancelled"  # not overwritten
+    failed = finished(oai, oai.responses.create(model="no-such-model", input="x",
+                                                background=True).id)
+    assert failed.status == "failed" and "no-such-model" in failed.error.message
+    foreground = oai.responses.create(model=model, input="x", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="only background"):
+        oai.responses.cancel(foreground.id)
+    for bad in ({"stream": True}, {"store": False}):
+        with pytest.raises(openai.BadRequestError, match="background needs store"):
+            oai.responses.create(model=model, input="x", background=True, **bad)
 
 
 def test_openai_input_tokens_count_what_create_reports(oai, model):

@@ -13,6 +13,7 @@ from server.engine.distributed import DistributedEngine, launched_layout
 from server.engine.prefix_cache import cache_budget_bytes
 from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
 from server.http.auth import log_exposure
+from server.http.background_responses import BackgroundResponses
 from server.http.batch_jobs import BatchRunner
 from server.http.draft_candidates import AUTO, auto_draft
 from server.http.errors import install_error_handlers
@@ -124,6 +125,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
         settings.server.api_key)
     app.state.batches = OpenAIBatches(runner, app.state.files)
     app.state.message_batches = MessageBatches(runner)
+    app.state.background = BackgroundResponses(runner, app.state.responses)
     log_exposure(settings.server)
     app.state.metrics = ServerMetrics(
         queue_depth=lambda: engine.queue_depth, batch_size=lambda: engine.batch_size,

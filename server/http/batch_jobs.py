@@ -1,9 +1,12 @@
-"""Batches running on a server: the requests of a batch go through the server's own app
-(`httpx.ASGITransport`, on the event loop), so each is an ordinary request to the engine, beside
-those clients send. `server.batch_concurrency` requests of all batches together are in flight;
-a full queue is waited out (`batch_lines.send`). A job that is cancelled starts no more of its
-requests; those in flight finish. OpenAI's Batch API (`openai_batches.py`) and Anthropic's
-Message Batches (`message_batches.py`) each keep their jobs and their shapes.
+"""Work a server does in the background, through its own app (`httpx.ASGITransport`, on the
+event loop), so each request is an ordinary one to the engine, beside those clients send:
+batches, and the Responses API's background responses (`background_responses.py`).
+
+`server.batch_concurrency` requests of all batches together are in flight; a full queue is
+waited out (`batch_lines.send`). A job that is cancelled starts no more of its requests; those
+in flight finish. OpenAI's Batch API (`openai_batches.py`) and Anthropic's Message Batches
+(`message_batches.py`) each keep their jobs and their shapes. Stopping the server cancels
+whatever still runs.
 """
 
 from __future__ import annotations
@@ -50,18 +53,24 @@ class BatchRunner:
         self._app = app
         self._limit = asyncio.Semaphore(concurrency)
         self._headers = {"Authorization": f"Bearer {api_key or 'unused'}"}
-        self._jobs: list[Job] = []
+        self._tasks: set[asyncio.Task] = set()
         self._client: httpx.AsyncClient | None = None
         self.pending = 0  # requests of running jobs not done yet (GET /metrics)
 
     def start(self, job: Job) -> None:
-        self._jobs.append(job)
         self.pending += len(job.requests)
-        job.task = asyncio.get_running_loop().create_task(self._run(job))
+        job.task = self.spawn(self._run(job))
+
+    def spawn(self, work) -> asyncio.Task:
+        """Run the coroutine `work` until it ends or the server stops."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def close(self) -> None:
-        """Stop every running job (the server is stopping)."""
-        tasks = [job.task for job in self._jobs if job.task and not job.task.done()]
+        """Stop everything still running (the server is stopping)."""
+        tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -77,20 +86,19 @@ class BatchRunner:
         except Exception as e:  # noqa: BLE001 - a batch must end, whatever went wrong
             log.exception("a batch failed")
             job.fail(e)
-        finally:
-            self._jobs.remove(job)
 
     async def _one(self, job: Job, i: int) -> None:
         try:
             async with self._limit:
                 if job.cancelling:
                     return
-                result = await send(self._http(), job.requests[i])
+                result = await send(self.http(), job.requests[i])
             job.record(i, result)
         finally:
             self.pending -= 1
 
-    def _http(self) -> httpx.AsyncClient:
+    def http(self) -> httpx.AsyncClient:
+        """A client of the app itself, with the server's key."""
         if self._client is None:
             self._client = httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=self._app), base_url="http://batch",

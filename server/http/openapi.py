@@ -50,6 +50,7 @@ ROUTE_ERRORS = {
     ("/v1/responses", "post"): (400, 401, 404, 503),
     ("/v1/responses/{response_id}", "get"): (401, 404),
     ("/v1/responses/{response_id}", "delete"): (401, 404),
+    ("/v1/responses/{response_id}/cancel", "post"): (400, 401, 404),
     ("/v1/responses/{response_id}/input_items", "get"): (400, 401, 404),
     ("/v1/responses/input_tokens", "post"): (400, 401, 404),
     ("/v1/messages", "post"): (400, 401, 404, 529),

@@ -17,8 +17,10 @@ from api_schemas.responses import (
 )
 from server.http import paging
 from server.http.auth import require_api_key
+from server.http.background_responses import ACTIVE
 from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
+from server.http.errors import APIError
 from server.http.request_mapping import chat_prompt, serving
 from server.http.response_store import ResponseStore, StoredResponse
 from server.http.responses_format import ResponsesFormat
@@ -39,6 +41,9 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 async def create_response(body: ResponsesRequest, request: Request):
     engine, store = request.app.state.engine, request.app.state.responses
     previous = _previous(store, body)
+    if body.background:
+        return request.app.state.background.start(body, await request.json(),
+                                                  engine.model_name)
     conversation = _conversation(previous, body)
     items = ([] if previous is None else previous.context()) + request_items(body.input)
     tools = ToolTable(body.tools)
@@ -72,7 +77,13 @@ async def count_input_tokens(body: InputTokensRequest, request: Request):
 def _previous(store: ResponseStore, body: ResponsesRequest) -> StoredResponse | None:
     if body.previous_response_id is None:
         return None
-    return store.get(body.previous_response_id, param="previous_response_id")
+    previous = store.get(body.previous_response_id, param="previous_response_id")
+    if previous.response.status in ACTIVE:
+        raise APIError(400, f"previous response {body.previous_response_id!r} is still"
+                       f" {previous.response.status} (a background response): wait until it"
+                       " has ended", param="previous_response_id", code="response_in_progress",
+                       redact=False)
+    return previous
 
 
 def _conversation(previous: StoredResponse | None, body: ResponsesRequest) -> list[dict]:
@@ -89,7 +100,14 @@ async def get_response(response_id: str, request: Request):
 @router.delete("/responses/{response_id}", response_model=DeletedResponse)
 async def delete_response(response_id: str, request: Request):
     request.app.state.responses.delete(response_id)
+    request.app.state.background.drop(response_id)
     return DeletedResponse(id=response_id)
+
+
+@router.post("/responses/{response_id}/cancel", response_model=ResponseObject)
+async def cancel_response(response_id: str, request: Request):
+    """Stop a background response (`cancelled`); a finished one comes back as it is."""
+    return request.app.state.background.cancel(response_id)
 
 
 @router.get("/responses/{response_id}/input_items", response_model=ResponseItemList)
