@@ -417,3 +417,30 @@ async def test_an_explicit_drafter_that_is_not_loaded_is_a_400(tiny_pair, monkey
         assert stream.json() == r.json()
     else:
         assert r.json()["stats"]["draft_model"] == expected
+
+
+def test_a_scheduler_call_whose_event_loop_closed_leaves_the_engine_running(engine, tiny_pair,
+                                                                           caplog):
+    """An admin or embedding call settles its future on the event loop that asked; when that
+    loop has closed (its server stopped), the MLX thread must not raise: it would fail every
+    running request (the batch test's case for a request's events)."""
+    import asyncio
+
+    from server.engine.service import _settler
+
+    loop = asyncio.new_event_loop()
+    future = loop.create_future()
+    loop.close()
+    ran = threading.Event()
+    engine.scheduler.call(ran.set, _settler(loop, future))
+    assert ran.wait(10)
+
+    async def still_serving() -> int:
+        app = create_app(make_settings(*tiny_pair), engine)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as client:
+            r = await client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
+            return r.status_code
+
+    assert asyncio.run(still_serving()) == 200
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

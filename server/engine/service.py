@@ -90,10 +90,7 @@ class RequestHandle:
             self._pending.append(event)
             first = len(self._pending) == 1
         if first:
-            try:
-                self._loop.call_soon_threadsafe(self._flush)
-            except RuntimeError:  # its event loop is closed: nobody listens any more
-                pass
+            _notify(self._loop, self._flush)
 
     def _flush(self) -> None:  # event loop
         with self._lock:
@@ -500,6 +497,15 @@ def _settler(loop: asyncio.AbstractEventLoop, future: asyncio.Future):
                 future.set_exception(error)
             else:
                 future.set_result(result)
-        loop.call_soon_threadsafe(settle)
+        _notify(loop, settle)
 
     return done
+
+
+def _notify(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """Run `callback` on `loop` (from the MLX thread). A loop that has closed (its server
+    stopped) has nobody left to tell: raising here would fail every running request."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:
+        pass
