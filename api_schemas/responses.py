@@ -234,6 +234,10 @@ class ReasoningConfig(RequestModel):
     summary: str | None = Field(None, description="Accepted; this server writes no summaries.")
 
 
+class ConversationRef(RequestModel):
+    id: str = Field(..., max_length=256)
+
+
 class _ResponsesFields(RequestModel):
     """OpenAI's request fields, in the order of its reference."""
 
@@ -251,6 +255,9 @@ class _ResponsesFields(RequestModel):
     metadata: dict[str, str] | None = Field(None, max_length=16)
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = Field(None, max_length=256)
+    conversation: str | ConversationRef | None = Field(
+        None, description="A conversation (POST /v1/conversations): its items come before the"
+        " input, and the input and the output are added to it.")
     reasoning: ReasoningConfig | None = None
     store: bool = Field(True, description="Keep the response for GET and previous_response_id"
                         " (a bounded in-memory store: server.responses_store_size).")
@@ -282,6 +289,8 @@ class ResponsesRequest(EngineExtensions, _ResponsesFields):
             raise ValueError("input must not be empty")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs 'tools'")
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise ValueError("conversation and previous_response_id cannot both be given")
         if self.background and (self.stream or not self.store):
             raise ValueError("background needs store (true) and no stream: its response is"
                              " read with GET /v1/responses/{id}")
@@ -297,6 +306,11 @@ class ResponsesRequest(EngineExtensions, _ResponsesFields):
 
     def named_tool(self) -> str | None:
         return self.tool_choice.name if isinstance(self.tool_choice, FunctionToolChoice) else None
+
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, ConversationRef):
+            return self.conversation.id
+        return self.conversation
 
     def offers_tools(self) -> bool:
         """Whether any tool is offered to the model (hosted tools are not)."""
@@ -407,6 +421,7 @@ class ResponseObject(OpenAIBaseModel):
         default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
+    conversation: dict[str, str] | None = None
     store: bool = True
     temperature: float | None = None
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
@@ -463,3 +478,30 @@ class ResponseStreamEvent(OpenAIBaseModel):
 
     type: str
     sequence_number: int
+
+
+# ------------------------------------------------------------------------------ conversations
+class ConversationCreate(RequestModel):
+    items: list[InputItem] | None = Field(None, max_length=20, description="Its first items.")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+class ConversationUpdate(RequestModel):
+    metadata: dict[str, str] = Field(..., max_length=16)
+
+
+class ConversationItemsCreate(RequestModel):
+    items: list[InputItem] = Field(..., min_length=1, max_length=20)
+
+
+class ConversationObject(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: item_id("conv"))
+    object: Literal["conversation"] = "conversation"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ConversationDeleted(OpenAIBaseModel):
+    id: str
+    object: Literal["conversation.deleted"] = "conversation.deleted"
+    deleted: bool = True

@@ -46,7 +46,8 @@ class ServerSettings(BaseModel):
     responses_store_size: int = Field(
         256, ge=0, le=100_000,
         description="Responses API: finished responses kept in memory (least recently used"
-        " out first) for GET /v1/responses/{id} and previous_response_id; 0 keeps none.",
+        " out first) for GET /v1/responses/{id} and previous_response_id, and as many"
+        " conversations (/v1/conversations); 0 keeps none.",
     )
     files_max_gb: float = Field(
         1.0, ge=0,

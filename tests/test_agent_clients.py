@@ -220,6 +220,55 @@ def test_openai_background_response_cancelled_failed_refused(oai, model):
             oai.responses.create(model=model, input="x", background=True, **bad)
 
 
+def test_openai_conversation_gives_the_chains_answers(oai, model):
+    """A conversation's responses see its items: the same greedy texts as the same history
+    through previous_response_id; its items are the inputs and outputs, in order."""
+    from openai.types.conversations import Conversation, ConversationItemList
+
+    first = {"type": "message", "role": "user", "content": "You write Python."}
+    conv = oai.conversations.create(items=[first], metadata={"topic": "code"})
+    Conversation.model_validate(conv.model_dump(mode="json"))
+    kwargs = dict(model=model, temperature=0, max_output_tokens=8)
+    one = oai.responses.create(conversation=conv.id, input="Write a function", **kwargs)
+    two = oai.responses.create(conversation={"id": conv.id}, input="Shorter", **kwargs)
+    assert one.conversation.id == conv.id == two.conversation.id
+    chain_one = oai.responses.create(input=[first, {"role": "user",
+                                                    "content": "Write a function"}], **kwargs)
+    chain_two = oai.responses.create(previous_response_id=chain_one.id, input="Shorter",
+                                     **kwargs)
+    assert (one.output_text, two.output_text) == (chain_one.output_text, chain_two.output_text)
+    assert two.usage.input_tokens == chain_two.usage.input_tokens
+    listed = oai.conversations.items.list(conv.id, order="asc")
+    ConversationItemList.model_validate(listed.model_dump(mode="json"))
+    texts = [(item.role, item.content[0].text) for item in listed.data]
+    assert texts == [("user", "You write Python."), ("user", "Write a function"),
+                     ("assistant", one.output_text), ("user", "Shorter"),
+                     ("assistant", two.output_text)]
+    assert oai.responses.input_tokens.count(conversation=conv.id, input="More",
+                                            model=model).input_tokens > two.usage.input_tokens
+
+
+def test_openai_conversation_items_and_errors(oai, model):
+    conv = oai.conversations.create()
+    added = oai.conversations.items.create(conv.id, items=[
+        {"type": "message", "role": "user", "content": "a"},
+        {"type": "message", "role": "user", "content": "b"}])
+    first, second = added.data
+    assert oai.conversations.items.retrieve(second.id, conversation_id=conv.id).id == second.id
+    oai.conversations.items.delete(first.id, conversation_id=conv.id)
+    assert [i.id for i in oai.conversations.items.list(conv.id)] == [second.id]
+    assert oai.conversations.update(conv.id, metadata={"k": "v"}).metadata == {"k": "v"}
+    with pytest.raises(openai.BadRequestError, match="cannot both"):
+        oai.responses.create(model=model, conversation=conv.id, previous_response_id="resp_x",
+                             input="x")
+    deleted = oai.conversations.delete(conv.id)
+    assert (deleted.id, deleted.deleted) == (conv.id, True)
+    with pytest.raises(openai.NotFoundError, match="No conversation"):
+        oai.responses.create(model=model, conversation=conv.id, input="x")
+    with pytest.raises(openai.NotFoundError, match="No conversation"):
+        oai.conversations.items.list(conv.id)
+
+
 def test_openai_input_tokens_count_what_create_reports(oai, model):
     tool = {"type": "function", "name": "get_weather", "parameters": WEATHER}
     request = dict(model=model, input="Write a function", instructions="Be brief.",
@@ -280,6 +329,39 @@ def test_openai_agents_agent_with_a_function_tool(live_server, model):
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
     assert kinds[-1] == "message_output_item"
+
+
+def test_openai_agents_session_and_conversation_id(live_server, model):
+    """The Agents SDK keeps a session in a conversation (`OpenAIConversationsSession`, through
+    the items API) and runs on one server-side (`conversation_id`, through `conversation`)."""
+    from agents import Agent, ModelSettings, OpenAIConversationsSession, RunConfig, Runner
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    class Sky(BaseModel):
+        sky: Literal["sunny", "rainy"]
+
+    client = openai.AsyncOpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0)
+    agent = Agent(name="sky", instructions="Answer briefly.", output_type=Sky,
+                  model=OpenAIResponsesModel(model=model, openai_client=client),
+                  model_settings=ModelSettings(temperature=0, max_tokens=60))
+    config = RunConfig(tracing_disabled=True)
+
+    async def runs():
+        session = OpenAIConversationsSession(openai_client=client)
+        for question in ("Sky in Paris?", "And in Rome?"):
+            await Runner.run(agent, question, session=session, run_config=config)
+        conversation = await client.conversations.create()
+        for question in ("Sky in Paris?", "And in Rome?"):
+            await Runner.run(agent, question, conversation_id=conversation.id,
+                             run_config=config)
+        listed = await client.conversations.items.list(conversation.id, order="asc")
+        return await session.get_items(), listed.data
+
+    session_items, conversation_items = asyncio.run(runs())
+    assert [item["role"] for item in session_items] == ["user", "assistant"] * 2
+    assert [(item.role, item.content[0].text) for item in conversation_items] == [
+        (item["role"], item["content"] if isinstance(item["content"], str)
+         else item["content"][0]["text"]) for item in session_items]
 
 
 # --- anthropic: the Messages API ------------------------------------------------------------

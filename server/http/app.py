@@ -15,6 +15,7 @@ from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
 from server.http.auth import log_exposure
 from server.http.background_responses import BackgroundResponses
 from server.http.batch_jobs import BatchRunner
+from server.http.conversations import ConversationStore
 from server.http.draft_candidates import AUTO, auto_draft
 from server.http.errors import install_error_handlers
 from server.http.file_store import FileStore
@@ -28,6 +29,7 @@ from server.http.routes import (
     batches,
     cache,
     completions,
+    conversations,
     embeddings,
     message_batches,
     messages,
@@ -119,6 +121,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.engine = engine
     app.state.access = ModelAccessPolicy.from_settings(settings)
     app.state.responses = ResponseStore(settings.server.responses_store_size)
+    app.state.conversations = ConversationStore(settings.server.responses_store_size)
     app.state.files = FileStore(int(settings.server.files_max_gb * 1e9))
     app.state.batch_runner = runner = BatchRunner(
         app, settings.server.batch_concurrency or max(1, settings.engine.max_batch_size // 2),
@@ -138,6 +141,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.add_middleware(HeadAsGet)
     app.include_router(completions.router)
     app.include_router(responses.router)
+    app.include_router(conversations.router)
     app.include_router(message_batches.router)
     app.include_router(messages.router)
     app.include_router(embeddings.router)

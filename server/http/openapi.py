@@ -27,7 +27,7 @@ ERROR_DESCRIPTIONS = {
     401: "Missing or wrong bearer key.",
     403: "Not allowed: a path outside the model roots, hub ids disabled, or model changes"
          " disabled on a server bound beyond loopback without an admin key.",
-    404: "No such model, path, loaded draft, stored response, file or batch.",
+    404: "No such model, path, loaded draft, stored response, conversation, file or batch.",
     409: "The draft's tokenizer does not match the target's; a batch that is not running"
          " cannot be cancelled.",
     413: "The upload does not fit in the server's file budget (`server.files_max_gb`).",
@@ -51,6 +51,14 @@ ROUTE_ERRORS = {
     ("/v1/responses/{response_id}", "get"): (401, 404),
     ("/v1/responses/{response_id}", "delete"): (401, 404),
     ("/v1/responses/{response_id}/cancel", "post"): (400, 401, 404),
+    ("/v1/conversations", "post"): (400, 401),
+    ("/v1/conversations/{conversation_id}", "get"): (401, 404),
+    ("/v1/conversations/{conversation_id}", "post"): (400, 401, 404),
+    ("/v1/conversations/{conversation_id}", "delete"): (401, 404),
+    ("/v1/conversations/{conversation_id}/items", "post"): (400, 401, 404),
+    ("/v1/conversations/{conversation_id}/items", "get"): (400, 401, 404),
+    ("/v1/conversations/{conversation_id}/items/{item_id}", "get"): (401, 404),
+    ("/v1/conversations/{conversation_id}/items/{item_id}", "delete"): (401, 404),
     ("/v1/responses/{response_id}/input_items", "get"): (400, 401, 404),
     ("/v1/responses/input_tokens", "post"): (400, 401, 404),
     ("/v1/messages", "post"): (400, 401, 404, 529),

@@ -149,6 +149,7 @@ def response_skeleton(body: ResponsesRequest, model: str) -> ResponseObject:
         max_output_tokens=body.max_output_tokens, metadata=body.metadata or {},
         parallel_tool_calls=body.parallel_tool_calls is not False,
         previous_response_id=body.previous_response_id, store=body.store,
+        conversation=None if body.conversation is None else {"id": body.conversation_id()},
         temperature=body.temperature, top_p=body.top_p,
         text={"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
         if body.text and body.text.format else {"format": {"type": "text"}},

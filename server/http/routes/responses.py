@@ -20,6 +20,7 @@ from server.http.auth import require_api_key
 from server.http.background_responses import ACTIVE
 from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
+from server.http.conversations import Conversation
 from server.http.errors import APIError
 from server.http.request_mapping import chat_prompt, serving
 from server.http.response_store import ResponseStore, StoredResponse
@@ -44,14 +45,17 @@ async def create_response(body: ResponsesRequest, request: Request):
     if body.background:
         return request.app.state.background.start(body, await request.json(),
                                                   engine.model_name)
-    conversation = _conversation(previous, body)
-    items = ([] if previous is None else previous.context()) + request_items(body.input)
+    thread = _thread(request, body)
+    earlier = previous.context() if previous else thread.items if thread else []
+    new_items = request_items(body.input)
     tools = ToolTable(body.tools)
-    chat = chat_from_responses(body, conversation, tools)
+    chat = chat_from_responses(body, _history(earlier, body), tools)
 
     def finished(response: ResponseObject) -> None:
         if body.store:
-            store.put(response, items)
+            store.put(response, earlier + new_items)
+        if thread is not None:
+            thread.items.extend(new_items + response.output)
 
     def make_format(tool_calls, start):
         skeleton = response_skeleton(body, engine.model_name)  # the target now serving
@@ -66,10 +70,11 @@ async def create_response(body: ResponsesRequest, request: Request):
 async def count_input_tokens(body: InputTokensRequest, request: Request):
     """The prompt tokens the same request to POST /v1/responses would have."""
     engine = request.app.state.engine
-    conversation = _conversation(_previous(request.app.state.responses, body), body)
+    previous, thread = _previous(request.app.state.responses, body), _thread(request, body)
+    earlier = previous.context() if previous else thread.items if thread else []
     async with serving(engine, body.model):
         with renamed_params(RENAMES):
-            prompt = chat_prompt(engine, chat_from_responses(body, conversation,
+            prompt = chat_prompt(engine, chat_from_responses(body, _history(earlier, body),
                                                              ToolTable(body.tools)))
     return InputTokenCount(input_tokens=len(prompt))
 
@@ -86,10 +91,17 @@ def _previous(store: ResponseStore, body: ResponsesRequest) -> StoredResponse | 
     return previous
 
 
-def _conversation(previous: StoredResponse | None, body: ResponsesRequest) -> list[dict]:
-    """The chat messages before the instructions: the previous chain's, then the input."""
-    history = [] if previous is None else item_messages(previous.context())
-    return history + input_messages(body.input)
+def _thread(request: Request, body: ResponsesRequest) -> Conversation | None:
+    """The conversation the request names, if any."""
+    if body.conversation is None:
+        return None
+    return request.app.state.conversations.get(body.conversation_id(), param="conversation")
+
+
+def _history(earlier: list, body: ResponsesRequest) -> list[dict]:
+    """The chat messages before the instructions: the earlier items (the previous response's
+    chain, or the conversation's), then the input."""
+    return item_messages(earlier) + input_messages(body.input)
 
 
 @router.get("/responses/{response_id}", response_model=ResponseObject)
