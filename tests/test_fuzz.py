@@ -71,7 +71,8 @@ def keep_small(case) -> None:
     of each request of a message batch (which runs in the background)."""
     body = case.body
     if case.path == "/v1/messages/batches" and isinstance(body, dict):
-        for request in body.get("requests") or []:
+        requests = body.get("requests")
+        for request in requests if isinstance(requests, list) else []:
             params = request.get("params") if isinstance(request, dict) else None
             if isinstance(params, dict):
                 cap_budget(params, "/v1/messages")
