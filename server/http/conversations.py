@@ -5,11 +5,11 @@ as the responses are."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from api_schemas.responses import ConversationObject, ResponseItem
 from server.http.errors import APIError
+from server.http.response_store import BoundedStore
 
 
 @dataclass
@@ -25,34 +25,20 @@ class Conversation:
                        param="item_id", code="item_not_found", redact=False)
 
 
-class ConversationStore:
-    def __init__(self, max_entries: int):
-        self.max_entries = max_entries
-        self._entries: OrderedDict[str, Conversation] = OrderedDict()
+class ConversationStore(BoundedStore[Conversation]):
+    kind = "conversations"
 
     def create(self, metadata: dict | None, items: list[ResponseItem]) -> Conversation:
         if self.max_entries <= 0:
-            raise APIError(400, "conversations are kept in the response store, which keeps"
-                           " none here (server.responses_store_size: 0)", code="invalid_value",
+            raise APIError(400, "conversations are kept beside the responses, and this server"
+                           " keeps none (server.responses_store_size: 0)", code="invalid_value",
                            redact=False)
         conversation = Conversation(ConversationObject(metadata=metadata or {}), items)
-        self._entries[conversation.info.id] = conversation
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self._put(conversation.info.id, conversation)
         return conversation
 
     def get(self, conversation_id: str, *, param: str | None = "conversation_id"
             ) -> Conversation:
-        """404 in OpenAI's shape for an id never created, deleted, or evicted."""
-        conversation = self._entries.get(conversation_id)
-        if conversation is None:
-            raise APIError(404, f"No conversation with id {conversation_id!r} (conversations"
-                           f" are kept in memory, the last {self.max_entries}, until a"
-                           " restart)", param=param, code="conversation_not_found",
-                           redact=False)
-        self._entries.move_to_end(conversation_id)
-        return conversation
-
-    def delete(self, conversation_id: str) -> None:
-        self.get(conversation_id)
-        del self._entries[conversation_id]
+        return self._get(conversation_id, lambda: APIError(
+            404, f"No conversation with id {conversation_id!r} ({self.kept()})", param=param,
+            code="conversation_not_found", redact=False))

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from api_schemas.responses import ResponseItem, ResponseObject
 from server.http.errors import APIError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -20,34 +24,55 @@ class StoredResponse:
         return [*self.items, *self.response.output]
 
 
-class ResponseStore:
+class BoundedStore(Generic[T]):
+    """Entries by id, in memory until a restart: the last `max_entries` used (least recently
+    used out first); 0 keeps none."""
+
+    kind = "entries"  # what the 404 says is kept
+
     def __init__(self, max_entries: int):
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._entries: OrderedDict[str, T] = OrderedDict()
 
-    def put(self, response: ResponseObject, items: list[ResponseItem]) -> None:
+    def _put(self, key: str, entry: T) -> None:
         if self.max_entries <= 0:
             return
-        self._entries[response.id] = StoredResponse(response, tuple(items))
-        self._entries.move_to_end(response.id)
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
-    def get(self, response_id: str, *, param: str | None = None) -> StoredResponse:
-        """404 in OpenAI's shape for an id never stored, deleted, or evicted."""
-        entry = self._entries.get(response_id)
+    def _get(self, key: str, missing: Callable[[], APIError]) -> T:
+        """The entry, or `missing()` (a 404) for an id never stored, deleted, or evicted."""
+        entry = self._entries.get(key)
         if entry is None:
-            what = "Previous response" if param else "Response"
-            raise APIError(404, f"{what} with id {response_id!r} not found (responses are kept"
-                           f" in memory, the last {self.max_entries}, until a restart)",
-                           param=param, code="previous_response_not_found" if param
-                           else "response_not_found")
-        self._entries.move_to_end(response_id)
+            raise missing()
+        self._entries.move_to_end(key)
         return entry
 
-    def delete(self, response_id: str) -> None:
-        self.get(response_id)
-        del self._entries[response_id]
+    def kept(self) -> str:
+        return (f"{self.kind} are kept in memory, the last {self.max_entries}, until a"
+                " restart")
+
+    def delete(self, key: str) -> None:
+        self.get(key)
+        del self._entries[key]
+
+    def get(self, key: str, *, param: str | None = None) -> T:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class ResponseStore(BoundedStore[StoredResponse]):
+    kind = "responses"
+
+    def put(self, response: ResponseObject, items: list[ResponseItem]) -> None:
+        self._put(response.id, StoredResponse(response, tuple(items)))
+
+    def get(self, response_id: str, *, param: str | None = None) -> StoredResponse:
+        what = "Previous response" if param else "Response"
+        return self._get(response_id, lambda: APIError(
+            404, f"{what} with id {response_id!r} not found ({self.kept()})", param=param,
+            code="previous_response_not_found" if param else "response_not_found"))
