@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
 
 from api_schemas.anthropic import MessageBatch, MessageBatchCreate, MessageBatchRequestCounts
 from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, now
 from server.http.batch_lines import request_problem
 from server.http.errors import APIError
+from server.http.timestamps import rfc3339
 
 URL = "/v1/messages"
 
@@ -44,7 +44,7 @@ class _MessageJob(Job):
             id=self.id, processing_status=status, request_counts=self._counts(),
             created_at=rfc3339(self.created_at),
             expires_at=rfc3339(self.created_at + COMPLETION_WINDOW_S),
-            ended_at=rfc3339(self.ended_at), cancel_initiated_at=rfc3339(self.cancel_initiated_at),
+            ended_at=_time(self.ended_at), cancel_initiated_at=_time(self.cancel_initiated_at),
             results_url=(f"{base_url.rstrip('/')}{URL}/batches/{self.id}/results"
                          if self.ended_at is not None else None))
 
@@ -131,7 +131,5 @@ def _result(result: dict | None, cancelled: bool) -> dict:
     return {"type": "errored", "error": response["body"]}
 
 
-def rfc3339(seconds: int | None) -> str | None:
-    if seconds is None:
-        return None
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+def _time(unix: int | None) -> str | None:
+    return None if unix is None else rfc3339(unix)

@@ -9,7 +9,7 @@ streamed line, `stats` on the last.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+import time
 
 from api_schemas.openai import Stats
 from server.engine.events import Finished, TokenEvent
@@ -18,10 +18,11 @@ from server.http.messages_format import tool_input
 from server.http.output_split import Output, OutputSplit
 from server.http.reasoning import ReplyStart
 from server.http.streaming import ResponseFormat, json_dict
+from server.http.timestamps import rfc3339
 
 
 def created_at() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return rfc3339(time.time())
 
 
 def nanoseconds(seconds: float) -> int:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -36,6 +35,7 @@ from server.http.auth import require_admin_key, require_api_key
 from server.http.draft_candidates import draft_candidates
 from server.http.errors import APIError, redact_paths, speaks_anthropic
 from server.http.model_access import local_model_path, weights_problem
+from server.http.timestamps import rfc3339
 from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
@@ -69,9 +69,8 @@ def find_served(engine, name: str) -> ModelEntry | None:
 
 
 def anthropic_model(entry: ModelEntry) -> ModelInfo:
-    loaded = datetime.fromtimestamp(entry.created, timezone.utc)
     return ModelInfo(id=entry.id, display_name=entry.id, role=entry.role, path=entry.path,
-                     created_at=loaded.isoformat().replace("+00:00", "Z"),
+                     created_at=rfc3339(entry.created),
                      max_input_tokens=entry.max_model_len)
 
 

@@ -35,6 +35,7 @@ from server.http.ollama_mapping import (
 from server.http.request_mapping import completion_prompt, serving
 from server.http.routes.embeddings import embed_inputs
 from server.http.routes.models import find_served, served_models
+from server.http.timestamps import rfc3339
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_api_key)], tags=["ollama"])
 
@@ -137,7 +138,7 @@ async def show(body: OllamaShowRequest, request: Request) -> dict:
             "template": getattr(tokenizer, "chat_template", None) or "",
             "details": _details(config, model), "capabilities": _capabilities(entry, model),
             "model_info": {k: v for k, v in info.items() if v is not None},
-            "modified_at": _time(entry.created)}
+            "modified_at": rfc3339(entry.created)}
 
 
 # ------------------------------------------------------------------------------ model details
@@ -185,7 +186,7 @@ def _config(engine, entry) -> tuple[dict, object | None]:
 def _card(engine, entry) -> dict:
     config, model = _config(engine, entry)
     size = model.nbytes() if model is not None else _disk_size(entry.path)
-    return {"name": entry.id, "model": entry.id, "modified_at": _time(entry.created),
+    return {"name": entry.id, "model": entry.id, "modified_at": rfc3339(entry.created),
             "size": size, "digest": hashlib.sha256(entry.path.encode()).hexdigest(),
             "details": _details(config, model)}
 
@@ -224,5 +225,3 @@ def _disk_size(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
 
-def _time(unix: int) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat().replace("+00:00", "Z")
