@@ -220,9 +220,15 @@ def test_files_and_batches_listed_retrieved_deleted(sdk):
         sdk.files.retrieve(second.id)
     with pytest.raises(openai.NotFoundError):
         sdk.files.content(second.id)
-    batches = sdk.batches.list(limit=2)
-    assert len(batches.data) == 2 and all(isinstance(b, Batch) for b in batches.data)
-    assert sdk.batches.retrieve(batches.data[0].id).id == batches.data[0].id
+    source = upload(sdk, jsonl({"a": CHAT}))
+    made = [sdk.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions",
+                               completion_window="24h").id for _ in range(2)]
+    batches = sdk.batches.list(limit=2)  # newest first
+    assert [b.id for b in batches.data] == made[::-1]
+    assert all(isinstance(b, Batch) for b in batches.data)
+    assert sdk.batches.retrieve(made[0]).id == made[0]
+    for batch_id in made:
+        wait(sdk, batch_id)
     with pytest.raises(openai.NotFoundError, match="No batch"):
         sdk.batches.retrieve("batch_nope")
 
