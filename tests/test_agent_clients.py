@@ -322,8 +322,13 @@ def test_openai_agents_agent_with_a_function_tool(live_server, model):
                   model=OpenAIResponsesModel(model=model, openai_client=client),
                   model_settings=ModelSettings(tool_choice="required", temperature=0,
                                                max_tokens=120, parallel_tool_calls=False))
-    result = asyncio.run(Runner.run(agent, "Weather in Paris?", max_turns=3,
-                                    run_config=RunConfig(tracing_disabled=True)))
+
+    async def run():
+        async with client:  # its connections close on this loop, not when collected later
+            return await Runner.run(agent, "Weather in Paris?", max_turns=3,
+                                    run_config=RunConfig(tracing_disabled=True))
+
+    result = asyncio.run(run())
     assert calls and calls[0] in ("Paris", "Rome")
     assert isinstance(result.final_output, Sky)
     kinds = [item.type for item in result.new_items]
@@ -355,7 +360,9 @@ def test_openai_agents_session_and_conversation_id(live_server, model):
             await Runner.run(agent, question, conversation_id=conversation.id,
                              run_config=config)
         listed = await client.conversations.items.list(conversation.id, order="asc")
-        return await session.get_items(), listed.data
+        items = await session.get_items()
+        await client.close()  # its connections close on this loop, not when collected later
+        return items, listed.data
 
     session_items, conversation_items = asyncio.run(runs())
     assert [item["role"] for item in session_items] == ["user", "assistant"] * 2
