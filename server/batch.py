@@ -24,8 +24,6 @@ import json
 import sys
 from pathlib import Path
 
-import httpx
-
 from server.__main__ import parse_args as server_args
 from server.__main__ import settings_from_args
 from server.blas import ensure_fast_blas
@@ -70,19 +68,20 @@ async def run_file(settings, lines: list[str], output: Path,
     try:
         app = create_app(settings, engine)
         limit = asyncio.Semaphore(concurrency or settings.engine.max_batch_size)
-        headers = {"Authorization": f"Bearer {settings.server.api_key or 'unused'}"}
         requests = [line for line in lines if line.strip()]
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), headers=headers,
-                                     base_url="http://batch", timeout=None) as client:
-            with open(output, "w", encoding="utf-8") as out, _progress(len(requests)) as bar:
-                async def one(line: str) -> None:
-                    async with limit:
-                        result = await run_line(client, line)
-                    out.write(json.dumps(result, ensure_ascii=False) + "\n")
-                    out.flush()
-                    bar.update(1)
+        client = app.state.batch_runner.http()  # the app's own client, with the server's key
+        with open(output, "w", encoding="utf-8") as out, _progress(len(requests)) as bar:
+            async def one(line: str) -> None:
+                async with limit:
+                    result = await run_line(client, line)
+                out.write(json.dumps(result, ensure_ascii=False) + "\n")
+                out.flush()
+                bar.update(1)
 
+            try:
                 await asyncio.gather(*(one(line) for line in requests))
+            finally:
+                await app.state.batch_runner.close()
         return len(requests)
     finally:
         engine.stop()

@@ -31,7 +31,7 @@ class Job:
     `cancelling` stops it from starting more; `record` and `end` are each API's bookkeeping."""
 
     requests: list[dict]
-    results: list[dict | None] = field(default_factory=list)
+    results: list[dict | None] = field(init=False)
     cancelling: bool = False
     task: asyncio.Task | None = None
 

@@ -36,7 +36,8 @@ def request_problem(request: dict) -> str | None:
 
 
 def parse_line(line: str) -> tuple[dict | None, str | None, str | None]:
-    """(the request, None, None), or (None, an error code, its message)."""
+    """(the request, None, None); or, for a line that is not a request, (the parsed line, or
+    None when it is no JSON object, an error code, its message)."""
     try:
         request = json.loads(line)
     except ValueError as e:

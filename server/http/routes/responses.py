@@ -11,6 +11,7 @@ from api_schemas.responses import (
     DeletedResponse,
     InputTokenCount,
     InputTokensRequest,
+    ResponseItem,
     ResponseItemList,
     ResponseObject,
     ResponsesRequest,
@@ -41,12 +42,11 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 @router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request):
     engine, store = request.app.state.engine, request.app.state.responses
-    previous = _previous(store, body)
     if body.background:
+        _previous(store, body)  # one still running is refused now
         return request.app.state.background.start(body, await request.json(),
                                                   engine.model_name)
-    thread = _thread(request, body)
-    earlier = previous.context() if previous else thread.items if thread else []
+    earlier, thread = _earlier(request, body)
     new_items = request_items(body.input)
     tools = ToolTable(body.tools)
     chat = chat_from_responses(body, _history(earlier, body), tools)
@@ -70,8 +70,7 @@ async def create_response(body: ResponsesRequest, request: Request):
 async def count_input_tokens(body: InputTokensRequest, request: Request):
     """The prompt tokens the same request to POST /v1/responses would have."""
     engine = request.app.state.engine
-    previous, thread = _previous(request.app.state.responses, body), _thread(request, body)
-    earlier = previous.context() if previous else thread.items if thread else []
+    earlier, _ = _earlier(request, body)
     async with serving(engine, body.model):
         with renamed_params(RENAMES):
             prompt = chat_prompt(engine, chat_from_responses(body, _history(earlier, body),
@@ -91,11 +90,17 @@ def _previous(store: ResponseStore, body: ResponsesRequest) -> StoredResponse | 
     return previous
 
 
-def _thread(request: Request, body: ResponsesRequest) -> Conversation | None:
-    """The conversation the request names, if any."""
+def _earlier(request: Request, body: ResponsesRequest
+             ) -> tuple[list[ResponseItem], Conversation | None]:
+    """The items before the input (the previous response's chain, or the conversation's), and
+    the conversation the request names, if any."""
+    previous = _previous(request.app.state.responses, body)
+    if previous is not None:
+        return previous.context(), None
     if body.conversation is None:
-        return None
-    return request.app.state.conversations.get(body.conversation_id(), param="conversation")
+        return [], None
+    thread = request.app.state.conversations.get(body.conversation_id(), param="conversation")
+    return thread.items, thread
 
 
 def _history(earlier: list, body: ResponsesRequest) -> list[dict]:
