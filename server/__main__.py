@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
     p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
     p.add_argument("--port", type=int, help="TCP port (default 8000).")
+    p.add_argument("--state-dir", help="A folder that keeps stored responses, conversations,"
+                   " files and batches across restarts (default: memory only).")
     p.add_argument("--distributed-mode", choices=["tensor", "pipeline"],
                    help="Under mlx.launch: shard the target tensor parallel (default) or"
                         " pipeline parallel.")
@@ -54,7 +56,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "chat_template": args.chat_template, "chat_template_kwargs": args.chat_template_args,
         "embedding_model": args.embedding_model,
     }.items() if v is not None}
-    server = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    server = {k: v for k, v in {"host": args.host, "port": args.port,
+                                "state_dir": args.state_dir}.items() if v is not None}
     distributed = {"mode": args.distributed_mode} if args.distributed_mode else {}
     return Settings.load(args.config, models=models, server=server, distributed=distributed)
 
@@ -96,6 +99,7 @@ def serve(settings: Settings, sock: socket.socket | None,
     from server.engine.follower import run_follower
     from server.http.app import create_app
     from server.http.shutdown import DrainingServer
+    from server.http.state_db import StateError
     from server.model_files.bundled import ensure_default_models
 
     settings = ensure_default_models(settings)
@@ -104,7 +108,10 @@ def serve(settings: Settings, sock: socket.socket | None,
                      timeout_s=settings.distributed.timeout_s,
                      drain_timeout_s=settings.engine.drain_timeout_s)
         return
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except StateError as e:
+        sys.exit(f"error: {e}")
     DrainingServer(app, host=settings.server.host, port=settings.server.port,
                    log_level=settings.server.log_level,
                    drain_timeout_s=settings.engine.drain_timeout_s).run(sockets=[sock])

@@ -45,15 +45,22 @@ class ServerSettings(BaseModel):
     )
     responses_store_size: int = Field(
         256, ge=0, le=100_000,
-        description="Responses API: finished responses kept in memory (least recently used"
-        " out first) for GET /v1/responses/{id} and previous_response_id, and as many"
-        " conversations (/v1/conversations); 0 keeps none.",
+        description="Responses API: finished responses kept (least recently used out first;"
+        " in memory, and in state_dir) for GET /v1/responses/{id} and previous_response_id,"
+        " and as many conversations (/v1/conversations); 0 keeps none.",
     )
     files_max_gb: float = Field(
         1.0, ge=0,
-        description="Files API: bytes of uploaded files (a batch's requests) kept in memory"
-        " until deleted or a restart; an upload beyond it is a 413. Batches' output files are"
-        " kept beside it.",
+        description="Files API: bytes of uploaded files (a batch's requests) kept until"
+        " deleted (in memory, and in state_dir); an upload beyond it is a 413. Batches' output"
+        " files are kept beside it.",
+    )
+    state_dir: str | None = Field(
+        None,
+        description="A folder where stored responses, conversations, files and batches are"
+        " also written (SQLite), so they survive restarts; a batch or background response a"
+        " restart interrupted goes on when the server starts again. One server per folder;"
+        " null: in memory only.",
     )
     batch_concurrency: int | None = Field(
         None, ge=1, le=4096,

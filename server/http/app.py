@@ -39,6 +39,7 @@ from server.http.routes import (
     tokens,
     ui,
 )
+from server.http.state_db import StateDB
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +104,26 @@ def _draft_path(target: str, draft: str | None, roots) -> str | None:
 def create_app(settings: Settings, engine: InferenceEngine | None = None) -> FastAPI:
     """`engine`, if given, must already be started (tests share one across apps)."""
     owns_engine = engine is None
-    engine = engine or build_engine(settings)
+    state = StateDB(settings.server.state_dir) if settings.server.state_dir else None
+    try:
+        engine = engine or build_engine(settings)
+    except BaseException:
+        if state is not None:
+            state.close()
+        raise
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if owns_engine:
             engine.start()
+        for work in (app.state.background, app.state.batches, app.state.message_batches):
+            work.resume()  # what a restart interrupted (with server.state_dir)
         try:
             yield
         finally:
             await app.state.batch_runner.close()
+            if state is not None:
+                state.close()
             if owns_engine:
                 engine.stop()
 
@@ -120,15 +131,15 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.settings = settings
     app.state.engine = engine
     app.state.access = ModelAccessPolicy.from_settings(settings)
-    app.state.responses = ResponseStore(settings.server.responses_store_size)
-    app.state.conversations = ConversationStore(settings.server.responses_store_size)
-    app.state.files = FileStore(int(settings.server.files_max_gb * 1e9))
+    app.state.responses = ResponseStore(settings.server.responses_store_size, state)
+    app.state.conversations = ConversationStore(settings.server.responses_store_size, state)
+    app.state.files = FileStore(int(settings.server.files_max_gb * 1e9), state)
     app.state.batch_runner = runner = BatchRunner(
         app, settings.server.batch_concurrency or max(1, settings.engine.max_batch_size // 2),
         settings.server.api_key)
-    app.state.batches = OpenAIBatches(runner, app.state.files)
-    app.state.message_batches = MessageBatches(runner)
-    app.state.background = BackgroundResponses(runner, app.state.responses)
+    app.state.batches = OpenAIBatches(runner, app.state.files, state)
+    app.state.message_batches = MessageBatches(runner, state)
+    app.state.background = BackgroundResponses(runner, app.state.responses, state)
     log_exposure(settings.server)
     app.state.metrics = ServerMetrics(
         queue_depth=lambda: engine.queue_depth, batch_size=lambda: engine.batch_size,

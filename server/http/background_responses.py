@@ -2,7 +2,8 @@
 with a `queued` response, kept in the response store, and run through the server's own app
 (`BatchRunner`); when it ends, the stored response becomes the finished one, under the same id
 (`completed`, `incomplete`, or `failed` with the error a request would have got).
-`POST /v1/responses/{id}/cancel` stops it: `cancelled`."""
+`POST /v1/responses/{id}/cancel` stops it: `cancelled`. With `server.state_dir` the request is
+kept until it ends, and one a restart interrupted runs again when the server starts."""
 
 from __future__ import annotations
 
@@ -13,14 +14,30 @@ from server.http.batch_jobs import BatchRunner
 from server.http.errors import APIError
 from server.http.response_store import ResponseStore
 from server.http.responses_mapping import response_skeleton
+from server.http.state_db import StateDB
 
 ACTIVE = ("queued", "in_progress")
+KIND = "background_requests"  # the StateDB's records: the requests of unfinished responses
 
 
 class BackgroundResponses:
-    def __init__(self, runner: BatchRunner, store: ResponseStore):
-        self._runner, self._store = runner, store
+    def __init__(self, runner: BatchRunner, store: ResponseStore, db: StateDB | None = None):
+        self._runner, self._store, self._db = runner, store, db
         self._tasks: dict[str, asyncio.Task] = {}
+
+    def resume(self) -> None:
+        """Run again the responses a restart interrupted (on the server's loop, at start)."""
+        if self._db is None:
+            return
+        for response_id, inner in self._db.load(KIND):
+            try:
+                response = self._store.get(response_id).response
+            except APIError:  # deleted, or out of the store
+                response = None
+            if response is None or response.status not in ACTIVE:
+                self._db.delete(KIND, response_id)
+                continue
+            self._tasks[response_id] = self._runner.spawn(self._run(response, inner))
 
     def start(self, body: ResponsesRequest, raw: dict, model: str) -> ResponseObject:
         """The `queued` response; `raw` is the request's JSON, run as it is but in the
@@ -33,6 +50,8 @@ class BackgroundResponses:
             update={"status": "queued", "background": True})
         self._store.put(response, [])
         inner = {**raw, "background": False, "stream": False, "store": True}
+        if self._db is not None:
+            self._db.put(KIND, response.id, inner)
         self._tasks[response.id] = self._runner.spawn(self._run(response, inner))
         return response
 
@@ -55,6 +74,11 @@ class BackgroundResponses:
         task = self._tasks.pop(response_id, None)
         if task is not None:
             task.cancel()
+        self._forget(response_id)
+
+    def _forget(self, response_id: str) -> None:
+        if self._db is not None:
+            self._db.delete(KIND, response_id)
 
     async def _run(self, queued: ResponseObject, inner: dict) -> None:
         self._finish(queued, queued.model_copy(update={"status": "in_progress"}))
@@ -80,6 +104,8 @@ class BackgroundResponses:
 
     def _finish(self, queued: ResponseObject, response: ResponseObject, items=None) -> None:
         """Store `response` under the background response's id, unless it was deleted."""
+        if response.status not in ACTIVE:
+            self._forget(queued.id)
         try:
             stored = self._store.get(queued.id)
         except APIError:

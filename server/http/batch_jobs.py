@@ -6,7 +6,8 @@ batches, and the Responses API's background responses (`background_responses.py`
 waited out (`batch_lines.send`). A job that is cancelled starts no more of its requests; those
 in flight finish. OpenAI's Batch API (`openai_batches.py`) and Anthropic's Message Batches
 (`message_batches.py`) each keep their jobs and their shapes. Stopping the server cancels
-whatever still runs.
+whatever still runs; with `server.state_dir` each result is kept as it comes, and the next
+start runs the requests that have none (`resume`).
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class BatchRunner:
         self.pending = 0  # requests of running jobs not done yet (GET /metrics)
 
     def start(self, job: Job) -> None:
-        self.pending += len(job.requests)
-        job.task = self.spawn(self._run(job))
+        """Run the job's requests that have no result yet (all of a new job's)."""
+        todo = [i for i, result in enumerate(job.results) if result is None]
+        self.pending += len(todo)
+        job.task = self.spawn(self._run(job, todo))
 
     def spawn(self, work) -> asyncio.Task:
         """Run the coroutine `work` until it ends or the server stops."""
@@ -77,9 +80,9 @@ class BatchRunner:
         if self._client is not None:
             await self._client.aclose()
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: Job, todo: list[int]) -> None:
         try:
-            await asyncio.gather(*(self._one(job, i) for i in range(len(job.requests))))
+            await asyncio.gather(*(self._one(job, i) for i in todo))
             job.end()
         except asyncio.CancelledError:
             raise

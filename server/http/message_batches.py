@@ -3,7 +3,9 @@
 has ended, its results are one JSON line per request, in request order:
 `{"custom_id", "result": {"type": "succeeded", "message"}}`, or `errored` with the error body,
 or `canceled` for a request a cancel kept from starting. As at Anthropic, `request_counts`
-are all `processing` until the batch ends. Batches are kept in memory until a restart."""
+are all `processing` until the batch ends. Batches are kept in memory until a restart, or with
+`server.state_dir` across restarts: each result is kept as it comes, and a batch a restart
+interrupted runs the requests without one when the server starts again."""
 
 from __future__ import annotations
 
@@ -14,21 +16,50 @@ from api_schemas.anthropic import MessageBatch, MessageBatchCreate, MessageBatch
 from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, now
 from server.http.batch_lines import request_problem
 from server.http.errors import APIError
+from server.http.state_db import StateDB
 from server.http.timestamps import rfc3339
 
 URL = "/v1/messages"
+KIND, RESULTS = "message_batches", "message_batch_results"  # the StateDB's records
+_FIELDS = ("id", "custom_ids", "requests", "created_at", "ended_at", "cancel_initiated_at",
+           "cancelling")
 
 
 class _MessageJob(Job):
-    def __init__(self, batch_id: str, custom_ids: list[str], requests: list[dict]):
+    def __init__(self, batch_id: str, custom_ids: list[str], requests: list[dict],
+                 db: StateDB | None = None):
         super().__init__(requests)
-        self.id, self.custom_ids = batch_id, custom_ids
+        self.id, self.custom_ids, self.db = batch_id, custom_ids, db
         self.created_at, self.ended_at = now(), None
         self.cancel_initiated_at: int | None = None
+
+    @classmethod
+    def restored(cls, value: dict, results: dict[int, dict], db: StateDB) -> _MessageJob:
+        """A batch as `saved` wrote it, with the results kept so far."""
+        count = len(value["custom_ids"])
+        job = cls(value["id"], value["custom_ids"], value["requests"] or [None] * count, db)
+        job.created_at, job.ended_at = value["created_at"], value["ended_at"]
+        job.cancel_initiated_at, job.cancelling = (value["cancel_initiated_at"],
+                                                   value["cancelling"])
+        for i, result in results.items():
+            job.results[i] = result
+        if job.ended_at is not None:
+            job.requests = []
+        return job
+
+    def record(self, i: int, result: dict) -> None:
+        super().record(i, result)
+        if self.db is not None:
+            self.db.put(RESULTS, f"{self.id}/{i}", result)
+
+    def saved(self) -> None:
+        if self.db is not None:
+            self.db.put(KIND, self.id, {name: getattr(self, name) for name in _FIELDS})
 
     def end(self) -> None:
         self.ended_at = now()
         self.requests = []  # the bodies; the results stay until the batch is deleted
+        self.saved()
 
     def fail(self, error: Exception) -> None:
         self.end()  # the requests without a result are errored
@@ -59,9 +90,23 @@ class _MessageJob(Job):
 
 
 class MessageBatches:
-    def __init__(self, runner: BatchRunner):
-        self._runner = runner
+    def __init__(self, runner: BatchRunner, db: StateDB | None = None):
+        self._runner, self._db = runner, db
         self._jobs: dict[str, _MessageJob] = {}
+        if db is not None:
+            kept: dict[str, dict[int, dict]] = {}
+            for key, result in db.load(RESULTS):
+                batch_id, _, index = key.rpartition("/")
+                kept.setdefault(batch_id, {})[int(index)] = result
+            for key, value in db.load(KIND):
+                self._jobs[key] = _MessageJob.restored(value, kept.get(key, {}), db)
+
+    def resume(self) -> None:
+        """Run again the batches a restart interrupted (on the server's loop, at start): the
+        requests without a kept result (none of a canceling one's)."""
+        for job in self._jobs.values():
+            if job.ended_at is None:
+                self._runner.start(job)
 
     def create(self, body: MessageBatchCreate) -> _MessageJob:
         custom_ids = [r.custom_id for r in body.requests]
@@ -76,16 +121,17 @@ class MessageBatches:
             seen.add(request.custom_id)
         job = _MessageJob(f"msgbatch_{uuid.uuid4().hex[:24]}", custom_ids,
                           [{"custom_id": r.custom_id, "url": URL, "body": r.params}
-                           for r in body.requests])
+                           for r in body.requests], self._db)
         self._jobs[job.id] = job
+        job.saved()
         self._runner.start(job)
         return job
 
     def get(self, batch_id: str) -> _MessageJob:
         job = self._jobs.get(batch_id)
         if job is None:
-            raise APIError(404, f"No message batch with id {batch_id!r} (batches are kept in"
-                           " memory until a restart)", redact=False)
+            kept = "" if self._db is not None else " (batches are kept in memory until a restart)"
+            raise APIError(404, f"No message batch with id {batch_id!r}{kept}", redact=False)
         return job
 
     def listed(self) -> list[_MessageJob]:
@@ -101,6 +147,7 @@ class MessageBatches:
                            redact=False)
         if not job.cancelling:
             job.cancelling, job.cancel_initiated_at = True, now()
+            job.saved()
         return job
 
     def results(self, batch_id: str) -> bytes:
@@ -117,6 +164,9 @@ class MessageBatches:
             raise APIError(400, f"message batch {batch_id!r} is still processing: cancel it and"
                            " wait until it has ended to delete it", redact=False)
         del self._jobs[batch_id]
+        if self._db is not None:
+            self._db.delete(KIND, batch_id)
+            self._db.delete_prefix(RESULTS, f"{batch_id}/")
 
 
 def _result(result: dict | None, cancelled: bool) -> dict:

@@ -7,12 +7,14 @@ whole, with an error per line. Otherwise it runs at once and ends `completed` wi
 file (the 2xx results) and an error file (the rest), each in input order; `request_counts`
 and `usage` grow as it runs. A cancelled batch is `cancelling` until its requests in flight
 are done, then `cancelled`, with the results it has. Batches are kept in memory until a
-restart.
+restart, or with `server.state_dir` across restarts: each result is kept as it comes, and a
+batch a restart interrupted runs the requests without one when the server starts again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 
 from api_schemas.batches import (
@@ -26,17 +28,28 @@ from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, now
 from server.http.batch_lines import URLS, parse_line
 from server.http.errors import APIError
 from server.http.file_store import FileStore
+from server.http.state_db import StateDB
 
+log = logging.getLogger(__name__)
 MAX_LINES = 50_000  # OpenAI's limit per batch
 MAX_REPORTED_ERRORS = 100  # a failed validation lists at most this many lines
+KIND, RESULTS = "batches", "batch_results"  # the StateDB's records: batches, results so far
+ENDED = ("completed", "cancelled", "failed", "expired")
 
 
 class _OpenAIJob(Job):
-    def __init__(self, batch: BatchObject, requests: list[dict], files: FileStore):
+    def __init__(self, batch: BatchObject, requests: list[dict], files: FileStore,
+                 db: StateDB | None):
         super().__init__(requests)
-        self.batch, self.files = batch, files
+        self.batch, self.files, self.db = batch, files, db
 
     def record(self, i: int, result: dict) -> None:
+        self.restore(i, result)
+        if self.db is not None:
+            self.db.put(RESULTS, f"{self.batch.id}/{i}", result)
+
+    def restore(self, i: int, result: dict) -> None:
+        """Count a result (a new one, or one kept before a restart)."""
         super().record(i, result)
         counts = self.batch.request_counts
         if succeeded(result):
@@ -62,18 +75,63 @@ class _OpenAIJob(Job):
         else:
             batch.status, batch.completed_at = "completed", now()
         self.requests, self.results = [], []  # the files hold them now
+        self.saved()
 
     def fail(self, error: Exception) -> None:
         self.batch.status, self.batch.failed_at = "failed", now()
         self.batch.errors = BatchErrors(data=[BatchError(code="server_error",
                                                          message=str(error))])
+        self.saved()
+
+    def saved(self) -> None:
+        """Write the batch through; an ended one's results are in its files now."""
+        if self.db is not None:
+            _save(self.db, self.batch)
+            if self.batch.status in ENDED:
+                self.db.delete_prefix(RESULTS, f"{self.batch.id}/")
 
 
 class OpenAIBatches:
-    def __init__(self, runner: BatchRunner, files: FileStore):
-        self._runner, self._files = runner, files
+    def __init__(self, runner: BatchRunner, files: FileStore, db: StateDB | None = None):
+        self._runner, self._files, self._db = runner, files, db
         self._batches: dict[str, BatchObject] = {}
         self._jobs: dict[str, _OpenAIJob] = {}
+        if db is not None:
+            self._batches = {key: BatchObject.model_validate(value)
+                             for key, value in db.load(KIND)}
+
+    def resume(self) -> None:
+        """Run again the batches a restart interrupted (on the server's loop, at start): the
+        requests without a kept result; a cancelling one ends with what it has."""
+        if self._db is None:
+            return
+        kept: dict[str, dict[int, dict]] = {}
+        for key, result in self._db.load(RESULTS):
+            batch_id, _, index = key.rpartition("/")
+            kept.setdefault(batch_id, {})[int(index)] = result
+        for batch in self._batches.values():
+            if batch.status in ("in_progress", "cancelling", "finalizing"):
+                self._resume(batch, kept.get(batch.id, {}))
+
+    def _resume(self, batch: BatchObject, kept: dict[int, dict]) -> None:
+        source = self._files.find(batch.input_file_id)
+        requests, errors = validate(source.data, batch.endpoint) if source else ([], [])
+        job = _OpenAIJob(batch, requests, self._files, self._db)
+        if source is None or errors or max(kept, default=-1) >= len(requests):
+            job.fail(RuntimeError(f"its input file {batch.input_file_id} was deleted or changed"
+                                  " before the restart it was interrupted by"))
+            return
+        batch.request_counts.completed = batch.request_counts.failed = 0
+        batch.usage = BatchUsage()
+        for i, result in kept.items():
+            job.restore(i, result)
+        job.cancelling = batch.status == "cancelling"
+        if batch.status == "finalizing":
+            batch.status = "in_progress"
+        log.info("batch %s resumed: %d of %d requests to run", batch.id,
+                 len(requests) - len(kept), len(requests))
+        self._jobs[batch.id] = job
+        self._runner.start(job)
 
     def create(self, body: BatchCreateRequest, model: str) -> BatchObject:
         """The new batch: `failed` when its file does not validate, else `in_progress`."""
@@ -99,8 +157,10 @@ class OpenAIBatches:
         else:
             batch.status, batch.in_progress_at = "in_progress", created
             batch.request_counts.total = len(requests)
-            self._jobs[batch.id] = job = _OpenAIJob(batch, requests, self._files)
+            self._jobs[batch.id] = job = _OpenAIJob(batch, requests, self._files, self._db)
             self._runner.start(job)
+        if self._db is not None:
+            _save(self._db, batch)
         return batch.model_copy(deep=True)
 
     def get(self, batch_id: str) -> BatchObject:
@@ -117,6 +177,8 @@ class OpenAIBatches:
         if batch.status == "in_progress":
             batch.status, batch.cancelling_at = "cancelling", now()
             self._jobs[batch_id].cancelling = True
+            if self._db is not None:
+                _save(self._db, batch)
         elif batch.status not in ("cancelling", "cancelled"):
             raise APIError(409, f"batch {batch_id!r} is {batch.status}: only a running batch can"
                            " be cancelled", param="batch_id", code="batch_not_running",
@@ -126,10 +188,14 @@ class OpenAIBatches:
     def _batch(self, batch_id: str) -> BatchObject:
         batch = self._batches.get(batch_id)
         if batch is None:
-            raise APIError(404, f"No batch with id {batch_id!r} (batches are kept in memory"
-                           " until a restart)", param="batch_id", code="batch_not_found",
-                           redact=False)
+            kept = "" if self._db is not None else " (batches are kept in memory until a restart)"
+            raise APIError(404, f"No batch with id {batch_id!r}{kept}", param="batch_id",
+                           code="batch_not_found", redact=False)
         return batch
+
+
+def _save(db: StateDB, batch: BatchObject) -> None:
+    db.put(KIND, batch.id, batch.model_dump(mode="json"))
 
 
 def succeeded(result: dict) -> bool:

@@ -42,8 +42,9 @@ async def retrieve_conversation(conversation_id: ConversationId, request: Reques
 async def update_conversation(conversation_id: ConversationId, body: ConversationUpdate,
                               request: Request):
     """Replace its metadata."""
-    conversation = request.app.state.conversations.get(conversation_id)
-    conversation.info.metadata = body.metadata
+    store = request.app.state.conversations
+    conversation = store.get(conversation_id)
+    store.set_metadata(conversation, body.metadata)
     return conversation.info
 
 
@@ -57,9 +58,10 @@ async def delete_conversation(conversation_id: ConversationId, request: Request)
 async def add_items(conversation_id: ConversationId, body: ConversationItemsCreate,
                     request: Request):
     """Add items at its end: the added items."""
-    conversation = request.app.state.conversations.get(conversation_id)
+    store = request.app.state.conversations
+    conversation = store.get(conversation_id)
     added = request_items(body.items)
-    conversation.items.extend(added)
+    store.extend(conversation, added)
     return ResponseItemList(**paging.page(added, len(added)))
 
 
@@ -86,6 +88,7 @@ async def retrieve_item(conversation_id: ConversationId, item_id: ItemId, reques
 @router.delete("/{conversation_id}/items/{item_id}", response_model=ConversationObject)
 async def delete_item(conversation_id: ConversationId, item_id: ItemId, request: Request):
     """Remove one item: the conversation."""
-    conversation = request.app.state.conversations.get(conversation_id)
-    conversation.items.remove(conversation.item(item_id))
+    store = request.app.state.conversations
+    conversation = store.get(conversation_id)
+    store.remove_item(conversation, item_id)
     return conversation.info

@@ -55,7 +55,7 @@ async def create_response(body: ResponsesRequest, request: Request):
         if body.store:
             store.put(response, earlier + new_items)
         if thread is not None:
-            thread.items.extend(new_items + response.output)
+            request.app.state.conversations.extend(thread, new_items + response.output)
 
     def make_format(tool_calls, start):
         skeleton = response_skeleton(body, engine.model_name)  # the target now serving
