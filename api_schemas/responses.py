@@ -2,7 +2,7 @@
 extensions (`from_draft` on text deltas, `stats` on the response) as documented extra fields.
 
 Request fields follow the order of OpenAI's reference; fields we do not use (`user`,
-`truncation`, `service_tier`, ...) are accepted and ignored.
+`service_tier`, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -275,6 +275,10 @@ class _ResponsesFields(RequestModel):
                                      " `message.output_text.logprobs`: the most likely"
                                      " tokens at each position.")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
+    truncation: Literal["auto", "disabled"] | None = Field(
+        None, description="auto: a conversation longer than the context loses its earliest"
+        " exchanges (whole, from a user message on) instead of failing; disabled (the"
+        " default): a 400.")
 
     def wants_logprobs(self) -> bool:
         return "message.output_text.logprobs" in (self.include or ())
@@ -428,6 +432,7 @@ class ResponseObject(OpenAIBaseModel):
     tool_choice: str | dict[str, Any] = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
     top_p: float | None = None
+    truncation: Literal["auto", "disabled"] = "disabled"
     metadata: dict[str, str] = Field(default_factory=dict)
     usage: ResponseUsage | None = None
     # --- extension (not in OpenAI's API) ---------------------------------------------------

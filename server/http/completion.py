@@ -18,6 +18,7 @@ from server.http.request_log import log_finished
 from server.http.request_mapping import chat_prompt, generation_params, serving
 from server.http.streaming import ResponseFormat, collect, stream_response
 from server.http.tools import ToolCallParser, parser_factory
+from server.http.truncation import fit_to_context
 
 # Builds the format of a chat request's answer from its tool-call parser factory (or None)
 # and where its reply starts (`ReplyStart`: the prompt, whether a grammar holds the reply).
@@ -60,13 +61,18 @@ async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
 
 async def complete_chat(request: Request, body: ChatCompletionRequest,
                         make_format: FormatFactory, *, fill_context: bool = False,
-                        ndjson: bool = False):
+                        ndjson: bool = False, truncate: bool = False):
+    """`truncate`: drop the earliest exchanges that do not fit in the context
+    (`truncation.fit_to_context`)."""
     engine = request.app.state.engine
     async with serving(engine, body.model):
         target = engine.target.fingerprint  # before anything is tokenized
         tools = parser_factory(engine.tokenizer, body.active_tools(),
                                forced=body.forced_functions() is not None)
-        prompt = chat_prompt(engine, body)
+        if truncate:
+            body, prompt = fit_to_context(engine, body)
+        else:
+            prompt = chat_prompt(engine, body)
         params = plan(request, body, [prompt], target, fill_context=fill_context)
         start = ReplyStart(prompt, constrained=body.constrains_output())
         formats = [make_format(tools, start) for _ in range(body.n)]

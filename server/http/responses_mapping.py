@@ -151,6 +151,7 @@ def response_skeleton(body: ResponsesRequest, model: str) -> ResponseObject:
         previous_response_id=body.previous_response_id, store=body.store,
         conversation=None if body.conversation is None else {"id": body.conversation_id()},
         temperature=body.temperature, top_p=body.top_p,
+        truncation=body.truncation or "disabled",
         text={"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
         if body.text and body.text.format else {"format": {"type": "text"}},
         tool_choice=body.tool_choice.model_dump() if body.named_tool() else

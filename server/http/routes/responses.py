@@ -35,6 +35,7 @@ from server.http.responses_mapping import (
     response_skeleton,
 )
 from server.http.responses_tools import ToolTable
+from server.http.truncation import fit_to_context
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["responses"])
 
@@ -63,7 +64,8 @@ async def create_response(body: ResponsesRequest, request: Request):
                                finished, start)
 
     with renamed_params(RENAMES):
-        return await complete_chat(request, chat, make_format, fill_context=True)
+        return await complete_chat(request, chat, make_format, fill_context=True,
+                                   truncate=body.truncation == "auto")
 
 
 @router.post("/responses/input_tokens", response_model=InputTokenCount)
@@ -73,8 +75,11 @@ async def count_input_tokens(body: InputTokensRequest, request: Request):
     earlier, _ = _earlier(request, body)
     async with serving(engine, body.model):
         with renamed_params(RENAMES):
-            prompt = chat_prompt(engine, chat_from_responses(body, _history(earlier, body),
-                                                             ToolTable(body.tools)))
+            chat = chat_from_responses(body, _history(earlier, body), ToolTable(body.tools))
+            if body.truncation == "auto":
+                _, prompt = fit_to_context(engine, chat)
+            else:
+                prompt = chat_prompt(engine, chat)
     return InputTokenCount(input_tokens=len(prompt))
 
 
