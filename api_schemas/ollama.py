@@ -72,6 +72,9 @@ class _OllamaGeneration(EngineExtensions):
 class OllamaChatRequest(_OllamaGeneration):
     messages: list[OllamaMessage] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
+    truncate: bool | None = Field(
+        None, description="A chat longer than the context loses its earliest exchanges (the"
+        " default, as in Ollama); false: a 400.")
 
 
 class OllamaGenerateRequest(_OllamaGeneration):

@@ -1,11 +1,13 @@
-"""The Responses API's `truncation: "auto"` through the official `openai` SDK: a conversation
-longer than the context (the tiny target's 4,096 tokens) loses its earliest exchanges, whole,
-and the answer is the one the same request gets with the kept exchanges sent alone; the cut is
-computed here with mlx_lm's tokenizer (the fewest exchanges dropped for the chat template's
-prompt to leave room for `max_output_tokens`). Without it, the same request is a 400."""
+"""The Responses API's `truncation: "auto"` through the official `openai` SDK, and Ollama's
+`/api/chat` through the `ollama` client: a conversation longer than the context (the tiny
+target's 4,096 tokens) loses its earliest exchanges, whole, and the answer is the one the same
+request gets with the kept exchanges sent alone; the cut is computed here with mlx_lm's
+tokenizer (the fewest exchanges dropped for the chat template's prompt to leave room for the
+token limit; system messages kept). Without it, the same request is a 400."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -30,16 +32,18 @@ def history(exchanges: int, words: int = 60) -> list[dict]:
     return turns
 
 
-def expected_cut(tokenizer, conversation: list[dict]) -> tuple[int, list[int]]:
-    """The first user message from which the conversation fits, and its prompt."""
-    system = [{"role": "system", "content": INSTRUCTIONS}]
+def expected_cut(tokenizer, conversation: list[dict], system=({"role": "system",
+                                                                "content": INSTRUCTIONS},)
+                 ) -> tuple[int, list[dict], list[int]]:
+    """The first user message from which the conversation fits, what is kept (the system
+    messages before it too), and its prompt."""
     for cut in range(1, len(conversation)):
         if conversation[cut]["role"] != "user":
             continue
-        prompt = tokenizer.apply_chat_template(system + conversation[cut:],
-                                               add_generation_prompt=True)
+        kept = [m for m in conversation[:cut] if m["role"] == "system"] + conversation[cut:]
+        prompt = tokenizer.apply_chat_template([*system, *kept], add_generation_prompt=True)
         if len(prompt) + LIMIT <= CONTEXT:
-            return cut, prompt
+            return cut, kept, prompt
     raise AssertionError("nothing fits")
 
 
@@ -51,7 +55,7 @@ def test_auto_drops_the_earliest_exchanges(oai, loaded_pair, tiny_pair):
     whole = tokenizer.apply_chat_template(
         [{"role": "system", "content": INSTRUCTIONS}] + conversation, add_generation_prompt=True)
     assert len(whole) > CONTEXT
-    cut, prompt = expected_cut(tokenizer, conversation)
+    cut, _, prompt = expected_cut(tokenizer, conversation)
     assert 2 <= cut < len(conversation) - 1
     kwargs = dict(model=str(tiny_pair[0]), instructions=INSTRUCTIONS, temperature=0,
                   max_output_tokens=LIMIT)
@@ -90,3 +94,24 @@ def test_auto_keeps_what_fits_and_refuses_what_cannot(oai, tiny_pair):
         oai.responses.create(input="why? " * 3000, **kwargs)  # the last message alone
     with pytest.raises(openai.BadRequestError, match="truncation"):
         oai.responses.create(input="x", **{**kwargs, "truncation": "middle"})
+
+
+def test_ollama_chat_drops_the_earliest_exchanges_by_default(live_server, loaded_pair,
+                                                             tiny_pair):
+    ollama = pytest.importorskip("ollama")
+    _, tokenizer, _ = loaded_pair
+    conversation = history(20) + [{"role": "system", "content": "Answer in Python."}] + history(
+        20) + [{"role": "user", "content": "Write a function"}]
+    cut, kept, prompt = expected_cut(tokenizer, conversation, system=())
+    assert conversation.index({"role": "system", "content": "Answer in Python."}) < cut
+    client = ollama.Client(host=live_server)
+    options = {"num_predict": LIMIT, "temperature": 0}
+    model = str(tiny_pair[0])
+    truncated = client.chat(model=model, messages=conversation, options=options)
+    alone = client.chat(model=model, messages=kept, options=options)
+    assert truncated.message.content == alone.message.content
+    assert truncated.prompt_eval_count == alone.prompt_eval_count == len(prompt)
+    refused = httpx.post(f"{live_server}/api/chat", timeout=60, json={
+        "model": model, "messages": conversation, "options": options, "stream": False,
+        "truncate": False})  # the client has no truncate argument
+    assert refused.status_code == 400 and "maximum context length" in refused.json()["error"]

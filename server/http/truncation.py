@@ -1,11 +1,12 @@
-"""The Responses API's `truncation: "auto"`: a conversation longer than the context loses its
-earliest exchanges instead of failing with a 400.
+"""Dropping a conversation's earliest exchanges when it is longer than the context, instead of
+failing with a 400: the Responses API's `truncation: "auto"` and Ollama's `/api/chat` (its
+`truncate`, default true).
 
-What is kept: the leading system messages (the instructions), and the conversation from a user
-message on, the earliest such cut that leaves the context room for `max_output_tokens` (one
-token without it). Cutting only before a user message keeps every tool call with its result
-and the roles in the order chat templates expect. The request's last user message and what
-follows it are never cut: if they alone do not fit, the usual 400 follows.
+What is kept: every system (or developer) message, and the conversation from a user message on,
+the earliest such cut that leaves the context room for the request's token limit (one token
+without one). Cutting only before a user message keeps every tool call with its result and the
+roles in the order chat templates expect. The last user message and what follows it are never
+cut: if they alone do not fit, the usual 400 follows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from api_schemas.openai import ChatCompletionRequest
 from server.engine.service import InferenceEngine
 from server.http.request_mapping import chat_prompt
 
-LEADING = ("system", "developer")
+SYSTEM = ("system", "developer")
 
 
 def fit_to_context(engine: InferenceEngine, body: ChatCompletionRequest
@@ -27,14 +28,14 @@ def fit_to_context(engine: InferenceEngine, body: ChatCompletionRequest
     if context is None or len(prompt) + needed <= context:
         return body, prompt
     messages = body.messages
-    lead = next((i for i, m in enumerate(messages) if m.role not in LEADING), len(messages))
-    cuts = [i for i in range(lead + 1, len(messages)) if messages[i].role == "user"]
+    first = next((i for i, m in enumerate(messages) if m.role not in SYSTEM), len(messages))
+    cuts = [i for i in range(first + 1, len(messages)) if messages[i].role == "user"]
     best = None
     low, high = 0, len(cuts) - 1
     while low <= high:  # the prompt shrinks as the cut moves on: the first cut that fits
         middle = (low + high) // 2
-        candidate = body.model_copy(update={"messages": messages[:lead] +
-                                            messages[cuts[middle]:]})
+        kept = [m for m in messages[:cuts[middle]] if m.role in SYSTEM]
+        candidate = body.model_copy(update={"messages": kept + messages[cuts[middle]:]})
         tokens = chat_prompt(engine, candidate)
         if len(tokens) + needed <= context:
             best, high = (candidate, tokens), middle - 1

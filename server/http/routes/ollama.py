@@ -56,7 +56,8 @@ async def chat(body: OllamaChatRequest, request: Request):
 
     with renamed_params(RENAMES):
         return await complete_chat(request, chat_from_ollama(body), make_format,
-                                   fill_context=fills_context(body), ndjson=True)
+                                   fill_context=fills_context(body), ndjson=True,
+                                   truncate=body.truncate is not False)
 
 
 @router.post("/generate", summary="Ollama generate")
