@@ -13,8 +13,12 @@ import errno
 import json
 import logging
 import socket
+import ssl
 import sys
 from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
 
 from server.blas import ensure_fast_blas, log_blas
 from server.config import Settings
@@ -41,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
     p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
     p.add_argument("--port", type=int, help="TCP port (default 8000).")
+    p.add_argument("--ssl-certfile", help="A PEM certificate file: serve HTTPS (with"
+                   " --ssl-keyfile).")
+    p.add_argument("--ssl-keyfile", help="The certificate's PEM private key file.")
     p.add_argument("--state-dir", help="A folder that keeps stored responses, conversations,"
                    " files and batches across restarts (default: memory only).")
     p.add_argument("--distributed-mode", choices=["tensor", "pipeline"],
@@ -57,9 +64,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "embedding_model": args.embedding_model,
     }.items() if v is not None}
     server = {k: v for k, v in {"host": args.host, "port": args.port,
-                                "state_dir": args.state_dir}.items() if v is not None}
+                                "state_dir": args.state_dir, "ssl_certfile": args.ssl_certfile,
+                                "ssl_keyfile": args.ssl_keyfile}.items() if v is not None}
     distributed = {"mode": args.distributed_mode} if args.distributed_mode else {}
     return Settings.load(args.config, models=models, server=server, distributed=distributed)
+
+
+def read_settings(args: argparse.Namespace) -> Settings:
+    """`settings_from_args`, or an exit with what is wrong, one line per setting."""
+    try:
+        return settings_from_args(args)
+    except ValidationError as e:
+        sys.exit("error: invalid settings (the config file, MLX_SPEC_* variables and flags):\n"
+                 + "\n".join(f"  {'.'.join(map(str, err['loc']))}: {err['msg']}"
+                              + ("" if isinstance(err["input"], dict)
+                                 else f" (got {err['input']!r})") for err in e.errors()))
+    except (OSError, yaml.YAMLError) as e:
+        sys.exit(f"error: cannot read the config file {args.config}: {e}")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -81,14 +102,28 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """Exit with a clear message, before any model loads, when the certificate and key do not
+    load (a missing file, a key that is not the certificate's)."""
+    if certfile is None:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as e:
+        sys.exit(f"error: server.ssl_certfile {certfile} and server.ssl_keyfile {keyfile} do not"
+                 f" load as a PEM certificate and its key: {e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     if argv is None:  # the command line (not a test calling main): fast BLAS first
         ensure_fast_blas()
-    settings = settings_from_args(parse_args(argv))
+    settings = read_settings(parse_args(argv))
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     layout = launched_layout(settings.distributed.mode)
     follower = layout is not None and layout.rank > 0  # mlx.launch: rank 0 serves HTTP
+    if not follower:
+        check_tls(settings.server.ssl_certfile, settings.server.ssl_keyfile)
     sock = None if follower else listen(settings.server.host, settings.server.port)
     log_blas()
     serve(settings, sock, layout)
@@ -114,7 +149,9 @@ def serve(settings: Settings, sock: socket.socket | None,
         sys.exit(f"error: {e}")
     DrainingServer(app, host=settings.server.host, port=settings.server.port,
                    log_level=settings.server.log_level,
-                   drain_timeout_s=settings.engine.drain_timeout_s).run(sockets=[sock])
+                   drain_timeout_s=settings.engine.drain_timeout_s,
+                   ssl_certfile=settings.server.ssl_certfile,
+                   ssl_keyfile=settings.server.ssl_keyfile).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -81,6 +81,17 @@ class ServerSettings(BaseModel):
         " this machine (http or https on localhost, 127.0.0.1 or [::1], any port); [] for none."
         " The admin endpoints never answer another origin's page.",
     )
+    ssl_certfile: str | None = Field(
+        None, description="A PEM certificate (chain) file: serve HTTPS instead of HTTP, with"
+        " ssl_keyfile.")
+    ssl_keyfile: str | None = Field(None, description="The certificate's PEM private key file.")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerSettings:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("server.ssl_certfile and server.ssl_keyfile go together: give both"
+                             " or neither")
+        return self
 
 
 class MoreTarget(BaseModel):

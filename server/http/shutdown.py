@@ -24,10 +24,13 @@ FLUSH_S = 0.3
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, app: FastAPI, *, host: str, port: int, log_level: str,
-                 drain_timeout_s: float):
+                 drain_timeout_s: float, ssl_certfile: str | None = None,
+                 ssl_keyfile: str | None = None):
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                timeout_graceful_shutdown=int(drain_timeout_s + BACKSTOP_S))
+                                timeout_graceful_shutdown=int(drain_timeout_s + BACKSTOP_S),
+                                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
         super().__init__(config)
+        self.scheme = "https" if ssl_certfile else "http"
         self.app = app
         self.drain_timeout_s = drain_timeout_s
         self._draining = False
@@ -37,7 +40,7 @@ class DrainingServer(uvicorn.Server):
         if sockets and self.started:  # uvicorn logs its address only for sockets it binds
             for sock in sockets:
                 host, port = sock.getsockname()[:2]
-                log.info("serving on http://%s:%d (Ctrl+C to quit)",
+                log.info("serving on %s://%s:%d (Ctrl+C to quit)", self.scheme,
                          f"[{host}]" if ":" in host else host, port)
 
     def handle_exit(self, sig, frame) -> None:
