@@ -265,7 +265,8 @@ class _ResponsesFields(RequestModel):
     background: bool | None = Field(
         None, description="Answer at once with a `queued` response and run it in the"
         " background: poll GET /v1/responses/{id}, cancel with POST /v1/responses/{id}/cancel"
-        " (needs store; not with stream).")
+        " (needs store). With stream: its events, which GET /v1/responses/{id}?stream=true"
+        "&starting_after=N resumes.")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description=f"0 (greedy) or at least {MIN_TEMPERATURE}.")
     text: TextConfig | None = None
@@ -295,9 +296,9 @@ class ResponsesRequest(EngineExtensions, _ResponsesFields):
             raise ValueError("tool_choice needs 'tools'")
         if self.conversation is not None and self.previous_response_id is not None:
             raise ValueError("conversation and previous_response_id cannot both be given")
-        if self.background and (self.stream or not self.store):
-            raise ValueError("background needs store (true) and no stream: its response is"
-                             " read with GET /v1/responses/{id}")
+        if self.background and not self.store:
+            raise ValueError("background needs store (true): its response is read with"
+                             " GET /v1/responses/{id}")
         if self.tool_choice == "required" and not self.offers_tools():
             raise ValueError("tool_choice 'required' needs a function, custom or namespace tool"
                              " (hosted tools are not run here)")

@@ -215,9 +215,74 @@ def test_openai_background_response_cancelled_failed_refused(oai, model):
     foreground = oai.responses.create(model=model, input="x", max_output_tokens=2)
     with pytest.raises(openai.BadRequestError, match="only background"):
         oai.responses.cancel(foreground.id)
-    for bad in ({"stream": True}, {"store": False}):
-        with pytest.raises(openai.BadRequestError, match="background needs store"):
-            oai.responses.create(model=model, input="x", background=True, **bad)
+    with pytest.raises(openai.BadRequestError, match="background needs store"):
+        oai.responses.create(model=model, input="x", background=True, store=False)
+    with pytest.raises(openai.BadRequestError, match="has no events to stream"):
+        oai.responses.retrieve(failed.id, stream=True)  # not created with stream
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve("resp_unknown", stream=True)
+
+
+def test_openai_background_stream_resumes_after_a_dropped_connection(oai, model):
+    """A background stream that the client drops after 10 events goes on; resuming after the
+    10th gives the rest, numbered on; the events add up to the foreground response."""
+    from openai.types.responses import Response
+
+    kwargs = dict(model=model, input="Write a function", temperature=0, max_output_tokens=40)
+    seen = []
+    with oai.responses.stream(**kwargs, background=True) as stream:
+        for event in stream:
+            seen.append(event)
+            if event.sequence_number == 10:
+                break  # the connection drops
+    assert seen[0].type == "response.created" and seen[0].response.status == "queued"
+    assert seen[1].type == "response.in_progress" and seen[0].response.background
+    response_id = seen[0].response.id
+    rest = list(oai.responses.retrieve(response_id, stream=True, starting_after=10))
+    events = seen + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1]
+    assert final.type == "response.incomplete" and final.response.id == response_id
+    Response.model_validate(final.response.model_dump(mode="json", exclude_unset=True))
+    alone = oai.responses.create(**kwargs)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.response.output_text == alone.output_text
+    assert finished(oai, response_id).output_text == alone.output_text
+    again = list(oai.responses.retrieve(response_id, stream=True))  # from the start
+    assert again[11:] == rest
+
+    def brief(e):
+        return e.sequence_number, e.type, getattr(e, "delta", None)
+    assert [brief(e) for e in again] == [brief(e) for e in events]
+
+    # the SDK's stream helper resumes one too (it wants a completed response: a short JSON)
+    pick = {"format": {"type": "json_schema", "name": "pick", "strict": True, "schema": {
+        "type": "object", "properties": {"pick": {"enum": ["yes", "no"]}},
+        "required": ["pick"], "additionalProperties": False}}}
+    queued = oai.responses.create(model=model, input="Pick", temperature=0, text=pick,
+                                  background=True, stream=True)
+    response_id = next(iter(queued)).response.id
+    queued.close()
+    with oai.responses.stream(response_id=response_id, starting_after=2) as resumed:
+        final = resumed.get_final_response()
+    assert final.status == "completed" and final.id == response_id
+    assert final.output_text == oai.responses.create(model=model, input="Pick", temperature=0,
+                                                     text=pick).output_text
+
+
+def test_openai_background_stream_of_a_failed_or_cancelled_response(oai, model):
+    failed = list(oai.responses.create(model=model, input="x " * 5000, background=True,
+                                       stream=True))
+    assert [e.type for e in failed] == ["response.created", "response.failed"]
+    assert "maximum context length" in failed[-1].response.error.message
+    stream = oai.responses.create(model=model, input="Write a long story", background=True,
+                                  stream=True, max_output_tokens=400,
+                                  extra_body={"ignore_eos": True})
+    first = next(iter(stream))
+    oai.responses.cancel(first.response.id)
+    rest = list(stream)  # ends once the run has stopped
+    assert all(e.type != "response.completed" for e in rest)
+    assert oai.responses.retrieve(first.response.id).status == "cancelled"
 
 
 def test_openai_conversation_gives_the_chains_answers(oai, model):

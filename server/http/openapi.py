@@ -48,7 +48,7 @@ ROUTE_ERRORS = {
     ("/v1/models/draft/compatibility", "post"): (400, 401, 403, 404),
     ("/v1/models/draft/candidates", "get"): (401, 403),
     ("/v1/responses", "post"): (400, 401, 404, 503),
-    ("/v1/responses/{response_id}", "get"): (401, 404),
+    ("/v1/responses/{response_id}", "get"): (400, 401, 404),
     ("/v1/responses/{response_id}", "delete"): (401, 404),
     ("/v1/responses/{response_id}/cancel", "post"): (400, 401, 404),
     ("/v1/conversations", "post"): (400, 401),
@@ -100,10 +100,12 @@ STREAMED = {
     "/v1/responses": (ResponseObject, ResponseStreamEvent),
     "/v1/messages": (Message, MessageStreamEvent),
 }
+# Read operations that stream with `?stream=true` (as the operation named streams).
+STREAMED_READS = {"/v1/responses/{response_id}": "/v1/responses"}
 OLLAMA_STREAMED = ("/api/chat", "/api/generate")
 STREAM_ENDS = {
     "/v1/responses": "named events (`event:` = the data's `type`), the last response.completed"
-                     " or response.incomplete",
+                     " or response.incomplete (response.failed: a background response)",
     "/v1/messages": "named events (`event:` = the data's `type`), the last message_stop",
 }
 
@@ -141,11 +143,13 @@ def describe(schema: dict) -> None:
                 responses[str(code)] = _error_response(code, error_ref)
             if path in OLLAMA_STREAMED:
                 responses["200"] = _json_lines_ok(refs[(OllamaAnswer, "serialization")])
-            if path in STREAMED and method == "post":
-                body, chunk = STREAMED[path]
+            streams = (path if method == "post" else
+                       STREAMED_READS.get(path) if method == "get" else None)
+            if streams in STREAMED:
+                body, chunk = STREAMED[streams]
                 responses["200"] = _streamed_ok(refs[(body, "serialization")],
                                                 refs[(chunk, "serialization")], error_ref,
-                                                STREAM_ENDS.get(path, "then `data: [DONE]`"))
+                                                STREAM_ENDS.get(streams, "then `data: [DONE]`"))
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
 

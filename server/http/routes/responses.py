@@ -3,9 +3,11 @@ GET /v1/responses/{id}/input_items and POST /v1/responses/input_tokens."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from sse_starlette import EventSourceResponse
 
 from api_schemas.responses import (
     DeletedResponse,
@@ -45,8 +47,9 @@ async def create_response(body: ResponsesRequest, request: Request):
     engine, store = request.app.state.engine, request.app.state.responses
     if body.background:
         _previous(store, body)  # one still running is refused now
-        return request.app.state.background.start(body, await request.json(),
-                                                  engine.model_name)
+        background = request.app.state.background
+        queued = background.start(body, await request.json(), engine.model_name)
+        return _events(background.follow(queued.id, None)) if body.stream else queued
     earlier, thread = _earlier(request, body)
     new_items = request_items(body.input)
     tools = ToolTable(body.tools)
@@ -115,8 +118,25 @@ def _history(earlier: list, body: ResponsesRequest) -> list[dict]:
 
 
 @router.get("/responses/{response_id}", response_model=ResponseObject)
-async def get_response(response_id: str, request: Request):
+async def get_response(
+    response_id: str, request: Request,
+    stream: Annotated[bool, Query(description="Stream the events of a background response"
+                                  " created with stream: true (those kept), as they come.")]
+    = False,
+    starting_after: Annotated[int | None, Query(ge=-1, description="With stream: the"
+                                                " sequence number to resume after.")] = None,
+    include: Annotated[list[str] | None, Query(description="Accepted and ignored.")] = None,
+):
+    if stream:
+        return _events(request.app.state.background.follow(response_id, starting_after))
     return request.app.state.responses.get(response_id).response
+
+
+def _events(events) -> EventSourceResponse:
+    async def messages():
+        async for event in events:
+            yield {"event": event["type"], "data": json.dumps(event, ensure_ascii=False)}
+    return EventSourceResponse(messages(), ping=15)
 
 
 @router.delete("/responses/{response_id}", response_model=DeletedResponse)
