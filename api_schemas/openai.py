@@ -317,6 +317,10 @@ class EngineExtensions(RequestModel):
     structured_outputs: StructuredOutputs | None = Field(
         None, description="vLLM's: the output follows a JSON schema, a regular expression, one"
         " of a list of strings, or a Lark grammar.")
+    priority: int | None = Field(
+        None, ge=-1_000_000, le=1_000_000, description="vLLM's: when requests wait for a batch"
+        " slot, the lowest priority goes first, then the oldest (default 0; a batch's requests:"
+        " 1, after the others).")
 
     def extensions(self) -> dict:
         """The extension fields this request set, to pass on to a chat completion request."""

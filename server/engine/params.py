@@ -76,6 +76,7 @@ class GenerationParams:
     cache_prompt: bool = True  # llama.cpp's name: reuse (and store) the prefix cache
     stop_token_ids: tuple[int, ...] = ()  # vLLM's name: more tokens that end it as EOS does
     prediction: tuple[int, ...] = ()  # OpenAI's Predicted Outputs: a guess of the answer
+    priority: int = 0  # vLLM's: waiting requests are admitted lowest first, then oldest
     # The fingerprint of the target the prompt was tokenized for ("": any): a request that
     # reaches the scheduler after the target was replaced is refused (ModelReplaced).
     target: str = ""

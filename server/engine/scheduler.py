@@ -352,8 +352,10 @@ class Scheduler:
         self._retire([s for s in self.target.rows if s.cancelled])
 
     def _admit(self) -> None:
+        """Fill free slots: the lowest `priority` first, the oldest among equals."""
         while self.waiting and self.batch_size < self.config.max_batch_size:
-            seq = self.waiting.popleft()
+            seq = min(self.waiting, key=lambda s: s.params.priority)  # the first of the lowest
+            self.waiting.remove(seq)
             self._left_queue()
             if seq.params.max_tokens <= 0:
                 seq.finish("length")

@@ -23,6 +23,7 @@ from server.http.batch_lines import send
 
 log = logging.getLogger(__name__)
 
+BATCH_PRIORITY = 1  # after the requests clients send themselves (0 unless they say)
 COMPLETION_WINDOW_S = 24 * 3600  # both APIs' window: a batch "expires" 24 h after creation
 
 
@@ -95,7 +96,7 @@ class BatchRunner:
             async with self._limit:
                 if job.cancelling:
                     return
-                result = await send(self.http(), job.requests[i])
+                result = await send(self.http(), _after_others(job.requests[i]))
             job.record(i, result)
         finally:
             self.pending -= 1
@@ -107,6 +108,15 @@ class BatchRunner:
                 transport=httpx.ASGITransport(app=self._app), base_url="http://batch",
                 headers=self._headers, timeout=None)
         return self._client
+
+
+def _after_others(request: dict) -> dict:
+    """A batch's request waits behind the other clients' for a slot (`priority` 1), unless its
+    body sets its own."""
+    body = request.get("body")
+    if isinstance(body, dict) and "priority" not in body:
+        request = {**request, "body": {**body, "priority": BATCH_PRIORITY}}
+    return request
 
 
 def now() -> int:

@@ -162,6 +162,7 @@ def generation_params(
         cache_prompt=body.cache_prompt is not False,
         constraint=reply_constraint(body, engine, prompt),
         prediction=prediction_tokens(body, engine),
+        priority=body.priority or 0,
         target=target,
     )
 
