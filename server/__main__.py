@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import socket
 import ssl
@@ -23,6 +22,7 @@ from pydantic import ValidationError
 from server.blas import ensure_fast_blas, log_blas
 from server.config import Settings
 from server.engine.distributed import DistributedLayout, launched_layout
+from server.settings_flags import add_setting_flags, setting_overrides
 
 log = logging.getLogger("server")
 
@@ -30,44 +30,12 @@ log = logging.getLogger("server")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=None, help="YAML settings file.")
-    p.add_argument("--model", help="Target model: local mlx_lm folder or hub id.")
-    p.add_argument("--model-name", help="The name clients send as `model` (default: the"
-                   " --model path or id).")
-    p.add_argument("--adapter-path", help="An mlx_lm.lora adapter folder for the target.")
-    p.add_argument("--chat-template", help="A Jinja chat template, or its file, instead of the"
-                   " tokenizer's.")
-    p.add_argument("--chat-template-args", type=json.loads, metavar="JSON",
-                   help='Variables every chat is rendered with, e.g. \'{"enable_thinking":'
-                        ' false}\'.')
-    p.add_argument("--embedding-model", help="A model for /v1/embeddings (default: none).")
-    p.add_argument("--draft-model", help="Draft model path or hub id; 'auto': the smallest local"
-                   " model that can draft for the target; 'none' for no draft.")
-    p.add_argument("--num-draft-tokens", type=int, help="Draft tokens per round.")
-    p.add_argument("--host", help="Interface to bind (default 127.0.0.1).")
-    p.add_argument("--port", type=int, help="TCP port (default 8000).")
-    p.add_argument("--ssl-certfile", help="A PEM certificate file: serve HTTPS (with"
-                   " --ssl-keyfile).")
-    p.add_argument("--ssl-keyfile", help="The certificate's PEM private key file.")
-    p.add_argument("--state-dir", help="A folder that keeps stored responses, conversations,"
-                   " files and batches across restarts (default: memory only).")
-    p.add_argument("--distributed-mode", choices=["tensor", "pipeline"],
-                   help="Under mlx.launch: shard the target tensor parallel (default) or"
-                        " pipeline parallel.")
+    add_setting_flags(p)
     return p.parse_args(argv)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    models = {k: v for k, v in {
-        "model": args.model, "model_name": args.model_name, "draft_model": args.draft_model,
-        "adapter_path": args.adapter_path, "num_draft_tokens": args.num_draft_tokens,
-        "chat_template": args.chat_template, "chat_template_kwargs": args.chat_template_args,
-        "embedding_model": args.embedding_model,
-    }.items() if v is not None}
-    server = {k: v for k, v in {"host": args.host, "port": args.port,
-                                "state_dir": args.state_dir, "ssl_certfile": args.ssl_certfile,
-                                "ssl_keyfile": args.ssl_keyfile}.items() if v is not None}
-    distributed = {"mode": args.distributed_mode} if args.distributed_mode else {}
-    return Settings.load(args.config, models=models, server=server, distributed=distributed)
+    return Settings.load(args.config, **setting_overrides(args))
 
 
 def read_settings(args: argparse.Namespace) -> Settings:

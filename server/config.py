@@ -33,7 +33,8 @@ from server.engine.scheduler import (
 class ServerSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port.")
-    api_key: str | None = Field(None, description="Bearer key required on every /v1 endpoint.")
+    api_key: str | None = Field(None, description="Bearer key required on every /v1 endpoint"
+                                " (MLX_SPEC_SERVER__API_KEY keeps it out of the process list).")
     admin_api_key: str | None = Field(
         None,
         description="Bearer key required to load or unload models (admin endpoints). Without"

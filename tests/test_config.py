@@ -87,3 +87,28 @@ def test_every_flag_sets_its_key(tmp_path):
         ("t.jinja", {"enable_thinking": False})
     assert settings_from_args(parse_args(["--config", str(config)])).models.model_name == \
         "from-file"
+
+
+def test_every_setting_has_a_flag_that_reads_its_type():
+    """Each key of every section is a flag (`--KEY`; `--cache-KEY`, `--distributed-KEY`),
+    its value read as the setting's type; mlx_lm.server's --temp is --temperature."""
+    from server.__main__ import parse_args, settings_from_args
+    from server.settings_flags import flag, settings
+
+    s = settings_from_args(parse_args([
+        "--temp", "0.7", "--max-batch-size", "16", "--cache-max-gb", "0.5", "--ui", "false",
+        "--fuse-projections", "--model-aliases", "[gpt-4o, claude]", "--cors-origins", '["*"]',
+        "--api-key", "123", "--draft", "prompt_lookup", "--distributed-timeout-s", "5",
+        "--more-targets", '[{"model": "other", "model_name": "b"}]', "--allow-hub", "null"]))
+    assert (s.defaults.temperature, s.engine.max_batch_size, s.cache.max_gb) == (0.7, 16, 0.5)
+    assert (s.server.ui, s.engine.fuse_projections, s.models.allow_hub) == (False, True, None)
+    assert s.models.model_aliases == ["gpt-4o", "claude"] and s.server.cors_origins == ["*"]
+    assert (s.server.api_key, s.defaults.draft, s.distributed.timeout_s) == (
+        "123", "prompt_lookup", 5.0)  # text stays text
+    assert s.models.more_targets[0].model_name == "b"
+    flags = [flag(section, key) for section, key, _ in settings()]
+    assert len(flags) == len(set(flags)) == sum(
+        len(f.annotation.model_fields) for f in Settings.model_fields.values())
+    for section, key, _ in settings():  # each flag reaches its own key
+        args = parse_args([flag(section, key), "x"])
+        assert getattr(args, f"{section}.{key}") == "x"
