@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from server import logs
 from server.blas import ensure_fast_blas, log_blas
 from server.config import Settings
 from server.engine.distributed import DistributedLayout, launched_layout
@@ -86,19 +87,18 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # the command line (not a test calling main): fast BLAS first
         ensure_fast_blas()
     settings = read_settings(parse_args(argv))
-    logging.basicConfig(level=settings.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = logs.configure(settings.server.log_level, settings.server.log_format)
     layout = launched_layout(settings.distributed.mode)
     follower = layout is not None and layout.rank > 0  # mlx.launch: rank 0 serves HTTP
     if not follower:
         check_tls(settings.server.ssl_certfile, settings.server.ssl_keyfile)
     sock = None if follower else listen(settings.server.host, settings.server.port)
     log_blas()
-    serve(settings, sock, layout)
+    serve(settings, sock, layout, log_config)
 
 
 def serve(settings: Settings, sock: socket.socket | None,
-          layout: DistributedLayout | None) -> None:
+          layout: DistributedLayout | None, log_config: dict | None = None) -> None:
     from server.engine.follower import run_follower
     from server.http.app import create_app
     from server.http.shutdown import DrainingServer
@@ -119,7 +119,8 @@ def serve(settings: Settings, sock: socket.socket | None,
                    log_level=settings.server.log_level,
                    drain_timeout_s=settings.engine.drain_timeout_s,
                    ssl_certfile=settings.server.ssl_certfile,
-                   ssl_keyfile=settings.server.ssl_keyfile).run(sockets=[sock])
+                   ssl_keyfile=settings.server.ssl_keyfile,
+                   log_config=log_config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class ServerSettings(BaseModel):
         " engine.max_batch_size, leaving the rest to other clients.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text lines, or json: one JSON object per line (time, level,"
+        " logger, message; a generation's request_id, endpoint, finish_reason and stats).")
     ui: bool = Field(
         True,
         description="Serve the playground page at GET / (chat with draft tokens coloured,"

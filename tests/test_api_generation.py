@@ -181,14 +181,16 @@ async def test_each_finished_generation_is_logged_with_its_drafts(client, caplog
     stats = r.json()["stats"]
     drafted, undrafted = [rec.getMessage() for rec in caplog.records
                           if rec.name == "server.requests"]
-    assert drafted.startswith("/v1/chat/completions length: prompt "
+    request_id = r.headers["x-request-id"]
+    assert drafted.startswith(f"/v1/chat/completions length [{request_id}]: prompt "
                               f"{stats['prompt_tokens']} ({stats['cached_tokens']} cached), "
                               f"{MAX} generated in ")
     assert drafted.endswith(f"drafts: {stats['draft_tokens_accepted']}/"
                             f"{stats['draft_tokens_proposed']} accepted "
                             f"({stats['acceptance_rate']:.0%}) by {stats['draft_model']}")
     assert plain.status_code == 200 and undrafted.endswith("; no drafts")
-    assert undrafted.startswith("/v1/completions length: prompt ")
+    assert undrafted.startswith(f"/v1/completions length [{plain.headers['x-request-id']}]:"
+                                " prompt ")
 
 
 @pytest.mark.parametrize("k", [0, 3])

@@ -38,7 +38,7 @@ async def test_by_default_pages_of_this_machine_only(engine, tiny_pair):
                 "authorization,content-type,x-stainless-os"
             r = await c.get("/v1/models", headers={"Origin": origin})
             assert r.headers["access-control-allow-origin"] == origin
-            assert r.headers["access-control-expose-headers"] == "Retry-After"
+            assert r.headers["access-control-expose-headers"] == "Retry-After, X-Request-Id"
         for origin in ELSEWHERE:
             r = await c.options("/v1/chat/completions", headers=preflight(origin))
             assert r.status_code == 400 and "access-control-allow-origin" not in r.headers

@@ -24,6 +24,7 @@ from server.http.metrics import ServerMetrics
 from server.http.model_access import ModelAccessPolicy
 from server.http.openai_batches import OpenAIBatches
 from server.http.openapi import install_openapi
+from server.http.request_ids import RequestIds
 from server.http.response_store import ResponseStore
 from server.http.routes import (
     batches,
@@ -150,6 +151,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     install_openapi(app)
     install_cors(app, settings.server.cors_origins)
     app.add_middleware(HeadAsGet)
+    app.add_middleware(RequestIds)
     app.include_router(completions.router)
     app.include_router(responses.router)
     app.include_router(conversations.router)
@@ -201,4 +203,4 @@ def install_cors(app: FastAPI, origins: list[str] | None) -> None:
         CrossOrigin, allow_origins=origins or [],
         allow_origin_regex=LOOPBACK_ORIGINS if origins is None else None,
         allow_methods=["*"], allow_headers=["*"], allow_private_network=True,
-        expose_headers=["Retry-After"], max_age=600)
+        expose_headers=["Retry-After", "X-Request-Id"], max_age=600)

@@ -14,6 +14,7 @@ from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.engine.params import GenerationParams
 from server.http.choices import Choices
 from server.http.reasoning import ReplyStart
+from server.http.request_ids import request_id
 from server.http.request_log import log_finished
 from server.http.request_mapping import chat_prompt, generation_params, serving
 from server.http.streaming import ResponseFormat, collect, stream_response
@@ -51,7 +52,7 @@ async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
 
     def observe(done):
         state.metrics.observe(endpoint, done.finish_reason, done.stats)
-        log_finished(endpoint, done.finish_reason, done.stats)
+        log_finished(endpoint, done.finish_reason, done.stats, request_id(request))
 
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)

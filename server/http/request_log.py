@@ -10,10 +10,15 @@ from server.engine.events import GenerationStats
 log = logging.getLogger("server.requests")
 
 
-def log_finished(endpoint: str, finish_reason: str, stats: GenerationStats) -> None:
+def log_finished(endpoint: str, finish_reason: str, stats: GenerationStats,
+                 request_id: str | None = None) -> None:
+    """`/v1/chat/completions stop [req_...]: prompt 41 ...`; the same fields, and the stats,
+    are the record's own for a JSON log (`server.logs`)."""
     if not log.isEnabledFor(logging.INFO):
         return
-    log.info("%s %s: %s", endpoint, finish_reason, summary(stats))
+    log.info("%s %s [%s]: %s", endpoint, finish_reason, request_id or "-", summary(stats),
+             extra={"request_id": request_id, "endpoint": endpoint,
+                    "finish_reason": finish_reason, "stats": stats.to_dict()})
 
 
 def summary(stats: GenerationStats) -> str:

@@ -14,6 +14,7 @@ import time
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import LOGGING_CONFIG
 
 from server.engine.service import ShuttingDown
 
@@ -25,10 +26,11 @@ FLUSH_S = 0.3
 class DrainingServer(uvicorn.Server):
     def __init__(self, app: FastAPI, *, host: str, port: int, log_level: str,
                  drain_timeout_s: float, ssl_certfile: str | None = None,
-                 ssl_keyfile: str | None = None):
+                 ssl_keyfile: str | None = None, log_config: dict | None = None):
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                 timeout_graceful_shutdown=int(drain_timeout_s + BACKSTOP_S),
-                                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+                                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                                log_config=log_config or LOGGING_CONFIG)
         super().__init__(config)
         self.scheme = "https" if ssl_certfile else "http"
         self.app = app
