@@ -148,6 +148,11 @@ class ModelSettings(BaseModel):
         " request names once the requests running on the current one have finished"
         " (llama-swap's and mlx_lm.server's rule).",
     )
+    discover_targets: bool = Field(
+        False, description="Every other local model under model_roots (an mlx_lm folder) is a"
+        " standby target too, as more_targets are: named by its folder (org/name in a Hugging"
+        " Face cache), listed by GET /v1/models, with an automatic draft (draft_model: auto).",
+    )
     adapter_path: str | None = Field(
         None, description="A fine-tune of the target: the adapter folder `mlx_lm.lora` writes"
         " (LoRA, DoRA or full), folded into the target's weights at load. The draft is not"

@@ -257,3 +257,34 @@ async def test_after_an_admin_loaded_another_target_a_named_one_is_switched_back
         out = await chat(client, "tiny")
         assert out["model"] == "tiny" and engine.switcher.switches == 1
         assert out["choices"][0]["message"]["content"] == mlx_lm_text(tiny_pair[0])
+
+
+async def test_discovered_targets_are_every_local_model_by_its_folder(tiny_pair, foreign_model,
+                                                                      tmp_path):
+    """`models.discover_targets`: each other model under the roots (a plain folder, and one
+    in a Hugging Face cache's layout) is a standby target named by its folder, with its
+    automatic draft; a request naming it switches to it and gets its own text."""
+    import shutil
+
+    root = tmp_path / "models"
+    shutil.copytree(tiny_pair[0], root / "tiny")
+    shutil.copytree(tiny_pair[1], root / "tiny-draft")
+    snapshot = root / "hub" / "models--acme--foreign" / "snapshots" / "0123abc"
+    shutil.copytree(foreign_model, snapshot)
+    models = {"model_name": "served", "discover_targets": True, "model_roots": [str(root)]}
+    async with served(root / "tiny", None, models=models,
+                      model_roots=[root]) as (client, engine):
+        listed = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+        assert {name: m["role"] for name, m in listed.items()} == {
+            "served": "target", "tiny-draft": "standby", "acme/foreign": "standby"}
+        out = await chat(client, "acme/foreign")
+        assert out["model"] == "acme/foreign"
+        assert out["choices"][0]["message"]["content"] == mlx_lm_text(snapshot)
+        # back to the first, and to the draft as a target of its own
+        out = await chat(client, "served")
+        assert out["choices"][0]["message"]["content"] == mlx_lm_text(root / "tiny")
+        out = await chat(client, "tiny-draft")
+        assert out["choices"][0]["message"]["content"] == mlx_lm_text(root / "tiny-draft")
+    by_name = {e.name: e for e in engine.switcher.entries}
+    assert by_name["served"].draft is None  # none was asked for at start
+    assert by_name["acme/foreign"].draft is None  # no smaller model shares its tokenizer

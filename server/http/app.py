@@ -16,7 +16,7 @@ from server.http.auth import log_exposure
 from server.http.background_responses import BackgroundResponses
 from server.http.batch_jobs import BatchRunner
 from server.http.conversations import ConversationStore
-from server.http.draft_candidates import AUTO, auto_draft
+from server.http.draft_candidates import AUTO, auto_draft, discover_targets
 from server.http.errors import install_error_handlers
 from server.http.file_store import FileStore
 from server.http.message_batches import MessageBatches
@@ -59,8 +59,9 @@ def build_engine(settings: Settings) -> InferenceEngine:
     engine_class = InferenceEngine
     extra = {}
     if layout is not None:
-        if m.more_targets:
-            raise ValueError("models.more_targets: a sharded target cannot be switched")
+        if m.more_targets or m.discover_targets:
+            raise ValueError("models.more_targets, discover_targets: a sharded target cannot be"
+                             " switched")
         engine_class = DistributedEngine
         extra = {"layout": layout, "timeout_s": settings.distributed.timeout_s,
                  "heartbeat_s": settings.distributed.heartbeat_s}
@@ -86,8 +87,23 @@ def build_engine(settings: Settings) -> InferenceEngine:
         cost_model=settings.engine.cost_model,
         more_targets=[TargetEntry(t.model, t.name, _draft_path(t.model, t.draft_model, roots),
                                   t.num_draft_tokens, t.adapter_path, t.chat_template)
-                      for t in m.more_targets],
+                      for t in m.more_targets] + _discovered(m, draft, roots),
     )
+
+
+def _discovered(m, draft: str | None, roots) -> list[TargetEntry]:
+    """`models.discover_targets`: the other local models as standby targets, each with its
+    automatic draft."""
+    if not m.discover_targets:
+        return []
+    taken = {m.model_name or m.model, *(t.name for t in m.more_targets)}
+    found = [(name, folder) for name, folder in discover_targets(
+        roots, [m.model, *([draft] if draft else []), *(t.model for t in m.more_targets)])
+        if name not in taken]
+    log.info("discover_targets: %d local models may be served: %s", len(found),
+             ", ".join(name for name, _ in found) or "none")
+    return [TargetEntry(str(folder), name, auto_draft(str(folder), roots))
+            for name, folder in found]
 
 
 def _draft_path(target: str, draft: str | None, roots) -> str | None:

@@ -1,4 +1,5 @@
-"""The local models that could draft for the target: `GET /v1/models/draft/candidates`.
+"""The local models that could draft for the target (`GET /v1/models/draft/candidates`,
+`draft_model: auto`), and the local models that may be targets (`models.discover_targets`).
 
 A candidate is an `mlx_lm` folder (`config.json`, `*.safetensors`, `tokenizer.json`) under one of
 the admin endpoints' model roots, with smaller weights than the target's and a tokenizer that
@@ -9,6 +10,7 @@ models 4 down: `models--org--name/snapshots/<commit>/`), smallest first.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +41,29 @@ def auto_draft(target: str, roots: list[Path]) -> str | None:
         return None
     found = _candidates(roots, vocab, size * AUTO_MAX_SHARE, folder)
     return _shown(found[0][1]) if found else None
+
+
+def discover_targets(roots: list[Path], known: list[str]) -> list[tuple[str, Path]]:
+    """(name, folder) of every model under `roots` but the `known` ones (paths): named by its
+    folder, `org/name` for a Hugging Face cache's snapshot, or by its path when two share a
+    name."""
+    seen = {_real(Path(k)) for k in known}
+    found = []
+    for folder in (f for root in roots for f in model_folders(root)):
+        if _real(folder) not in seen:
+            seen.add(_real(folder))
+            found.append((_cache_name(folder) or folder.name, folder))
+    names = [name for name, _ in found]
+    return [(name if names.count(name) == 1 else _shown(folder), folder)
+            for name, folder in found]
+
+
+def _cache_name(folder: Path) -> str | None:
+    """`org/name` for `.../models--org--name/snapshots/<commit>`."""
+    parts = folder.parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/")
+    return None
 
 
 def _candidates(roots: list[Path], vocab: dict, limit: float,
@@ -81,11 +106,21 @@ def _weights_bytes(folder: Path) -> int:
 
 
 def _vocab(folder: Path) -> dict | None:
+    file = folder / "tokenizer.json"
+    try:
+        return _read_vocab(str(file.resolve()), file.stat().st_mtime_ns)
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _read_vocab(file: str, mtime_ns: int) -> dict | None:
+    """A tokenizer file's vocabulary, read once per version of the file (discovering targets
+    compares each model's with every other's)."""
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(
-            with_added_tokens=True)
+        return Tokenizer.from_file(file).get_vocab(with_added_tokens=True)
     except Exception:  # noqa: BLE001 - an unreadable tokenizer is not a candidate
         return None
 
