@@ -30,7 +30,7 @@ class BackgroundResponses:
     def __init__(self, runner: BatchRunner, store: ResponseStore, db: StateDB | None = None):
         self._runner, self._store, self._db = runner, store, db
         self._tasks: dict[str, asyncio.Task] = {}
-        self.streams = EventLogs()
+        self._streams = EventLogs()
 
     def resume(self) -> None:
         """Run again the responses a restart interrupted (on the server's loop, at start)."""
@@ -61,14 +61,14 @@ class BackgroundResponses:
         if self._db is not None:
             self._db.put(KIND, response.id, inner)
         if body.stream:
-            self.streams.open(response)
+            self._streams.open(response)
         self._tasks[response.id] = self._runner.spawn(self._run(response, inner))
         return response
 
     def follow(self, response_id: str, starting_after: int | None):
         """The events of a background response created with `stream: true`, after
         `starting_after`, as they come; a 400 for another response."""
-        log = self.streams.get(response_id)
+        log = self._streams.get(response_id)
         if log is None:
             self._store.get(response_id)  # a 404 for no such response
             raise APIError(400, f"response {response_id!r} has no events to stream: only a"
@@ -97,7 +97,7 @@ class BackgroundResponses:
         if task is not None:
             task.cancel()
         self._forget(response_id)
-        self.streams.drop(response_id)
+        self._streams.drop(response_id)
 
     def _forget(self, response_id: str) -> None:
         if self._db is not None:
@@ -105,7 +105,7 @@ class BackgroundResponses:
 
     async def _run(self, queued: ResponseObject, inner: dict) -> None:
         self._finish(queued, queued.model_copy(update={"status": "in_progress"}))
-        log = self.streams.get(queued.id) if inner["stream"] else None
+        log = self._streams.get(queued.id) if inner["stream"] else None
         try:
             if log is not None:
                 run_id, error = await self._streamed(queued, inner, log)
@@ -146,7 +146,7 @@ class BackgroundResponses:
         failed = queued.model_copy(update={"status": "failed", "error": {
             "code": code or "server_error", "message": message or "the response failed"}})
         self._finish(queued, failed)
-        log = self.streams.get(queued.id)
+        log = self._streams.get(queued.id)
         if log is not None and not log.done:
             log.add({"type": "response.failed", "response": json_dict(failed)})
 

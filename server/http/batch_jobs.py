@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from server.http.batch_lines import send
+from server.http.state_db import StateDB
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,15 @@ class BatchRunner:
                 transport=httpx.ASGITransport(app=self._app), base_url="http://batch",
                 headers=self._headers, timeout=None)
         return self._client
+
+
+def kept_results(db: StateDB, kind: str) -> dict[str, dict[int, dict]]:
+    """The results the StateDB holds under `kind` (keys `batch_id/index`), by batch and index."""
+    kept: dict[str, dict[int, dict]] = {}
+    for key, result in db.load(kind):
+        batch_id, _, index = key.rpartition("/")
+        kept.setdefault(batch_id, {})[int(index)] = result
+    return kept
 
 
 def _after_others(request: dict) -> dict:

@@ -13,7 +13,7 @@ import json
 import uuid
 
 from api_schemas.anthropic import MessageBatch, MessageBatchCreate, MessageBatchRequestCounts
-from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, now
+from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, kept_results, now
 from server.http.batch_lines import request_problem
 from server.http.errors import APIError
 from server.http.state_db import StateDB
@@ -94,10 +94,7 @@ class MessageBatches:
         self._runner, self._db = runner, db
         self._jobs: dict[str, _MessageJob] = {}
         if db is not None:
-            kept: dict[str, dict[int, dict]] = {}
-            for key, result in db.load(RESULTS):
-                batch_id, _, index = key.rpartition("/")
-                kept.setdefault(batch_id, {})[int(index)] = result
+            kept = kept_results(db, RESULTS)
             for key, value in db.load(KIND):
                 self._jobs[key] = _MessageJob.restored(value, kept.get(key, {}), db)
 

@@ -24,7 +24,7 @@ from api_schemas.batches import (
     BatchObject,
     BatchUsage,
 )
-from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, now
+from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, kept_results, now
 from server.http.batch_lines import URLS, parse_line
 from server.http.errors import APIError
 from server.http.file_store import FileStore
@@ -105,10 +105,7 @@ class OpenAIBatches:
         requests without a kept result; a cancelling one ends with what it has."""
         if self._db is None:
             return
-        kept: dict[str, dict[int, dict]] = {}
-        for key, result in self._db.load(RESULTS):
-            batch_id, _, index = key.rpartition("/")
-            kept.setdefault(batch_id, {})[int(index)] = result
+        kept = kept_results(self._db, RESULTS)
         for batch in self._batches.values():
             if batch.status in ("in_progress", "cancelling", "finalizing"):
                 self._resume(batch, kept.get(batch.id, {}))
