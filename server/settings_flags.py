@@ -55,11 +55,11 @@ def setting_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     for section, key, info in settings():
         raw = getattr(args, f"{section}.{key}", None)
         if raw is not None:
-            overrides.setdefault(section, {})[key] = raw if _is_text(info) else _yaml(raw, key)
+            overrides.setdefault(section, {})[key] = raw if _is_text(info) else _yaml(raw)
     return overrides
 
 
-def _yaml(raw: str, key: str) -> Any:
+def _yaml(raw: str) -> Any:
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
