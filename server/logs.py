@@ -29,7 +29,7 @@ def configure(level: str, fmt: str) -> dict | None:
     """Set up the root logger; uvicorn's `log_config` for `fmt` (None: uvicorn's own)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.basicConfig(level=level.upper(), handlers=[handler])  # no-op if already set up
     if fmt != "json":
         return None
     return {"version": 1, "disable_existing_loggers": False,
