@@ -1,8 +1,10 @@
-"""Fill in the middle (`suffix` on /v1/completions, `server.engine.fim`): the markers of each
-format, and a tiny pair given Qwen2.5-Coder's markers, against `mlx_lm.generate` on the prompt
-built by hand."""
+"""Fill in the middle (`suffix` on /v1/completions, `server.engine.fim`; llama.cpp's `/infill`):
+the markers of each format, and a tiny pair given Qwen2.5-Coder's markers (and its repository
+markers), against `mlx_lm.generate` on the prompt built by hand."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from conftest import served
@@ -89,3 +91,69 @@ async def test_what_cannot_fill_a_middle_is_a_400(client):
     for empty in ("", [], [""]):
         r = await client.post("/v1/completions", json={"prompt": empty})
         assert r.status_code == 400, empty
+
+
+# --- llama.cpp's /infill ---------------------------------------------------------------------
+REPO = ("<|repo_name|>", "<|file_sep|>")
+EXTRA = [{"filename": "util.py", "text": "def helper():\n    return 1\n"},
+         {"text": "x = 2\n"}]
+
+
+@pytest.fixture(scope="module")
+def repo_pair(tiny_pair, tmp_path_factory):
+    """Qwen2.5-Coder's markers and its repository-level ones."""
+    out = tmp_path_factory.mktemp("repo")
+    add_tokens(tiny_pair[0], out / "target", QWEN + REPO)
+    add_tokens(tiny_pair[1], out / "draft", QWEN + REPO)
+    return out / "target", out / "draft"
+
+
+def llama_cpp_prompt(tokenizer, prompt="", repo=True) -> list[int]:
+    """llama.cpp's format_infill, written out for these inputs (all of them fit)."""
+    ids = tokenizer.get_vocab()
+
+    def enc(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+    if repo:
+        extra = [ids[REPO[0]], *enc("myproject\n")]
+        for chunk in EXTRA:
+            extra += [ids[REPO[1]], *enc(chunk.get("filename", "tmp") + "\n"), *enc(chunk["text"])]
+        extra += [ids[REPO[1]], *enc("filename\n")]
+    else:
+        extra = [t for chunk in EXTRA for t in [*enc("\n\n--- snippet ---\n\n"),
+                                                *enc(chunk["text"])]]
+    return [*extra, ids[QWEN[0]], *enc(PREFIX), *enc(prompt), ids[QWEN[1]], *enc(SUFFIX),
+            ids[QWEN[2]]]
+
+
+@pytest.mark.parametrize("pair", ["repo_pair", "fim_pair"])
+async def test_infill_is_mlx_lms_continuation_of_llama_cpps_prompt(pair, request):
+    target, draft = request.getfixturevalue(pair)
+    model, tokenizer = load(str(target))
+    prompt = llama_cpp_prompt(tokenizer, "    lo", repo=pair == "repo_pair")
+    expected = generate(model, tokenizer, prompt, max_tokens=MAX)
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": EXTRA,
+            "prompt": "    lo", "n_predict": MAX, "temperature": 0, "n_indent": 4,
+            "t_max_predict_ms": 1000}
+    async with served(target, draft) as (client, _):
+        r = await client.post("/infill", json=body)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["content"] == expected and answer["stop"] is True
+        assert (answer["tokens_evaluated"], answer["tokens_predicted"]) == (len(prompt), MAX)
+        assert answer["stop_type"] == "limit" and answer["timings"]["predicted_n"] == MAX
+        async with client.stream("POST", "/infill", json={**body, "stream": True}) as s:
+            chunks = [json.loads(line[len("data:"):]) async for line in s.aiter_lines()
+                      if line.startswith("data:")]
+        assert "".join(c["content"] for c in chunks) == expected
+        assert [c["stop"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        assert chunks[-1]["tokens_predicted"] == MAX
+
+
+async def test_infill_refuses_what_it_cannot_fill(client):
+    r = await client.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
+    assert r.status_code == 400 and "<|fim_prefix|>" in r.json()["error"]["message"]
+    r = await client.post("/infill", json={"input_prefix": PREFIX, "n_predict": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"
+    r = await client.post("/infill", json={"input_extra": [{"text": 3}]})
+    assert r.status_code == 400
