@@ -1,7 +1,7 @@
-"""llama.cpp server's `POST /infill` (what llama.vscode and llama.vim send for code completion):
-the subset this server serves. Fields it does not use (`n_indent`, `t_max_prompt_ms`,
-`t_max_predict_ms`, `samplers`, ...) are accepted and ignored; our extensions are accepted as in
-the other APIs."""
+"""llama.cpp server's native `POST /completion` and `POST /infill` (what llama.vscode and
+llama.vim send for code completion): the subset this server serves. Fields it does not use
+(`n_indent`, `t_max_prompt_ms`, `samplers`, `mirostat`, ...) are accepted and ignored; our
+extensions are accepted as in the other APIs."""
 
 from __future__ import annotations
 
@@ -15,17 +15,25 @@ class ExtraChunk(RequestModel):
     filename: str = Field("tmp", max_length=4096)
 
 
-class InfillRequest(EngineExtensions):
+class _LlamaCppGeneration(EngineExtensions):
     model: str | None = Field(None, max_length=1024)
+    n_predict: int = Field(-1, ge=-1, description="Tokens to write; -1: up to the context.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-1, lt=2**64, description="-1: random.")
+    stop: list[str] | None = Field(None, max_length=16)
+    stream: bool = False
+
+
+class CompletionNativeRequest(_LlamaCppGeneration):
+    prompt: str | list[int] = Field(..., description="Text (special tokens in it are read as"
+                                    " such) or token ids.")
+
+
+class InfillRequest(_LlamaCppGeneration):
     input_prefix: str = Field("", description="The code before the cursor.")
     input_suffix: str = Field("", description="The code after it.")
     input_extra: list[ExtraChunk] = Field(
         default_factory=list, max_length=256,
         description="More context, each {text, filename}: other files, recent edits.")
     prompt: str = Field("", description="Text added after the prefix (the line so far).")
-    n_predict: int = Field(-1, ge=-1, description="Tokens to write; -1: up to the context.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=-1, lt=2**64)
-    stop: list[str] | None = Field(None, max_length=16)
-    stream: bool = False

@@ -32,7 +32,7 @@ from server.http.routes import (
     completions,
     conversations,
     embeddings,
-    infill,
+    llama_cpp,
     message_batches,
     messages,
     models,
@@ -181,7 +181,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.include_router(models.health_router)
     app.include_router(cache.router)
     app.include_router(tokens.router)
-    app.include_router(infill.router)
+    app.include_router(llama_cpp.router)
     if settings.server.ui:
         app.include_router(ui.router)
     return app

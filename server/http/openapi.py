@@ -41,6 +41,7 @@ ROUTE_ERRORS = {
     ("/v1/chat/completions", "post"): (400, 401, 404, 503),
     ("/v1/completions", "post"): (400, 401, 404, 503),
     ("/infill", "post"): (400, 401, 404, 503),
+    ("/completion", "post"): (400, 401, 404, 503),
     ("/v1/models", "get"): (400, 401),
     ("/v1/models/{model_id}", "get"): (401, 404),
     ("/v1/models/draft", "post"): (400, 401, 403, 404, 409),

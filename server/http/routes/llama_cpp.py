@@ -1,0 +1,73 @@
+"""llama.cpp server's native `POST /completion`, and `POST /infill`: fill in the middle with
+extra context, for the editors' code completion that speaks it (llama.vscode, llama.vim). The
+infill prompt is llama.cpp's (`server/http/infill.py`); both answer in `/completion`'s shape
+(`content`, `stop`, `stop_type`, `tokens_predicted`, `timings`, ...) with our `stats`, or with
+`stream` SSE chunks of `content`, the last with `"stop": true`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from api_schemas.llama_cpp import CompletionNativeRequest, InfillRequest
+from api_schemas.openai import CompletionRequest
+from server.engine.fim import supported_markers
+from server.engine.prompts import text_tokens
+from server.http.auth import require_api_key
+from server.http.completion import plan, run
+from server.http.errors import APIError
+from server.http.infill import infill_tokens
+from server.http.llama_cpp_format import InfillFormat
+from server.http.request_mapping import check_token_ids, serving
+
+router = APIRouter(dependencies=[Depends(require_api_key)], tags=["llama.cpp"])
+UNKNOWN_CONTEXT = 4096  # a model whose config gives no context length
+
+
+@router.post("/infill", summary="llama.cpp's fill in the middle (llama.vscode, llama.vim)")
+async def infill(body: InfillRequest, request: Request):
+    engine = request.app.state.engine
+    _check_n_predict(body)
+    async with serving(engine, body.model):
+        fim = engine.target.fim
+        if fim is None:
+            raise APIError(400, "infill needs a model trained to fill in the middle, whose"
+                           " vocabulary has the markers of one of these formats: "
+                           f"{supported_markers()}; this one has none", param="input_prefix")
+        target = engine.target.fingerprint  # before the prompt is tokenized
+        tokens = infill_tokens(body, fim, engine.tokenizer,
+                               engine.context_length or UNKNOWN_CONTEXT)
+        return await _generate(request, body, tokens, target)
+
+
+@router.post("/completion", summary="llama.cpp's native completion")
+async def completion(body: CompletionNativeRequest, request: Request):
+    engine = request.app.state.engine
+    _check_n_predict(body)
+    async with serving(engine, body.model):
+        target = engine.target.fingerprint
+        if isinstance(body.prompt, str):
+            tokens = text_tokens(engine.tokenizer, body.prompt)
+        else:
+            check_token_ids(engine.target.vocab_size, body.prompt, "prompt")
+            tokens = list(body.prompt)
+        if not tokens:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        return await _generate(request, body, tokens, target)
+
+
+async def _generate(request: Request, body, tokens: list[int], target: str):
+    completion = CompletionRequest.model_validate({
+        "prompt": tokens, "stream": body.stream, "stop": body.stop or None,
+        "max_tokens": body.n_predict if body.n_predict > 0 else None,
+        "temperature": body.temperature, "top_p": body.top_p,
+        "seed": None if body.seed in (None, -1) else body.seed, **body.extensions()})
+    params = plan(request, completion, [tokens], target, fill_context=body.n_predict < 0)
+    engine = request.app.state.engine
+    return await run(request, completion, params,
+                     [InfillFormat(engine.model_name, engine.tokenizer)])
+
+
+def _check_n_predict(body) -> None:
+    if body.n_predict == 0:
+        raise APIError(400, "n_predict must be -1 (up to the context) or at least 1",
+                       param="n_predict")
