@@ -63,6 +63,8 @@ BUDGETS = {
     "/v1/completions": (("max_tokens",), "max_tokens"),
     "/v1/responses": (("max_output_tokens",), "max_output_tokens"),
     "/v1/messages": (("max_tokens",), None),
+    "/completion": (("n_predict",), "n_predict"),  # llama.cpp's: -1 (the default) fills the
+    "/infill": (("n_predict",), "n_predict"),  # context
 }
 
 
@@ -85,7 +87,8 @@ def cap_budget(body: dict, path: str) -> None:
     names, default = BUDGETS[path]
     for name in names:
         value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
+        if isinstance(value, int) and not isinstance(value, bool) and (
+                value > MAX_TOKENS or value < 0 and name == "n_predict"):
             body[name] = MAX_TOKENS
     if default is not None:
         body.setdefault(default, MAX_TOKENS)  # not required: adding it keeps a bad body bad
