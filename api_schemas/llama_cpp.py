@@ -21,7 +21,8 @@ class _LlamaCppGeneration(EngineExtensions):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-1, lt=2**64, description="-1: random.")
-    stop: list[str] | None = Field(None, max_length=16)
+    stop: list[str] | None = Field(None, max_length=4, description="Up to 4, as in the other"
+                                   " APIs here.")
     stream: bool = False
 
 

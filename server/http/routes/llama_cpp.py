@@ -56,6 +56,7 @@ async def completion(body: CompletionNativeRequest, request: Request):
 
 
 async def _generate(request: Request, body, tokens: list[int], target: str):
+    """`body` as the text completion it is (its fields' limits are the same)."""
     completion = CompletionRequest.model_validate({
         "prompt": tokens, "stream": body.stream, "stop": body.stop or None,
         "max_tokens": body.n_predict if body.n_predict > 0 else None,
