@@ -6,6 +6,8 @@ infill prompt is llama.cpp's (`server/http/infill.py`); both answer in `/complet
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Depends, Request
 
 from api_schemas.llama_cpp import CompletionNativeRequest, InfillRequest
@@ -25,47 +27,48 @@ UNKNOWN_CONTEXT = 4096  # a model whose config gives no context length
 
 @router.post("/infill", summary="llama.cpp's fill in the middle (llama.vscode, llama.vim)")
 async def infill(body: InfillRequest, request: Request):
-    engine = request.app.state.engine
-    _check_n_predict(body)
-    async with serving(engine, body.model):
+    def prompt(engine) -> list[int]:
         fim = engine.target.fim
         if fim is None:
             raise APIError(400, "infill needs a model trained to fill in the middle, whose"
                            " vocabulary has the markers of one of these formats: "
                            f"{supported_markers()}; this one has none", param="input_prefix")
-        target = engine.target.fingerprint  # before the prompt is tokenized
-        tokens = infill_tokens(body, fim, engine.tokenizer,
-                               engine.context_length or UNKNOWN_CONTEXT)
-        return await _generate(request, body, tokens, target)
+        return infill_tokens(body, fim, engine.tokenizer,
+                             engine.context_length or UNKNOWN_CONTEXT)
+
+    return await _generate(request, body, prompt)
 
 
 @router.post("/completion", summary="llama.cpp's native completion")
 async def completion(body: CompletionNativeRequest, request: Request):
-    engine = request.app.state.engine
-    _check_n_predict(body)
-    async with serving(engine, body.model):
-        target = engine.target.fingerprint
-        if isinstance(body.prompt, str):
-            tokens = text_tokens(engine.tokenizer, body.prompt)
-        else:
+    def prompt(engine) -> list[int]:
+        if isinstance(body.prompt, list):
             check_token_ids(engine.target.vocab_size, body.prompt, "prompt")
-            tokens = list(body.prompt)
+            return list(body.prompt)
+        tokens = text_tokens(engine.tokenizer, body.prompt)
         if not tokens:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        return await _generate(request, body, tokens, target)
+        return tokens
+
+    return await _generate(request, body, prompt)
 
 
-async def _generate(request: Request, body, tokens: list[int], target: str):
-    """`body` as the text completion it is (its fields' limits are the same)."""
-    completion = CompletionRequest.model_validate({
-        "prompt": tokens, "stream": body.stream, "stop": body.stop or None,
-        "max_tokens": body.n_predict if body.n_predict > 0 else None,
-        "temperature": body.temperature, "top_p": body.top_p,
-        "seed": None if body.seed in (None, -1) else body.seed, **body.extensions()})
-    params = plan(request, completion, [tokens], target, fill_context=body.n_predict < 0)
+async def _generate(request: Request, body, prompt: Callable[[object], list[int]]):
+    """Run `body` as the text completion it is (its fields' limits are the same) on the prompt
+    `prompt(engine)` gives, tokenized for the target that serves it."""
+    _check_n_predict(body)
     engine = request.app.state.engine
-    return await run(request, completion, params,
-                     [InfillFormat(engine.model_name, engine.tokenizer)])
+    async with serving(engine, body.model):
+        target = engine.target.fingerprint  # before the prompt is tokenized
+        tokens = prompt(engine)
+        completion = CompletionRequest.model_validate({
+            "prompt": tokens, "stream": body.stream, "stop": body.stop or None,
+            "max_tokens": body.n_predict if body.n_predict > 0 else None,
+            "temperature": body.temperature, "top_p": body.top_p,
+            "seed": None if body.seed in (None, -1) else body.seed, **body.extensions()})
+        params = plan(request, completion, [tokens], target, fill_context=body.n_predict < 0)
+        return await run(request, completion, params,
+                         [InfillFormat(engine.model_name, engine.tokenizer)])
 
 
 def _check_n_predict(body) -> None:
