@@ -905,3 +905,19 @@ def test_top_k_of_any_size_is_served(kit):
     for top_k in (1, vocab - 1, vocab, vocab + 10):
         p = params(kit, 0, k=4, max_tokens=5, temperature=0.8, top_k=top_k, seed=1)
         assert len(alone(kit, p)) == 5
+
+
+def test_a_prompt_of_no_tokens_is_refused_before_it_can_fail_a_prefill_group(kit):
+    """Every route refuses an empty prompt; the scheduler does too (a prefill of none would
+    fail the whole group it is in), and the others run on."""
+    from server.engine.policy import InvalidRequest
+
+    scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 1))
+    with pytest.raises(InvalidRequest, match="no tokens"):
+        scheduler.submit(replace(params(kit, 0), prompt_tokens=()), lambda e: None)
+    good = params(kit, 1, max_tokens=4)
+    events = []
+    seq = scheduler.submit(good, events.append)
+    while seq.phase is not Phase.DONE:
+        scheduler.step()
+    assert tokens_of(events) == alone(kit, good)

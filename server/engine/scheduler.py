@@ -194,6 +194,8 @@ class Scheduler:
         return self._draining
 
     def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
+        if not params.prompt_tokens:  # every route refuses one; a prefill of none would fail
+            raise InvalidRequest("the prompt has no tokens", "prompt")  # its whole group
         kit = self.kit
         source = params.speculation.source
         draft_name = source

@@ -44,8 +44,9 @@ async def completion(body: CompletionNativeRequest, request: Request):
     def prompt(engine) -> list[int]:
         if isinstance(body.prompt, list):
             check_token_ids(engine.target.vocab_size, body.prompt, "prompt")
-            return list(body.prompt)
-        tokens = text_tokens(engine.tokenizer, body.prompt)
+            tokens = list(body.prompt)
+        else:
+            tokens = text_tokens(engine.tokenizer, body.prompt)
         if not tokens:
             raise APIError(400, "prompt must not be empty", param="prompt")
         return tokens
