@@ -17,7 +17,8 @@ class ExtraChunk(RequestModel):
 
 class _LlamaCppGeneration(EngineExtensions):
     model: str | None = Field(None, max_length=1024)
-    n_predict: int = Field(-1, ge=-1, description="Tokens to write; -1: up to the context.")
+    n_predict: int = Field(-1, ge=-1, description="Tokens to write; -1: up to the context; 0:"
+                           " only prefill the prompt into the prefix cache (a warm-up).")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-1, lt=2**64, description="-1: random.")

@@ -150,10 +150,27 @@ async def test_infill_is_mlx_lms_continuation_of_llama_cpps_prompt(pair, request
         assert chunks[-1]["tokens_predicted"] == MAX
 
 
+async def test_infill_warm_up_fills_the_cache_and_writes_nothing(repo_pair):
+    """llama.vim sends its extra context with `n_predict: 0` ahead of the completions that will
+    need it: nothing is written, and the next request finds the context in the prefix cache."""
+    warm = {"input_prefix": "", "input_suffix": "", "input_extra": EXTRA, "prompt": "",
+            "n_predict": 0, "temperature": 0, "cache_prompt": True, "t_max_prompt_ms": 1}
+    async with served(*repo_pair) as (client, _):
+        r = await client.post("/infill", json=warm)
+        assert r.status_code == 200, r.text
+        assert (r.json()["content"], r.json()["tokens_predicted"]) == ("", 0)
+        async with client.stream("POST", "/infill", json={**warm, "stream": True}) as s:
+            chunks = [line for line in [ln async for ln in s.aiter_lines()]
+                      if line.startswith("data:")]
+        assert len(chunks) == 1 and json.loads(chunks[0][5:])["content"] == ""
+        r = await client.post("/infill", json={**warm, "input_prefix": PREFIX, "n_predict": 4})
+    tokenizer = load(str(repo_pair[0]))[1]
+    shared = llama_cpp_prompt(tokenizer).index(tokenizer.get_vocab()[QWEN[0]]) + 1
+    assert r.json()["tokens_cached"] == shared  # the extra context and the prefix marker
+
+
 async def test_infill_refuses_what_it_cannot_fill(client):
     r = await client.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
     assert r.status_code == 400 and "<|fim_prefix|>" in r.json()["error"]["message"]
-    r = await client.post("/infill", json={"input_prefix": PREFIX, "n_predict": 0})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"
     r = await client.post("/infill", json={"input_extra": [{"text": 3}]})
     assert r.status_code == 400

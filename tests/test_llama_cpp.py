@@ -46,7 +46,7 @@ async def test_completion_stops_at_a_stop_word_and_refuses_bad_input(client, loa
     answer = r.json()
     assert (answer["stop_type"], answer["stopping_word"]) == ("word", word)
     assert answer["content"] == text[:text.index(word)]
-    for bad in ({"prompt": ""}, {"prompt": []}, {"prompt": PROMPT, "n_predict": 0},
+    for bad in ({"prompt": ""}, {"prompt": []},
                 {"prompt": PROMPT, "stop": list("abcde")},
                 {"prompt": [10**9]}, {"prompt": PROMPT, "temperature": "hot"}):
         r = await client.post("/completion", json=bad)

@@ -13,8 +13,11 @@ from server.http.streaming import ResponseFormat, json_dict
 
 
 class InfillFormat(ResponseFormat):
-    def __init__(self, model: str, tokenizer):
+    """`hide`: answer with no text (a warm-up request: its one token is dropped)."""
+
+    def __init__(self, model: str, tokenizer, *, hide: bool = False):
         super().__init__(model, tokenizer, "infill")
+        self._hide = hide
 
     def _final(self, content: str, done: Finished) -> dict:
         s = done.stats
@@ -24,7 +27,8 @@ class InfillFormat(ResponseFormat):
         evaluated = s.prompt_tokens - s.cached_tokens
         return {
             "index": 0, "content": content, "id_slot": 0, "stop": True, "model": self.model,
-            "tokens_predicted": s.generation_tokens, "tokens_evaluated": s.prompt_tokens,
+            "tokens_predicted": 0 if self._hide else s.generation_tokens,
+            "tokens_evaluated": s.prompt_tokens,
             "tokens_cached": s.cached_tokens, "truncated": False,
             "has_new_line": "\n" in content, "stop_type": stop_type,
             "stopping_word": done.stop_sequence or "",
@@ -38,6 +42,8 @@ class InfillFormat(ResponseFormat):
             "stats": json_dict(Stats(**s.to_dict()))}
 
     def stream_token(self, event: TokenEvent, first: bool) -> list[dict]:
+        if self._hide:
+            return []
         return [{"data": json.dumps({"index": 0, "content": event.text, "stop": False,
                                      "from_draft": event.from_draft}, ensure_ascii=False)}]
 
@@ -51,4 +57,4 @@ class InfillFormat(ResponseFormat):
         return []
 
     def response(self, events: list[TokenEvent], done: Finished) -> dict:
-        return self._final("".join(e.text for e in events), done)
+        return self._final("" if self._hide else "".join(e.text for e in events), done)

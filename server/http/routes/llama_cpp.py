@@ -2,7 +2,9 @@
 extra context, for the editors' code completion that speaks it (llama.vscode, llama.vim). The
 infill prompt is llama.cpp's (`server/http/infill.py`); both answer in `/completion`'s shape
 (`content`, `stop`, `stop_type`, `tokens_predicted`, `timings`, ...) with our `stats`, or with
-`stream` SSE chunks of `content`, the last with `"stop": true`."""
+`stream` SSE chunks of `content`, the last with `"stop": true`. `n_predict: 0` (llama.vim's
+warm-up of its extra context) prefills the prompt into the prefix cache and writes nothing: one
+token is computed and dropped (`stats` counts it)."""
 
 from __future__ import annotations
 
@@ -57,22 +59,16 @@ async def completion(body: CompletionNativeRequest, request: Request):
 async def _generate(request: Request, body, prompt: Callable[[object], list[int]]):
     """Run `body` as the text completion it is (its fields' limits are the same) on the prompt
     `prompt(engine)` gives, tokenized for the target that serves it."""
-    _check_n_predict(body)
+    warm_up = body.n_predict == 0  # llama.vim's: only fill the cache with the prompt
     engine = request.app.state.engine
     async with serving(engine, body.model):
         target = engine.target.fingerprint  # before the prompt is tokenized
         tokens = prompt(engine)
         completion = CompletionRequest.model_validate({
             "prompt": tokens, "stream": body.stream, "stop": body.stop or None,
-            "max_tokens": body.n_predict if body.n_predict > 0 else None,
+            "max_tokens": 1 if warm_up else body.n_predict if body.n_predict > 0 else None,
             "temperature": body.temperature, "top_p": body.top_p,
             "seed": None if body.seed in (None, -1) else body.seed, **body.extensions()})
         params = plan(request, completion, [tokens], target, fill_context=body.n_predict < 0)
         return await run(request, completion, params,
-                         [InfillFormat(engine.model_name, engine.tokenizer)])
-
-
-def _check_n_predict(body) -> None:
-    if body.n_predict == 0:
-        raise APIError(400, "n_predict must be -1 (up to the context) or at least 1",
-                       param="n_predict")
+                         [InfillFormat(engine.model_name, engine.tokenizer, hide=warm_up)])
