@@ -36,7 +36,6 @@ class Job:
     requests: list[dict]
     results: list[dict | None] = field(init=False)
     cancelling: bool = False
-    task: asyncio.Task | None = None
 
     def __post_init__(self):
         self.results = [None] * len(self.requests)
@@ -64,7 +63,7 @@ class BatchRunner:
         """Run the job's requests that have no result yet (all of a new job's)."""
         todo = [i for i, result in enumerate(job.results) if result is None]
         self.pending += len(todo)
-        job.task = self.spawn(self._run(job, todo))
+        self.spawn(self._run(job, todo))
 
     def spawn(self, work) -> asyncio.Task:
         """Run the coroutine `work` until it ends or the server stops."""
@@ -111,13 +110,27 @@ class BatchRunner:
         return self._client
 
 
-def kept_results(db: StateDB, kind: str) -> dict[str, dict[int, dict]]:
-    """The results the StateDB holds under `kind` (keys `batch_id/index`), by batch and index."""
-    kept: dict[str, dict[int, dict]] = {}
-    for key, result in db.load(kind):
-        batch_id, _, index = key.rpartition("/")
-        kept.setdefault(batch_id, {})[int(index)] = result
-    return kept
+class KeptResults:
+    """A batch API's results, each written to the StateDB as it comes (`server.state_dir`) so
+    that a restart loses none: records `batch_id/index` of one kind. Without a StateDB, none."""
+
+    def __init__(self, db: StateDB | None, kind: str):
+        self._db, self._kind = db, kind
+
+    def put(self, batch_id: str, i: int, result: dict) -> None:
+        if self._db is not None:
+            self._db.put(self._kind, f"{batch_id}/{i}", result)
+
+    def drop(self, batch_id: str) -> None:
+        if self._db is not None:
+            self._db.delete_prefix(self._kind, f"{batch_id}/")
+
+    def by_batch(self) -> dict[str, dict[int, dict]]:
+        kept: dict[str, dict[int, dict]] = {}
+        for key, result in self._db.load(self._kind) if self._db is not None else ():
+            batch_id, _, index = key.rpartition("/")
+            kept.setdefault(batch_id, {})[int(index)] = result
+        return kept
 
 
 def _after_others(request: dict) -> dict:

@@ -13,7 +13,7 @@ import json
 import uuid
 
 from api_schemas.anthropic import MessageBatch, MessageBatchCreate, MessageBatchRequestCounts
-from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, kept_results, now
+from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, KeptResults, now
 from server.http.batch_lines import request_problem
 from server.http.errors import APIError
 from server.http.state_db import StateDB
@@ -30,6 +30,7 @@ class _MessageJob(Job):
                  db: StateDB | None = None):
         super().__init__(requests)
         self.id, self.custom_ids, self.db = batch_id, custom_ids, db
+        self.kept = KeptResults(db, RESULTS)
         self.created_at, self.ended_at = now(), None
         self.cancel_initiated_at: int | None = None
 
@@ -49,8 +50,7 @@ class _MessageJob(Job):
 
     def record(self, i: int, result: dict) -> None:
         super().record(i, result)
-        if self.db is not None:
-            self.db.put(RESULTS, f"{self.id}/{i}", result)
+        self.kept.put(self.id, i, result)
 
     def saved(self) -> None:
         if self.db is not None:
@@ -94,7 +94,7 @@ class MessageBatches:
         self._runner, self._db = runner, db
         self._jobs: dict[str, _MessageJob] = {}
         if db is not None:
-            kept = kept_results(db, RESULTS)
+            kept = KeptResults(db, RESULTS).by_batch()
             for key, value in db.load(KIND):
                 self._jobs[key] = _MessageJob.restored(value, kept.get(key, {}), db)
 
@@ -157,13 +157,14 @@ class MessageBatches:
 
     def delete(self, batch_id: str) -> None:
         """Only an ended batch can be deleted (cancel it first), as at Anthropic."""
-        if self.get(batch_id).ended_at is None:
+        job = self.get(batch_id)
+        if job.ended_at is None:
             raise APIError(400, f"message batch {batch_id!r} is still processing: cancel it and"
                            " wait until it has ended to delete it", redact=False)
         del self._jobs[batch_id]
         if self._db is not None:
             self._db.delete(KIND, batch_id)
-            self._db.delete_prefix(RESULTS, f"{batch_id}/")
+        job.kept.drop(batch_id)
 
 
 def _result(result: dict | None, cancelled: bool) -> dict:

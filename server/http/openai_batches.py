@@ -24,7 +24,7 @@ from api_schemas.batches import (
     BatchObject,
     BatchUsage,
 )
-from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, kept_results, now
+from server.http.batch_jobs import COMPLETION_WINDOW_S, BatchRunner, Job, KeptResults, now
 from server.http.batch_lines import URLS, parse_line
 from server.http.errors import APIError
 from server.http.file_store import FileStore
@@ -42,11 +42,11 @@ class _OpenAIJob(Job):
                  db: StateDB | None):
         super().__init__(requests)
         self.batch, self.files, self.db = batch, files, db
+        self.kept = KeptResults(db, RESULTS)
 
     def record(self, i: int, result: dict) -> None:
         self.restore(i, result)
-        if self.db is not None:
-            self.db.put(RESULTS, f"{self.batch.id}/{i}", result)
+        self.kept.put(self.batch.id, i, result)
 
     def restore(self, i: int, result: dict) -> None:
         """Count a result (a new one, or one kept before a restart)."""
@@ -61,7 +61,7 @@ class _OpenAIJob(Job):
     def end(self) -> None:
         """Write the output and error files, in input order; `completed` or `cancelled`."""
         batch = self.batch
-        batch.status, batch.finalizing_at = "finalizing", now()
+        batch.finalizing_at = now()
         done = [r for r in self.results if r is not None]
         for kind, results in (("output", [r for r in done if succeeded(r)]),
                               ("error", [r for r in done if not succeeded(r)])):
@@ -87,8 +87,8 @@ class _OpenAIJob(Job):
         """Write the batch through; an ended one's results are in its files now."""
         if self.db is not None:
             _save(self.db, self.batch)
-            if self.batch.status in ENDED:
-                self.db.delete_prefix(RESULTS, f"{self.batch.id}/")
+        if self.batch.status in ENDED:
+            self.kept.drop(self.batch.id)
 
 
 class OpenAIBatches:
@@ -105,9 +105,9 @@ class OpenAIBatches:
         requests without a kept result; a cancelling one ends with what it has."""
         if self._db is None:
             return
-        kept = kept_results(self._db, RESULTS)
+        kept = KeptResults(self._db, RESULTS).by_batch()
         for batch in self._batches.values():
-            if batch.status in ("in_progress", "cancelling", "finalizing"):
+            if batch.status in ("in_progress", "cancelling"):
                 self._resume(batch, kept.get(batch.id, {}))
 
     def _resume(self, batch: BatchObject, kept: dict[int, dict]) -> None:
@@ -123,8 +123,6 @@ class OpenAIBatches:
         for i, result in kept.items():
             job.restore(i, result)
         job.cancelling = batch.status == "cancelling"
-        if batch.status == "finalizing":
-            batch.status = "in_progress"
         log.info("batch %s resumed: %d of %d requests to run", batch.id,
                  len(requests) - len(kept), len(requests))
         self._jobs[batch.id] = job
