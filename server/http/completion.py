@@ -16,7 +16,7 @@ from server.http.choices import Choices
 from server.http.reasoning import ReplyStart
 from server.http.request_ids import request_id
 from server.http.request_log import log_finished
-from server.http.request_mapping import chat_prompt, generation_params, serving
+from server.http.request_mapping import generation_params, serving
 from server.http.streaming import ResponseFormat, collect, stream_response
 from server.http.tools import ToolCallParser, parser_factory
 from server.http.truncation import fit_to_context
@@ -70,10 +70,7 @@ async def complete_chat(request: Request, body: ChatCompletionRequest,
         target = engine.target.fingerprint  # before anything is tokenized
         tools = parser_factory(engine.tokenizer, body.active_tools(),
                                forced=body.forced_functions() is not None)
-        if truncate:
-            body, prompt = fit_to_context(engine, body)
-        else:
-            prompt = chat_prompt(engine, body)
+        body, prompt = fit_to_context(engine, body, truncate=truncate)
         params = plan(request, body, [prompt], target, fill_context=fill_context)
         start = ReplyStart(prompt, constrained=body.constrains_output())
         formats = [make_format(tools, start) for _ in range(body.n)]

@@ -18,14 +18,14 @@ from server.http.request_mapping import chat_prompt
 SYSTEM = ("system", "developer")
 
 
-def fit_to_context(engine: InferenceEngine, body: ChatCompletionRequest
+def fit_to_context(engine: InferenceEngine, body: ChatCompletionRequest, *, truncate: bool
                    ) -> tuple[ChatCompletionRequest, list[int]]:
-    """`body` with the fewest earliest exchanges dropped for its prompt to fit, and that
-    prompt; `body` itself when it fits whole or nothing would."""
+    """`body` and its prompt; with `truncate`, `body` with the fewest earliest exchanges dropped
+    for its prompt to fit (`body` itself when it fits whole or nothing would)."""
     prompt = chat_prompt(engine, body)
     context = engine.context_length
     needed = body.token_limit() or 1
-    if context is None or len(prompt) + needed <= context:
+    if not truncate or context is None or len(prompt) + needed <= context:
         return body, prompt
     messages = body.messages
     first = next((i for i, m in enumerate(messages) if m.role not in SYSTEM), len(messages))

@@ -25,7 +25,7 @@ from server.http.chat_translation import renamed_params
 from server.http.completion import complete_chat
 from server.http.conversations import Conversation
 from server.http.errors import APIError
-from server.http.request_mapping import chat_prompt, serving
+from server.http.request_mapping import serving
 from server.http.response_store import ResponseStore, StoredResponse
 from server.http.responses_format import ResponsesFormat
 from server.http.responses_mapping import (
@@ -79,10 +79,7 @@ async def count_input_tokens(body: InputTokensRequest, request: Request):
     async with serving(engine, body.model):
         with renamed_params(RENAMES):
             chat = chat_from_responses(body, _history(earlier, body), ToolTable(body.tools))
-            if body.truncation == "auto":
-                _, prompt = fit_to_context(engine, chat)
-            else:
-                prompt = chat_prompt(engine, chat)
+            _, prompt = fit_to_context(engine, chat, truncate=body.truncation == "auto")
     return InputTokenCount(input_tokens=len(prompt))
 
 
