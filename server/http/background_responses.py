@@ -14,7 +14,7 @@ import asyncio
 import json
 
 from api_schemas.responses import ResponseObject, ResponsesRequest
-from server.http.background_streams import EventLog, EventLogs, relay
+from server.http.background_streams import EventLog, EventLogs, owned, relay
 from server.http.batch_jobs import BatchRunner
 from server.http.errors import APIError
 from server.http.response_store import ResponseStore
@@ -114,9 +114,8 @@ class BackgroundResponses:
             if run_id is not None:
                 stored = self._store.get(run_id)  # what the request's own run stored
                 self._store.delete(run_id)
-                self._finish(queued, stored.response.model_copy(update={
-                    "id": queued.id, "created_at": queued.created_at, "background": True}),
-                    stored.items)
+                self._finish(queued, stored.response.model_copy(update=owned(queued)),
+                             stored.items)
             else:
                 self._failed(queued, error.get("code") or error.get("type"),
                              error.get("message"))

@@ -71,6 +71,11 @@ class EventLogs:
         self._logs.pop(response_id, None)
 
 
+def owned(queued: ResponseObject) -> dict:
+    """What a run's response takes from the background response it runs for."""
+    return {"id": queued.id, "created_at": queued.created_at, "background": True}
+
+
 async def relay(lines: AsyncIterator[str], queued: ResponseObject, log: EventLog
                 ) -> tuple[str | None, dict | None]:
     """Add the events of the run's SSE `lines` to `log`, their response snapshots rewritten to
@@ -85,8 +90,7 @@ async def relay(lines: AsyncIterator[str], queued: ResponseObject, log: EventLog
         snapshot = event.get("response")
         if snapshot is not None:
             run_id = run_id or snapshot["id"]
-            event["response"] = {**snapshot, "id": queued.id, "created_at": queued.created_at,
-                                 "background": True}
+            event["response"] = {**snapshot, **owned(queued)}
         if event["type"] == "error":
             error = event
         elif event["type"] != "response.created":
