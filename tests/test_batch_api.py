@@ -106,6 +106,8 @@ def test_results_are_the_answers_of_the_requests_alone(sdk):
         (usage["prompt_tokens"], usage["completion_tokens"], sum(usage.values()))
     [refused] = errors
     assert refused["custom_id"] == "refused" and refused["response"]["status_code"] == 400
+    ids = [r["response"]["request_id"] for r in out + errors]  # each answer's X-Request-Id
+    assert len(set(ids)) == 4 and all(i.startswith("req_") for i in ids)
     assert refused["response"]["body"]["error"]["param"] == "temperature"
     assert {f.id for f in sdk.files.list(purpose="batch_output")} >= \
         {batch.output_file_id, batch.error_file_id}

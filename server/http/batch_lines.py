@@ -74,6 +74,6 @@ async def send(client: httpx.AsyncClient, request: dict) -> dict:
             break
         await asyncio.sleep(int(wait))
     body = response.json() if response.content else None
-    return result_line(request.get("custom_id"), {
-        "status_code": response.status_code, "request_id": f"req_{uuid.uuid4().hex}",
+    return result_line(request.get("custom_id"), {  # the id the server's log names it by
+        "status_code": response.status_code, "request_id": response.headers["x-request-id"],
         "body": body})
