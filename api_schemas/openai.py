@@ -150,7 +150,7 @@ class ChatMessage(RequestModel):
         return self.content or ""
 
     def template_dict(self) -> dict:
-        """The message as chat templates and `server.http.tools` take it."""
+        """The message as chat templates and `server.http.common.tools` take it."""
         out = {"role": self.role, "content": self.text()}
         if self.name is not None:
             out["name"] = self.name

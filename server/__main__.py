@@ -3,7 +3,7 @@
 Flags override `config.yaml`; `--draft-model none` starts without a draft, `--draft-model
 auto` with the smallest local model that can draft for the target. Under
 `mlx.launch -n N`, rank 0 serves with the target sharded over the N processes and the others
-follow it (`server.engine.distributed`).
+follow it (`server.engine.distributed.service`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from server import logs
 from server.blas import ensure_fast_blas, log_blas
 from server.config import Settings
-from server.engine.distributed import DistributedLayout, launched_layout
+from server.engine.distributed.service import DistributedLayout, launched_layout
 from server.settings_flags import add_setting_flags, setting_overrides
 
 log = logging.getLogger("server")
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(settings: Settings, sock: socket.socket | None,
           layout: DistributedLayout | None, log_config: dict | None = None) -> None:
-    from server.engine.follower import run_follower
+    from server.engine.distributed.follower import run_follower
     from server.http.app import create_app
+    from server.http.jobs.state_db import StateError
     from server.http.shutdown import DrainingServer
-    from server.http.state_db import StateError
     from server.model_files.bundled import ensure_default_models
 
     settings = ensure_default_models(settings)

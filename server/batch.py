@@ -27,7 +27,7 @@ from pathlib import Path
 from server.__main__ import parse_args as server_args
 from server.__main__ import settings_from_args
 from server.blas import ensure_fast_blas
-from server.http.batch_lines import run_line
+from server.http.jobs.lines import run_line
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:

@@ -14,20 +14,20 @@ import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from server.engine.disk_cache import DEFAULT_DISK_MAX_GB
+from server.engine.kv.disk_cache import DEFAULT_DISK_MAX_GB
 from server.engine.params import HYBRID_MIN_MATCH, Acceptance, DraftSource
-from server.engine.policy import (
-    DEFAULT_BATCH_DRAFT_TOKENS,
-    DEFAULT_NUM_DRAFT_TOKENS,
-    DEFAULT_SPEC_MAX_BATCH,
-)
-from server.engine.prompt_lookup import DEFAULT_MAX_NGRAM
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS
-from server.engine.scheduler import (
+from server.engine.scheduling.scheduler import (
     DEFAULT_IDLE_PREFILL_CHUNK,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_PREFILL_CHUNK,
 )
+from server.engine.speculation.policy import (
+    DEFAULT_BATCH_DRAFT_TOKENS,
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_SPEC_MAX_BATCH,
+)
+from server.engine.speculation.prompt_lookup import DEFAULT_MAX_NGRAM
 
 
 class ServerSettings(BaseModel):

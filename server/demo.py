@@ -113,7 +113,7 @@ def format_stats(stats) -> list[str]:
 
 def load_kit(args: argparse.Namespace, log: TextIO):
     """Load the target (and the draft, checked for compatibility) into a ModelKit."""
-    from server.engine.model_kit import ModelKit, load_model
+    from server.engine.models.model_kit import ModelKit, load_model
 
     print(f"Loading model from {args.model}", file=log, flush=True)
     kit = ModelKit(load_model(args.model))
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:  # the command line (not a test calling main): fast BLAS first
         ensure_fast_blas()
     args = parse_args(argv)
-    from server.engine.model_kit import IncompatibleDraft, ModelLoadError
+    from server.engine.models.model_kit import IncompatibleDraft, ModelLoadError
 
     out, log = sys.stdout, sys.stderr
     try:

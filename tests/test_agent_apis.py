@@ -254,7 +254,7 @@ async def test_responses_json_schema_format(client):
 
 
 # A namespace tool (Codex's multi_agent_v1 is one), a custom tool with a grammar (Codex's
-# apply_patch), and what the model is offered for them (`server.http.responses_tools`).
+# apply_patch), and what the model is offered for them (`server.http.openai.responses.tools`).
 NAMESPACE_TOOL = {"type": "namespace", "name": "weather", "description": "Weather tools.",
                   "tools": [RESPONSES_TOOL]}
 PATCH_GRAMMAR = "start: /[a-z ]+/"

@@ -199,8 +199,7 @@ async def test_draft_candidates_are_the_smaller_models_with_the_targets_tokenize
 
 async def test_draft_model_auto_takes_the_smallest_candidate_small_enough(
         tiny_pair, padded_draft, foreign_model, tmp_path, monkeypatch):
-    from server.http import draft_candidates
-
+    from server.http.admin import draft_candidates
     roots = tmp_path / "roots"
     shutil.copytree(padded_draft, roots / "padded")  # larger than the tiny draft
     shutil.copytree(foreign_model, roots / "foreign")  # smaller, another tokenizer

@@ -220,7 +220,7 @@ async def test_mlx_lm_servers_sampling_fields(client, engine):
     newline or an EOS token (mlx_lm.server's special tokens)."""
     from api_schemas.openai import ChatCompletionRequest
     from server.config import GenerationDefaults
-    from server.http.request_mapping import sampling_params
+    from server.http.common.request_mapping import sampling_params
 
     fields = {"xtc_probability": 0.5, "xtc_threshold": 0.2, "repetition_penalty": 1.2,
               "repetition_context_size": 5, "presence_context_size": 7,

@@ -272,9 +272,9 @@ def test_the_forward_clock_times_target_forwards_and_drafting_and_prices_them(mo
 
     import mlx.core as mx
 
-    from server.engine import decoder
-    from server.engine.batch import ModelBatch
-    from server.engine.cost_model import ForwardTimes
+    from server.engine.kv.batch import ModelBatch
+    from server.engine.scheduling import decoder
+    from server.engine.speculation.cost_model import ForwardTimes
 
     def model(inputs, cache=None):
         return mx.broadcast_to(inputs[..., None].astype(mx.float32), (*inputs.shape, 3))
@@ -310,7 +310,7 @@ def test_the_forward_clock_times_target_forwards_and_drafting_and_prices_them(mo
 def test_load_in_process_on_the_tiny_pair(tiny_pair, tmp_path, monkeypatch):
     """With forward times where a drafted token costs nothing extra (the tiny pair's own would
     be noise), so that ours+draft drafts; the forward bound is read from that table."""
-    from server.engine.cost_model import ForwardTimes, StepCosts
+    from server.engine.speculation.cost_model import ForwardTimes, StepCosts
 
     def table(seconds: float) -> ForwardTimes:
         return ForwardTimes((1, 2), (1, 5), ((seconds,) * 2,) * 2)

@@ -10,7 +10,7 @@ from mlx_lm import generate, load
 from pydantic import ValidationError
 
 from server.config import Settings
-from server.engine.model_kit import ModelLoadError, load_model
+from server.engine.models.model_kit import ModelLoadError, load_model
 
 TEMPLATE = ("{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}\n{% endfor %}"
             "{% if greeting is defined %}({{ greeting }}) {% endif %}"

@@ -32,7 +32,7 @@ def test_the_file_wins_over_defaults(tmp_path):
 
 
 def test_the_speculation_policy_comes_from_the_engine_settings(tmp_path):
-    from server.engine.policy import SpeculationPolicy
+    from server.engine.speculation.policy import SpeculationPolicy
     from server.http.app import build_engine
 
     config = tmp_path / "config.yaml"

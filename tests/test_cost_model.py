@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from server.engine import cost_model
-from server.engine.cost_model import (
+from server.engine.models.model_kit import load_model
+from server.engine.speculation import cost_model
+from server.engine.speculation.cost_model import (
     DrafterRates,
     DraftingShare,
     ForwardTimes,
@@ -25,7 +26,6 @@ from server.engine.cost_model import (
     monotone,
     prefill_repaid,
 )
-from server.engine.model_kit import load_model
 
 
 def table(rows, tokens, seconds) -> ForwardTimes:

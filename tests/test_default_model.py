@@ -161,7 +161,7 @@ def test_a_quantized_draft_runs_dequantized_in_float32_on_cpu(tiny_pair, tmp_pat
     import numpy as np
     from mlx_lm import load
 
-    from server.engine.model_kit import ModelKit, load_model
+    from server.engine.models.model_kit import ModelKit, load_model
 
     if mx.default_device() != mx.cpu:
         pytest.skip("dtype auto is float32 on the CPU only")

@@ -10,7 +10,7 @@ from mlx_lm.utils import load_tokenizer
 from server.demo import DEFAULT_NUM_DRAFT_TOKENS, encode_prompt, main, parse_args
 from server.engine.events import Finished
 from server.engine.generation import generate_events
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
 PROMPT = "def binary_search(items, target):"

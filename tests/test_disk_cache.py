@@ -13,14 +13,14 @@ from conftest import disk_cache_files as files
 from conftest import served, wait_for_disk_entries
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from server.engine.disk_cache import DiskPromptCache
 from server.engine.events import Finished, TokenEvent
 from server.engine.generation import generate_events
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.kv.disk_cache import DiskPromptCache
+from server.engine.kv.prefix_cache import PrefixCache
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.prefix_cache import PrefixCache
-from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.sequence import Phase
+from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.engine.scheduling.sequence import Phase
 
 SYSTEM = "You are a careful assistant who answers in full sentences. " * 8
 
@@ -94,7 +94,7 @@ def test_a_memory_hit_wins_and_a_plain_entry_serves_a_drafting_request(kit, tmp_
 
 
 def test_a_long_entry_is_not_read_for_a_short_shared_prefix(kit, tmp_path):
-    from server.engine.disk_cache import MIN_USED_FRACTION
+    from server.engine.kv.disk_cache import MIN_USED_FRACTION
 
     long = request(kit, SYSTEM * 4 + "Long?")
     run(restarted(kit, tmp_path), long)
@@ -144,7 +144,7 @@ def test_a_damaged_entry_is_a_warning_and_a_cold_prefill(kit, tmp_path, caplog, 
     [entry] = files(tmp_path)
     if when == "before start":
         _damage(entry, how)
-    with caplog.at_level(logging.WARNING, logger="server.engine.disk_cache"):
+    with caplog.at_level(logging.WARNING, logger="server.engine.kv.disk_cache"):
         scheduler = restarted(kit, tmp_path)
         if when == "while serving":
             _damage(entry, how)
@@ -168,7 +168,7 @@ def test_changed_weights_are_a_warning_and_a_miss(tiny_pair, tmp_path, caplog):
     mx.save_safetensors(str(folder / "model.safetensors"), weights, {"format": "mlx"})
     after = ModelKit(load_model(str(folder)))
     assert after.target.fingerprint != before.target.fingerprint
-    with caplog.at_level(logging.WARNING, logger="server.engine.disk_cache"):
+    with caplog.at_level(logging.WARNING, logger="server.engine.kv.disk_cache"):
         out, stats = run(restarted(after, tmp_path / "cache"), p)
     assert "another version" in caplog.text and str(folder) in caplog.text
     assert stats.cached_tokens == 0 and out == uncached(after, p)
@@ -226,7 +226,7 @@ async def test_http_restart_health_and_admin_clear(tiny_pair, tmp_path):
 
 def test_settings_and_environment(monkeypatch, tmp_path):
     from server.config import Settings
-    from server.engine.disk_cache import DEFAULT_DISK_MAX_GB
+    from server.engine.kv.disk_cache import DEFAULT_DISK_MAX_GB
 
     assert Settings.load(None).cache.disk_dir is None
     assert Settings.load(None).cache.disk_max_gb == DEFAULT_DISK_MAX_GB

@@ -309,8 +309,8 @@ def test_a_model_without_shard_is_refused_naming_the_supported_architectures(tin
                                                                             tmp_path):
     import mlx.core as mx
 
-    from server.engine.distributed import DistributedLayout, load_sharded
-    from server.engine.model_kit import ModelLoadError
+    from server.engine.distributed.service import DistributedLayout, load_sharded
+    from server.engine.models.model_kit import ModelLoadError
 
     folder = tmp_path / "gemma"
     shutil.copytree(tiny_pair[0], folder)

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from server.engine.distributed import MirroredTarget, body_and_head
-from server.engine.mirror import Mirror, MirroredKVCache, apply_op
-from server.engine.model_kit import LoadedModel, ModelKit, load_model
+from server.engine.distributed.mirror import Mirror, MirroredKVCache, apply_op
+from server.engine.distributed.service import MirroredTarget, body_and_head
+from server.engine.kv.prefix_cache import PrefixCache
+from server.engine.kv.ragged_cache import RaggedKVCache
+from server.engine.models.model_kit import LoadedModel, ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.policy import SpeculationPolicy
-from server.engine.prefix_cache import PrefixCache
-from server.engine.ragged_cache import RaggedKVCache
-from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.sequence import Phase
+from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.engine.scheduling.sequence import Phase
+from server.engine.speculation.policy import SpeculationPolicy
 
 pytestmark = pytest.mark.slow
 

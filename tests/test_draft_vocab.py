@@ -1,4 +1,5 @@
-"""Drafts that predict a subset of the target's vocabulary (server.engine.draft_vocab), on the
+"""Drafts that predict a subset of the target's vocabulary (server.engine.models.draft_vocab), on
+the
 tiny pair (the recipe that trains one: tests/test_training.py)."""
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from mlx_lm import load
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from server.engine.draft_vocab import (
+from server.engine.events import TokenEvent
+from server.engine.generation import generate_events
+from server.engine.models.draft_vocab import (
     VOCAB_FILE,
     SubVocabModel,
     write_vocab,
 )
-from server.engine.events import TokenEvent
-from server.engine.generation import generate_events
-from server.engine.head import last_logits, split_of
-from server.engine.model_kit import ModelKit, ModelLoadError, load_model
+from server.engine.models.head import last_logits, split_of
+from server.engine.models.model_kit import ModelKit, ModelLoadError, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
 KEPT = [*range(0, 120), *range(200, 330)]  # 250 of the tiny vocabulary's 512 ids

@@ -70,8 +70,8 @@ def test_the_openai_sdk_decodes_its_base64(embedding_server, tiny_pair):
 
 
 def test_mean_pooling(tiny_pair):
-    from server.engine.embeddings import Embedder
-    from server.engine.model_kit import load_model
+    from server.engine.models.embeddings import Embedder
+    from server.engine.models.model_kit import load_model
 
     embedder = Embedder(load_model(str(tiny_pair[0])), "mean")
     _, tokenizer = load(str(tiny_pair[0]))
@@ -82,7 +82,7 @@ def test_mean_pooling(tiny_pair):
 
 
 def test_batches_group_similar_lengths_within_the_budget():
-    from server.engine.embeddings import batches
+    from server.engine.models.embeddings import batches
 
     inputs = [[1] * n for n in (5, 40, 6, 7, 100, 39, 5)]
     groups = batches(inputs, budget=80)

@@ -1,4 +1,4 @@
-"""Fused projections (server.engine.fused) against `mlx_lm`'s unfused models."""
+"""Fused projections (server.engine.models.fused) against `mlx_lm`'s unfused models."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from mlx_lm import load
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from server.engine.fused import FusedPart, fuse_projections
-from server.engine.model_kit import load_model
+from server.engine.models.fused import FusedPart, fuse_projections
+from server.engine.models.model_kit import load_model
 
 
 def _nbytes(model) -> int:
@@ -69,7 +69,7 @@ def test_projections_that_differ_are_left_alone(tiny_pair):
 
 def test_models_load_unfused_unless_fuse_projections_is_set(tiny_pair):
     from server.config import Settings
-    from server.engine.model_kit import ModelKit
+    from server.engine.models.model_kit import ModelKit
 
     assert Settings().engine.fuse_projections is False
     plain = ModelKit(load_model(str(tiny_pair[0])))

@@ -6,9 +6,9 @@ import pytest
 from mlx_lm import stream_generate
 
 from server.engine.generation import generate_events
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.stop_sequences import StopMatcher
+from server.engine.scheduling.stop_sequences import StopMatcher
 
 
 @pytest.fixture(scope="module")

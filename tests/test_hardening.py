@@ -266,7 +266,7 @@ async def test_error_messages_hide_the_roots(path_env, tmp_path, model_dir):
 # --------------------------------------------------------------------------- safe defaults
 async def test_public_bind_without_admin_key_refuses_model_changes(tiny_pair, engine, caplog):
     settings = make_settings(*tiny_pair, host="0.0.0.0")
-    with caplog.at_level(logging.WARNING, logger="server.http.auth"):
+    with caplog.at_level(logging.WARNING, logger="server.http.common.auth"):
         app = create_app(settings, engine)
     assert any("admin_api_key" in rec.getMessage() for rec in caplog.records)
     assert app.state.access.allow_hub is False
@@ -299,7 +299,7 @@ def test_hub_default_follows_the_admin_key(tiny_pair, engine, host, admin_key, a
 @pytest.fixture()
 async def hub_env(tiny_pair, model_dir, monkeypatch):
     """An admin key and hub access; the 'download' returns the tiny draft and notes its thread."""
-    import server.http.model_access as model_access
+    import server.http.admin.model_access as model_access
 
     threads = []
 

@@ -7,8 +7,8 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from server.engine.fused import fuse_projections
-from server.engine.head import last_logits, split_of
+from server.engine.models.fused import fuse_projections
+from server.engine.models.head import last_logits, split_of
 
 INPUTS = [[5, 9, 31, 7], [40, 41, 42, 43]]
 COLUMNS = [3, 1]

@@ -1,5 +1,6 @@
 """Calls a model writes by itself (`tool_choice` auto) held to the offered functions' schemas
-from its `<tool_call>` token on (`server.engine.lazy_grammar`): the constraint alone, then the
+from its `<tool_call>` token on (`server.engine.structured.lazy_grammar`): the constraint alone,
+then the
 server against `mlx_lm` driven by the same rule, with and without drafts."""
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from mlx_lm import load, stream_generate
 from mlx_lm.tool_parsers import qwen3_coder
 from tool_call_model import OPENS_AT, PROMPT, QWEN3_CODER_TEMPLATE, TOOLS, build_tool_call_pair
 
-from server.engine.grammar import grammars_for
-from server.engine.lazy_grammar import LazyConstraint, lazy_tool_calls
-from server.http.tools import own_call_syntax, render_chat
+from server.engine.structured.grammar import grammars_for
+from server.engine.structured.lazy_grammar import LazyConstraint, lazy_tool_calls
+from server.http.common.tools import own_call_syntax, render_chat
 
 pytestmark = pytest.mark.anyio
 MAX = 60

@@ -18,7 +18,7 @@ from thinking_model import PROMPT as THINKING_PROMPT
 from tool_call_model import PROMPT as CALL_PROMPT
 from tool_call_model import TOOLS, build_tool_call_pair
 
-from server.http.tools import render_chat
+from server.http.common.tools import render_chat
 
 pytestmark = pytest.mark.slow
 ollama = pytest.importorskip("ollama")  # dev extras; `make test` installs them

@@ -1,4 +1,5 @@
-"""Cursor paging (`server.http.paging`), exactly: OpenAI's `after`, Anthropic's `after_id` and
+"""Cursor paging (`server.http.common.paging`), exactly: OpenAI's `after`, Anthropic's `after_id`
+and
 `before_id`."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from server.http.errors import APIError
-from server.http.paging import page
+from server.http.common.errors import APIError
+from server.http.common.paging import page
 
 ITEMS = [SimpleNamespace(id=name) for name in "abcde"]
 

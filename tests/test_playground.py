@@ -25,7 +25,7 @@ import pytest
 from conftest import chat_body, free_port, make_settings, started_engine
 
 ROOT = Path(__file__).resolve().parent.parent
-UI_DIR = ROOT / "server" / "http" / "ui"
+UI_DIR = ROOT / "server" / "http" / "admin" / "ui"
 ARTIFACTS = ROOT / "tests" / "artifacts"  # gitignored
 ADMIN_KEY = "playground-admin-key"
 # Prompt lookup drafts from the context; a repeated phrase gives it matches from the first token.
@@ -105,12 +105,12 @@ def test_the_page_loads_nothing_from_elsewhere():
 
 
 def test_the_package_ships_every_asset():
-    """pyproject's package-data globs cover each file in server/http/ui (wheels get them)."""
-    from server.http.routes.ui import ASSETS
+    """pyproject's package-data globs cover each file in server/http/admin/ui (wheels get them)."""
+    from server.http.admin.playground import ASSETS
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["server.http"]
+    globs = config["tool"]["setuptools"]["package-data"]["server.http.admin"]
     files = {p.name for p in UI_DIR.iterdir() if p.is_file()}
     assert files == set(ASSETS)
     for name in files:

@@ -14,8 +14,8 @@ from test_scheduler import alone, params, run_batch, tokens_of
 from test_scheduler import kit as kit  # noqa: F401 (the fixture)
 
 from server.engine.params import SpeculationParams
-from server.engine.policy import SpeculationPolicy
-from server.engine.prediction import PredictionDraft
+from server.engine.speculation.policy import SpeculationPolicy
+from server.engine.speculation.prediction import PredictionDraft
 
 pytestmark = pytest.mark.anyio
 MAX = 48

@@ -10,11 +10,11 @@ from conftest import served
 
 from server.engine.events import Finished, TokenEvent
 from server.engine.generation import generate_events
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.kv.prefix_cache import PrefixCache
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.prefix_cache import PrefixCache
-from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.sequence import Phase
+from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.engine.scheduling.sequence import Phase
 
 pytestmark = pytest.mark.anyio
 SYSTEM = "You are a careful assistant. " * 12
@@ -294,7 +294,7 @@ def test_a_model_whose_cache_cannot_be_trimmed_is_refused_at_load(tiny_pair, tmp
     import json
     import shutil
 
-    from server.engine.model_kit import ModelLoadError
+    from server.engine.models.model_kit import ModelLoadError
 
     folder = tmp_path / "windowed"
     shutil.copytree(tiny_pair[0], folder)

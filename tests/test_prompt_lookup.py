@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from server.engine.drafting import lookup_proposal
-from server.engine.prompt_lookup import (
+from server.engine.speculation.drafting import lookup_proposal
+from server.engine.speculation.prompt_lookup import (
     DEFAULT_MAX_NGRAM,
     DEFAULT_MIN_NGRAM,
     find_continuation,
@@ -114,7 +114,7 @@ def test_hybrid_drafts_by_lookup_only_from_its_minimum_match():
     from types import SimpleNamespace
 
     from server.engine.params import HYBRID_MIN_MATCH, GenerationParams, SpeculationParams
-    from server.engine.sequence import Sequence
+    from server.engine.scheduling.sequence import Sequence
 
     tokenizer = SimpleNamespace(eos_token_ids={0}, detokenizer=None)  # plan_round reads neither
 

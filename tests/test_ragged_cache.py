@@ -7,7 +7,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from server.engine.ragged_cache import RaggedKVCache
+from server.engine.kv.ragged_cache import RaggedKVCache
 
 PROMPTS = [[5, 9, 31, 7, 2, 88], [40, 41], [3, 100, 200, 17]]
 TOL = 1e-5
@@ -100,7 +100,7 @@ def test_rows_restored_to_different_lengths_share_one_prefill(model, restored):
     """`prefill_rows` feeds each row the rest of its prompt on top of whatever prefix it holds
     (fresh rows left-padded, restored ones right-padded with holes after): each row's logits,
     its next decoding step and its extracted cache equal that row prefilled alone."""
-    from server.engine.batch import prefill_rows
+    from server.engine.kv.batch import prefill_rows
 
     caches, chunks = [], []
     for prompt, n in zip(PROMPTS, restored, strict=True):

@@ -14,14 +14,14 @@ import pytest
 from conftest import chat_body, served
 from mlx_lm.generate import generate_step
 
-from server.engine.cost_model import DrafterRates, ForwardTimes, StepCosts
 from server.engine.events import Finished, TokenEvent
 from server.engine.generation import generate_events
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.policy import SpeculationPolicy
-from server.engine.scheduler import QueueFull, Scheduler, SchedulerConfig
-from server.engine.sequence import Phase
+from server.engine.scheduling.scheduler import QueueFull, Scheduler, SchedulerConfig
+from server.engine.scheduling.sequence import Phase
+from server.engine.speculation.cost_model import DrafterRates, ForwardTimes, StepCosts
+from server.engine.speculation.policy import SpeculationPolicy
 
 TEXTS = [
     "def hello(world):\n    return",
@@ -144,8 +144,7 @@ def test_hybrid_rows_that_look_up_while_the_draft_model_drafts_for_others(noisy_
     tokens. Checked at every model round: each row's first draft token is the draft model's
     greedy token after the row's whole context (what a cache holding exactly that context
     gives); and mixed drafters in one batch give each row its text alone."""
-    from server.engine import decoder
-
+    from server.engine.scheduling import decoder
     kit = noisy_draft_kit
     checked = []  # per model round: did a hybrid row that had looked up draft with the model
     looked_up = set()
@@ -221,7 +220,7 @@ def test_the_cost_model_chooses_each_rows_k_in_a_batch(kit):
 def test_prompts_arriving_while_others_decode_share_one_prefill_forward(kit, monkeypatch):
     """Three prompts submitted while two rows decode are prefilled in one (3, L) forward in
     the next step, not one forward each; their outputs are those of each request alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
     monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 10**6)  # any padding
 
     calls = []
@@ -348,8 +347,8 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monke
     """Whole prompts that fit the step's budget share one forward (per model, when
     they draft); a row that ends at its first token leaves the group; the prefix cache gets
     each row's own prompt."""
-    import server.engine.scheduler as scheduler_module
-    from server.engine.prefix_cache import PrefixCache
+    import server.engine.scheduling.scheduler as scheduler_module
+    from server.engine.kv.prefix_cache import PrefixCache
 
     groups = []
     real = scheduler_module.prefill_rows
@@ -384,9 +383,9 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_forward(kit, monke
 def test_prompts_restored_to_different_lengths_share_one_prefill(kit, monkeypatch, k):
     """Prompts the prefix cache restored to different lengths (and a fresh one) are still
     prefilled together, in one forward per model, and each gives its output alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
     monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 10**6)  # any padding
-    from server.engine.prefix_cache import PrefixCache
+    from server.engine.kv.prefix_cache import PrefixCache
 
     scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=512), SpeculationPolicy(4, 8))
     scheduler.prefix_cache = PrefixCache(1 << 30)
@@ -421,7 +420,7 @@ def test_prompts_restored_to_different_lengths_share_one_prefill(kit, monkeypatc
 def test_first_tokens_go_out_before_the_drafts_prefill(kit, monkeypatch):
     """A drafting group's first tokens need only the target's prefill: they are emitted
     before the draft prefills the same prompts."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
 
     order = []
     real = scheduler_module.prefill_rows
@@ -444,7 +443,7 @@ def test_prompts_that_would_pad_each_other_more_than_a_forward_costs_go_in_two_g
     """Short prompts are not padded to a long one's length when the padding would cost more
     than a forward of its own (`DEFAULT_GROUP_OVERHEAD` tokens): the short ones share a
     forward, the long one gets its own. Outputs are those of each request alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
 
     widths = []
     real = scheduler_module.prefill_rows
@@ -467,7 +466,7 @@ def test_prompts_that_would_pad_each_other_more_than_a_forward_costs_go_in_two_g
 
 def test_a_forwards_fixed_cost_in_tokens_comes_from_the_measured_table(kit):
     """One token's forward (0.05 s) over a token of the largest forward (0.24 s / 24 tokens)."""
-    from server.engine.scheduler import DEFAULT_GROUP_OVERHEAD
+    from server.engine.scheduling.scheduler import DEFAULT_GROUP_OVERHEAD
 
     scheduler = Scheduler(kit)
     assert scheduler._group_overhead() == DEFAULT_GROUP_OVERHEAD  # nothing measured
@@ -476,7 +475,7 @@ def test_a_forwards_fixed_cost_in_tokens_comes_from_the_measured_table(kit):
 
 
 def test_a_group_takes_a_prompt_while_padding_costs_less_than_a_forward():
-    from server.engine.scheduler import _fits
+    from server.engine.scheduling.scheduler import _fits
 
     assert _fits([], 0, 100, budget=100, overhead=0)  # the first, if it fits alone
     assert not _fits([], 0, 101, budget=100, overhead=0)  # else it is prefilled in chunks
@@ -490,7 +489,7 @@ def test_a_group_takes_a_prompt_while_padding_costs_less_than_a_forward():
 def test_a_wave_starts_with_the_last_group_of_the_shortest_first_cut():
     from types import SimpleNamespace
 
-    from server.engine.scheduler import _last_group
+    from server.engine.scheduling.scheduler import _last_group
 
     order = [SimpleNamespace(unprefilled=n) for n in (10, 12, 14, 60, 61, 200)]
     assert [s.unprefilled for s in _last_group(order, 1024, 32)] == [200]  # 2 x 139 > 32
@@ -502,7 +501,7 @@ def test_a_wave_starts_with_the_last_group_of_the_shortest_first_cut():
 def test_drafting_and_plain_prompts_share_a_prefill_group(kit, monkeypatch):
     """One target forward for the whole group, the draft's over its drafting rows only; those
     alone join the draft's batch. Outputs are those of each request alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
     monkeypatch.setattr(scheduler_module, "DEFAULT_GROUP_OVERHEAD", 10**6)  # any padding
 
     widths = []
@@ -527,7 +526,7 @@ def test_a_burst_is_prefilled_in_large_steps_unless_rows_decode_and_it_is_no_wav
     wave (`_in_wave`): no decoding round until all of it is in (each row's first token comes
     with its group). `prefill_chunk` for prompts that are no wave, so the running streams are
     stalled by at most that per round. Outputs are those of each request alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
 
     groups = []
     real = scheduler_module.prefill_rows
@@ -566,7 +565,7 @@ def test_waiting_prompts_are_grouped_shortest_first_and_the_oldest_is_not_starve
     """Outside a wave, the prefill group takes the shortest waiting prompts (less padding),
     not the oldest; once `MAX_PASSED_OVER` groups went before the oldest prompt, it goes next.
     Outputs are those of each request alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
 
     monkeypatch.setattr(scheduler_module, "WAVE_MAX_TOKENS", 0)  # no wave: see the next test
 
@@ -605,7 +604,7 @@ def test_a_wave_prefills_its_longest_prompts_first_and_the_most_rows_last(kit, m
     """A wave is cut into groups shortest first (little padding), but the groups go longest
     first: a row that got its first token waits for every later group, so the group with the
     most rows goes last. No round runs in between. Outputs are those of each request alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
 
     widths = []
     real = scheduler_module.prefill_rows
@@ -632,8 +631,8 @@ def test_a_row_the_draft_fell_behind_catches_up_a_few_tokens_per_round(kit, monk
     feed the draft at most `CATCH_UP_WIDTH` tokens of that backlog per round, and draft again
     once it is in; rows whose end comes first do not start. Outputs are those of each request
     alone."""
-    from server.engine.batch import ModelBatch
-    from server.engine.decoder import CATCH_UP_WIDTH
+    from server.engine.kv.batch import ModelBatch
+    from server.engine.scheduling.decoder import CATCH_UP_WIDTH
 
     scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 8, 2))
     policy, rounds, widths = scheduler.policy, [], []
@@ -671,7 +670,7 @@ def test_a_new_row_gets_the_drafts_prefill_only_if_its_batch_size_recently_draft
     k = 4: 44.5 tok/s against 20): 0.55 s over 20 tokens, which repays the draft's prefill
     of a 200-token prompt (0.0375 s), but not when single rows drafted in none of the last
     300 rounds (share 2 / 52: 0.021 s). The row still gives its output alone."""
-    import server.engine.scheduler as scheduler_module
+    import server.engine.scheduling.scheduler as scheduler_module
 
     base = params(kit, 0, k=4, max_tokens=20)
     request = replace(base, prompt_tokens=(base.prompt_tokens * 40)[:200])
@@ -910,7 +909,7 @@ def test_top_k_of_any_size_is_served(kit):
 def test_a_prompt_of_no_tokens_is_refused_before_it_can_fail_a_prefill_group(kit):
     """Every route refuses an empty prompt; the scheduler does too (a prefill of none would
     fail the whole group it is in), and the others run on."""
-    from server.engine.policy import InvalidRequest
+    from server.engine.speculation.policy import InvalidRequest
 
     scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 1))
     with pytest.raises(InvalidRequest, match="no tokens"):

@@ -13,14 +13,15 @@ from mlx_lm.generate import speculative_generate_step as mlx_speculative_generat
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from scipy.stats import chisquare
 
-from server.engine import decoder, verification
-from server.engine.drafting import DraftSchedule
 from server.engine.events import Finished, TokenEvent
 from server.engine.generation import generate_events
-from server.engine.model_kit import LoadedModel, ModelKit
+from server.engine.models.model_kit import LoadedModel, ModelKit
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.sampling import LogitsPipeline
-from server.engine.verification import count_exact_matches, verify_rejection
+from server.engine.scheduling import decoder
+from server.engine.scheduling.sampling import LogitsPipeline
+from server.engine.speculation import verification
+from server.engine.speculation.drafting import DraftSchedule
+from server.engine.speculation.verification import count_exact_matches, verify_rejection
 from server.model_files.synthetic import Preset, model_config, random_target
 
 PROMPTS = ("def hello(world):\n    return", "import os\nclass Foo:")
@@ -635,7 +636,7 @@ def test_xtc_is_the_mixture_of_what_mlx_lm_samples_from_with_and_without_its_cut
 def test_xtc_cut_is_mlx_lms(small_pair):
     from mlx_lm.sample_utils import apply_xtc
 
-    from server.engine.sampling import xtc_cut
+    from server.engine.scheduling.sampling import xtc_cut
 
     target, _ = small_pair
     logits = target(mx.array([SMALL_PROMPT]))[0, -3:]

@@ -8,10 +8,10 @@ import mlx.core as mx
 import pytest
 from test_scheduler import alone, assert_same_or_near_tie, pair_kit, run_batch, tokens_of
 
-from server.engine import split_attention
-from server.engine.batch import ModelBatch, new_cache, prefill_rows
+from server.engine.kv import split_attention
+from server.engine.kv.batch import ModelBatch, new_cache, prefill_rows
+from server.engine.kv.split_attention import plan_segments
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.split_attention import plan_segments
 
 TOL = 1e-5
 
@@ -64,7 +64,7 @@ def test_runs_give_the_logits_of_attention_over_the_whole_width(kit, monkeypatch
         calls.append(original(*args, **kwargs))
         return calls[-1]
 
-    monkeypatch.setattr("server.engine.batch.plan_segments", spy)
+    monkeypatch.setattr("server.engine.kv.batch.plan_segments", spy)
     split, whole = _batch(model, [12, 700, 9, 14]), _batch(model, [12, 700, 9, 14])
     inputs = mx.array([[5, 6], [7, 8], [9, 10], [11, 12]])
     got = split.forward(inputs)
@@ -80,7 +80,7 @@ def test_runs_give_the_logits_of_attention_over_the_whole_width(kit, monkeypatch
 def test_a_long_prompt_among_short_ones_changes_no_request(kit, k, monkeypatch):
     runs = []
     original = split_attention.plan_segments
-    monkeypatch.setattr("server.engine.batch.plan_segments",
+    monkeypatch.setattr("server.engine.kv.batch.plan_segments",
                         lambda *a, **kw: runs.append(original(*a, **kw)) or runs[-1])
     encode = kit.target.tokenizer.encode
     prompts = [encode("x = 1\n" * 120)[:600], encode("def hello(world):"), encode("a b c"),

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import pytest
 from conftest import chat_body, make_settings, uvicorn_thread
 
-from server.http.state_db import StateDB, StateError
+from server.http.jobs.state_db import StateDB, StateError
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -266,7 +266,7 @@ def test_the_command_line_refuses_a_folder_in_use(tiny_pair, folder):
 
 def test_a_failed_write_is_logged_and_served_from_memory(folder, caplog):
     from api_schemas.responses import ResponseObject
-    from server.http.response_store import ResponseStore
+    from server.http.openai.responses.store import ResponseStore
 
     db = StateDB(folder)
     store = ResponseStore(4, db)

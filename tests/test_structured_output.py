@@ -1,4 +1,5 @@
-"""Grammar constraints (server.engine.grammar): alone, under mlx_lm, the decoder and HTTP.
+"""Grammar constraints (server.engine.structured.grammar): alone, under mlx_lm, the decoder and
+HTTP.
 
 The unit tests drive a `GrammarConstraint` with `mlx_lm.stream_generate` and a logits processor
 that applies `allowed()`, so they need no engine; every finished output must validate with the
@@ -19,8 +20,13 @@ from conftest import chat_body, served
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from server.engine.constraints import TokenConstraint
-from server.engine.grammar import MAX_PARALLEL_TOOL_CALLS, GrammarError, Grammars, grammars_for
+from server.engine.structured.constraints import TokenConstraint
+from server.engine.structured.grammar import (
+    MAX_PARALLEL_TOOL_CALLS,
+    GrammarError,
+    Grammars,
+    grammars_for,
+)
 
 PROMPTS = ("Give me a JSON record", "def parse(data):\n    return")
 MAX_TOKENS = 120
@@ -685,7 +691,7 @@ def test_an_added_token_is_offered_only_where_the_grammar_names_it(model_dir, ti
     though its mask offered the token (and only it) where the text is the token's text."""
     from thinking_model import add_tokens
 
-    from server.engine.grammar import Grammars
+    from server.engine.structured.grammar import Grammars
 
     folder = model_dir / "added-tag"
     if not folder.exists():

@@ -177,7 +177,7 @@ class FakeEngine:
 
 
 def fake_switcher(names="abc"):
-    from server.engine.switching import TargetEntry, TargetSwitcher
+    from server.engine.scheduling.switching import TargetEntry, TargetSwitcher
 
     entries = [TargetEntry(f"/m/{n}", n) for n in names]
     engine = FakeEngine(entries[0])

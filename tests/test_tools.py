@@ -11,7 +11,7 @@ from conftest import chat_body, read_sse, served
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.tool_parsers import mistral
 
-from server.http.tools import (
+from server.http.common.tools import (
     HERMES,
     ToolCallFormat,
     ToolCallParser,

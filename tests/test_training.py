@@ -14,8 +14,8 @@ from mlx_lm import load
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.utils import dequantize_model
 
-from server.engine.draft_vocab import VOCAB_FILE, draft_index, read_vocab, wrap_if_sub_vocab
-from server.engine.model_kit import load_model
+from server.engine.models.draft_vocab import VOCAB_FILE, draft_index, read_vocab, wrap_if_sub_vocab
+from server.engine.models.model_kit import load_model
 from server.model_files.training import answer_archive, distill, evaluate, target_answers
 from server.model_files.training.__main__ import main
 from server.model_files.training.chat_requests import requests

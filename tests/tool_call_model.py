@@ -3,7 +3,8 @@ its XML, do with `tool_choice` auto): the tiny test pair with `<tool_call>` and 
 appended to its vocabulary as tokens of their own. The random target never writes a new token
 by itself, so `<tool_call>`'s output row is made a copy, scaled up, of the row of a token it
 writes early in its reply to `PROMPT` with `TOOLS` offered: it then opens a call there. What
-follows is up to the grammar (`server.engine.lazy_grammar`), or, without one, to the random
+follows is up to the grammar (`server.engine.structured.lazy_grammar`), or, without one, to the
+random
 model."""
 
 from __future__ import annotations

@@ -34,16 +34,16 @@ from mlx_lm.generate import BatchGenerator
 from server.bench import results
 from server.bench.results import aligned, num, percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
-from server.engine import decoder
-from server.engine.batch import ModelBatch
-from server.engine.cost_model import measure_forward_times
-from server.engine.distributed import DistributedEngine, launched_layout
-from server.engine.follower import run_follower
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.distributed.follower import run_follower
+from server.engine.distributed.service import DistributedEngine, launched_layout
+from server.engine.kv.batch import ModelBatch
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
-from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.sequence import Phase
+from server.engine.scheduling import decoder
+from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.engine.scheduling.sequence import Phase
 from server.engine.service import InferenceEngine
+from server.engine.speculation.cost_model import measure_forward_times
 from server.model_files.bundled import generated_pair
 
 _TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",

@@ -16,11 +16,11 @@ import httpx
 
 from server.bench.results import auth
 from server.demo import encode_prompt
-from server.engine.cost_model import measure_forward_times
 from server.engine.events import Finished
 from server.engine.generation import generate_events
-from server.engine.model_kit import ModelKit, load_model
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
+from server.engine.speculation.cost_model import measure_forward_times
 
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
              "messages": "/v1/messages"}

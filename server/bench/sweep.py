@@ -17,7 +17,7 @@ from typing import NamedTuple, get_args
 from server.bench import results
 from server.bench.results import num, ratio, summarize
 from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, StreamFailed
-from server.engine.model_kit import IncompatibleDraft, ModelLoadError
+from server.engine.models.model_kit import IncompatibleDraft, ModelLoadError
 from server.engine.params import DraftSource, SpeculationParams
 from server.model_files.bundled import demo_or_generated_pair
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from server.engine.events import Finished, TokenEvent
-from server.engine.model_kit import ModelKit
+from server.engine.models.model_kit import ModelKit
 from server.engine.params import GenerationParams
-from server.engine.policy import SpeculationPolicy
-from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.sequence import Phase
+from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from server.engine.scheduling.sequence import Phase
+from server.engine.speculation.policy import SpeculationPolicy
 
 
 def generate_events(

@@ -80,5 +80,5 @@ class GenerationParams:
     # The fingerprint of the target the prompt was tokenized for ("": any): a request that
     # reaches the scheduler after the target was replaced is refused (ModelReplaced).
     target: str = ""
-    # Builds this request's grammar state (a server.engine.constraints.TokenConstraint).
+    # Builds this request's grammar state (a server.engine.structured.constraints.TokenConstraint).
     constraint: Callable[[], Any] | None = field(default=None, compare=False)

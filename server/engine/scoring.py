@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from server.engine.batch import new_cache
-from server.engine.sampling import align_vocab, normalize
+from server.engine.kv.batch import new_cache
+from server.engine.scheduling.sampling import align_vocab, normalize
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from server.engine.embeddings import Embedder, batches
 from server.engine.events import Finished
-from server.engine.model_kit import (
+from server.engine.models.embeddings import Embedder, batches
+from server.engine.models.model_kit import (
     KEEP,
     IncompatibleDraft,
     LoadedModel,
@@ -33,8 +33,7 @@ from server.engine.model_kit import (
     tokenizer_mismatch,
 )
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
-from server.engine.policy import DEFAULT_NUM_DRAFT_TOKENS, InvalidRequest, SpeculationPolicy
-from server.engine.scheduler import (
+from server.engine.scheduling.scheduler import (
     ModelReplaced,
     ObserverList,
     QueueFull,
@@ -43,9 +42,14 @@ from server.engine.scheduler import (
     SchedulerObserver,
     ShuttingDown,
 )
+from server.engine.scheduling.sequence import Sequence
+from server.engine.scheduling.switching import TargetEntry, TargetSwitcher, TargetUnavailable
 from server.engine.scoring import PromptLogprobs, PromptScorer
-from server.engine.sequence import Sequence
-from server.engine.switching import TargetEntry, TargetSwitcher, TargetUnavailable
+from server.engine.speculation.policy import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    InvalidRequest,
+    SpeculationPolicy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +230,8 @@ class InferenceEngine:
                                             f"{reason}")
 
     def _prefix_cache(self):
-        from server.engine.disk_cache import DiskPromptCache
-        from server.engine.prefix_cache import PrefixCache
+        from server.engine.kv.disk_cache import DiskPromptCache
+        from server.engine.kv.prefix_cache import PrefixCache
 
         disk = None
         if self.disk_cache_dir:
@@ -303,7 +307,7 @@ class InferenceEngine:
     @property
     def distributed(self) -> dict | None:
         """The layout of a target sharded over several processes
-        (`server.engine.distributed`); None in one process."""
+        (`server.engine.distributed.service`); None in one process."""
         return None
 
     def cache_info(self) -> dict:

@@ -9,39 +9,34 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from server.config import Settings
-from server.engine.distributed import DistributedEngine, launched_layout
-from server.engine.prefix_cache import cache_budget_bytes
+from server.engine.distributed.service import DistributedEngine, launched_layout
+from server.engine.kv.prefix_cache import cache_budget_bytes
 from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
-from server.http.auth import log_exposure
-from server.http.background_responses import BackgroundResponses
-from server.http.batch_jobs import BatchRunner
-from server.http.conversations import ConversationStore
-from server.http.draft_candidates import AUTO, auto_draft, discover_targets
-from server.http.errors import install_error_handlers
-from server.http.file_store import FileStore
-from server.http.message_batches import MessageBatches
-from server.http.metrics import ServerMetrics
-from server.http.model_access import ModelAccessPolicy
-from server.http.openai_batches import OpenAIBatches
-from server.http.openapi import install_openapi
-from server.http.request_ids import RequestIds
-from server.http.response_store import ResponseStore
-from server.http.routes import (
-    batches,
-    cache,
-    completions,
-    conversations,
-    embeddings,
-    llama_cpp,
-    message_batches,
-    messages,
-    models,
-    ollama,
-    responses,
-    tokens,
-    ui,
-)
-from server.http.state_db import StateDB
+from server.http.admin import cache, models
+from server.http.admin import playground as ui
+from server.http.admin.draft_candidates import AUTO, auto_draft, discover_targets
+from server.http.admin.metrics import ServerMetrics
+from server.http.admin.model_access import ModelAccessPolicy
+from server.http.anthropic import batch_routes as message_batches
+from server.http.anthropic import routes as messages
+from server.http.anthropic.batches import MessageBatches
+from server.http.common.auth import log_exposure
+from server.http.common.errors import install_error_handlers
+from server.http.common.openapi import install_openapi
+from server.http.common.request_ids import RequestIds
+from server.http.jobs.runner import BatchRunner
+from server.http.jobs.state_db import StateDB
+from server.http.llama_cpp import routes as llama_cpp
+from server.http.ollama import routes as ollama
+from server.http.openai import completions, embeddings, tokens
+from server.http.openai.batches import routes as batches
+from server.http.openai.batches.files import FileStore
+from server.http.openai.batches.jobs import OpenAIBatches
+from server.http.openai.responses import conversation_routes as conversations
+from server.http.openai.responses import routes as responses
+from server.http.openai.responses.background import BackgroundResponses
+from server.http.openai.responses.conversations import ConversationStore
+from server.http.openai.responses.store import ResponseStore
 
 log = logging.getLogger(__name__)
 

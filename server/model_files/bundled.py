@@ -6,7 +6,7 @@
   (`models/demo`) serves instead, and if that is missing too, a random pair built into
   `models/generated`.
 - The shipped draft (`models/smollm2-draft`, stored 8-bit) is served as it is; on the CPU the
-  engine dequantizes it in memory (`server.engine.model_kit.load_model`).
+  engine dequantizes it in memory (`server.engine.models.model_kit.load_model`).
 - A `.gguf` path, for the target or the draft, is converted once into a cache folder.
 """
 

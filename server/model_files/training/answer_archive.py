@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm import load as mlx_load
 
-from server.engine.head import split_of
+from server.engine.models.head import split_of
 from server.model_files.training import target_answers
 
 DEFAULT_ARCHIVE = Path("data/target-answers/answers.jsonl.gz")

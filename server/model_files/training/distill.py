@@ -2,7 +2,7 @@
 
 The draft is a llama at the target's width: a copy of its layers `LAYERS` and its final norm,
 and an embedding and tied head over only the `VOCAB` most frequent answer tokens plus one
-"other" row (`server.engine.draft_vocab`), so its head costs VOCAB/V of the target's. At each
+"other" row (`server.engine.models.draft_vocab`), so its head costs VOCAB/V of the target's. At each
 answer position of `target_answers`' file (the prompt is context only) it learns a mix:
 `HARD_WEIGHT` on the token the target wrote (greedy acceptance is the draft's argmax agreeing
 with it) and the rest the target's distribution over its top tokens that the draft has.
@@ -33,8 +33,8 @@ from mlx_lm import load as mlx_load
 from mlx_lm.models import llama
 from mlx_lm.utils import quantize_model
 
-from server.engine.draft_vocab import draft_index, read_vocab, write_vocab
-from server.engine.model_kit import load_model
+from server.engine.models.draft_vocab import draft_index, read_vocab, write_vocab
+from server.engine.models.model_kit import load_model
 from server.model_files.training import target_answers
 from server.model_files.training.target_answers import answer_split, held_out_start  # noqa: F401
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from server.engine.model_kit import load_model
+from server.engine.models.model_kit import load_model
 from server.model_files.training import target_answers
 from server.model_files.training.distill import ANSWERS
 

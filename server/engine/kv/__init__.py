@@ -1,0 +1,2 @@
+"""KV caches: the batch's caches (ragged rows, split attention) and the prefix cache in memory and
+on disk."""

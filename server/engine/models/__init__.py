@@ -1,0 +1,2 @@
+"""Models: loading (model kit, adapters, fused projections), a model's body and head apart, smaller
+draft vocabularies, embeddings."""

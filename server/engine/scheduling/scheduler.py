@@ -1,0 +1,774 @@
+"""The scheduler: one loop on the MLX thread that decides what runs at each step.
+
+A step is: take new requests and control calls, admit waiting requests into free batch slots,
+prefill one group of prompts (or one chunk of a long one), run one decoding round for every
+decoding request, and retire the ones that finished, were cancelled or whose client went away.
+Prefill is chunked (`prefill_chunk` tokens) and interleaved with decoding rounds, so a long new
+prompt stalls the running streams by at most one chunk per round; a wave of short prompts is
+prefilled back to back instead, the running streams waiting for it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+
+from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
+from server.engine.models.model_kit import ModelKit
+from server.engine.params import GenerationParams
+from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
+from server.engine.scheduling.sequence import Phase, Sequence, Sink
+from server.engine.speculation.cost_model import (
+    DEFAULT_CACHE_DIR,
+    DrafterRates,
+    DraftingShare,
+    RowOption,
+    StepCosts,
+    decision_rate,
+    drafting_saving,
+    kit_costs,
+    prefill_repaid,
+)
+from server.engine.speculation.policy import InvalidRequest, SpeculationPolicy, speculates_at_own_k
+
+log = logging.getLogger(__name__)
+
+# A 2048-token prompt arriving while a stream decodes (generated pair, 2-core CPU): 128 tokens
+# per step stalled the stream ~1 s at most and prefilled as fast as 256 or 1024 (which stalled
+# it 1.9 s and 7.7 s); the whole prompt at once stalled it 15 s.
+DEFAULT_PREFILL_CHUNK = 128
+# Requests prefilling or decoding at once: as many as mlx_lm.server's BatchGenerator decodes.
+DEFAULT_MAX_BATCH_SIZE = 32
+# `mlx-spec-bench load --in-process` (N requests at once, generated pair, two runs): 1024 while
+# nothing decodes took ours from 0.90x to 0.97-1.00x of mlx_lm's BatchGenerator at 16 requests
+# and from 1.00x to 1.03-1.05x at 8.
+DEFAULT_IDLE_PREFILL_CHUNK = 1024
+# A row that joins the draft late (`_catch_up_drafts`) prefills its whole context into the draft
+# first: not worth it for its last few tokens.
+CATCH_UP_MIN_REMAINING = 8
+# Prefill groups that may go before the oldest waiting prompt (shorter ones go first).
+MAX_PASSED_OVER = 4
+# What one more prefill forward costs, in prompt tokens, until forward times are measured
+# (`Scheduler._group_overhead`; both pairs' measured tables: 25 tokens).
+DEFAULT_GROUP_OVERHEAD = 32
+# A wave of prompts (clients that finished together send their next requests) is prefilled
+# back to back, the decoding rows waiting once for all of it, as mlx_lm's BatchGenerator does:
+# at least WAVE_MIN_PROMPTS prompts, one per WAVE_ROWS_PER_PROMPT decoding rows, with at most
+# WAVE_MAX_TOKENS prompt tokens left. In process (generated pair, 16 / 32 requests at once,
+# against BatchGenerator): aggregate 0.97x -> 1.09x / 1.10x, ITL p99 3.8x -> 1.02x at 16 (the
+# streams were stalled once per group, then by every 128-token chunk of the wave's rest).
+WAVE_MIN_PROMPTS = 2
+WAVE_ROWS_PER_PROMPT = 4
+WAVE_MAX_TOKENS = 2048
+
+
+def _keep_rows(cache: list, rows: list[int], count: int) -> None:
+    """Keep only `rows` of a batch cache of `count` rows."""
+    if len(rows) < count:
+        for c in cache:
+            c.filter(mx.array(rows))
+
+
+def _fits(group: list[int], width: int, rest: int, budget: int, overhead: int) -> bool:
+    """Whether a prompt whose rest is `rest` tokens joins a prefill group of rests `group`
+    padded to `width`: the group, padded to the longer, still fits `budget`, and the padding
+    it adds (to the others if it is longer, to itself if shorter) costs no more than a forward
+    of its own (`overhead` tokens)."""
+    if not group:
+        return rest <= budget  # else the prompt is prefilled in chunks
+    padding = len(group) * max(rest - width, 0) + max(width - rest, 0)
+    return (len(group) + 1) * max(width, rest) <= budget and padding <= overhead
+
+
+def _last_group(order: list[Sequence], budget: int, overhead: int) -> list[Sequence]:
+    """The last group when `order` (shortest first) is cut into groups by `_fits` (before the
+    prefix cache shortens any)."""
+    start, group, width = 0, [], 0
+    for i, seq in enumerate(order):
+        if not _fits(group, width, seq.unprefilled, budget, overhead):
+            start, group, width = i, [], 0
+        group.append(seq.unprefilled)
+        width = max(width, seq.unprefilled)
+    return order[start:]
+
+
+class QueueFull(Exception):
+    """Too many requests are waiting: the caller should answer 503 with Retry-After."""
+
+
+class ShuttingDown(Exception):
+    """The server is draining: no new requests (503), and running ones are being ended."""
+
+
+class ModelReplaced(Exception):
+    """The target was replaced while the request waited or ran (its prompt was tokenized for
+    the previous one): 503, to be sent again."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests prefilling or decoding at once
+    max_queue_size: int = 64  # requests waiting for a slot; beyond it: QueueFull (503)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    # the same while no request decodes, more prompts wait than rows decode, or for a wave
+    idle_prefill_chunk: int = DEFAULT_IDLE_PREFILL_CHUNK
+
+
+class SchedulerObserver:
+    """Hooks for metrics (called on the MLX thread; keep them cheap)."""
+
+    def on_admitted(self, queue_wait_s: float) -> None: ...
+
+    def on_round(self, batch_size: int, results: dict[int, RoundResult]) -> None: ...
+
+    def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None: ...
+
+
+class ObserverList(SchedulerObserver):
+    """Forwards to every registered observer (one per app serving this engine)."""
+
+    def __init__(self):
+        self.observers: list[SchedulerObserver] = []
+
+    def on_admitted(self, queue_wait_s: float) -> None:
+        for o in self.observers:
+            o.on_admitted(queue_wait_s)
+
+    def on_round(self, batch_size: int, results: dict[int, RoundResult]) -> None:
+        for o in self.observers:
+            o.on_round(batch_size, results)
+
+    def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
+        for o in self.observers:
+            o.on_prefix_lookup(queried_tokens, hit_tokens)
+
+
+class Scheduler:
+    def __init__(self, kit: ModelKit, config: SchedulerConfig | None = None,
+                 policy: SpeculationPolicy | None = None,
+                 observer: SchedulerObserver | None = None):
+        self.kit = kit
+        self.config = config or SchedulerConfig()
+        self.policy = policy or SpeculationPolicy()
+        self.observer = observer or SchedulerObserver()
+        self.prefix_cache = None  # a PrefixCache, when one is configured
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle_calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting_count = 0  # submitted, not yet admitted (any thread reads it)
+        self._draining = False
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: deque[Sequence] = deque()
+        self.target = ModelBatch(kit.target.model)
+        self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
+        self.costs: StepCosts | None = None  # measured forward times: the k per row and round
+        self.rates = DrafterRates()
+        self.drafting_share = DraftingShare()
+        self._costs_dir: Path | None = DEFAULT_CACHE_DIR
+
+    # -- any thread ---------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a slot."""
+        return self._waiting_count
+
+    @property
+    def batch_size(self) -> int:
+        """Requests prefilling or decoding."""
+        return len(self.target) + len(self.prefilling)
+
+    @property
+    def draining(self) -> bool:
+        """Shutdown began: no new requests are admitted."""
+        return self._draining
+
+    def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
+        if not params.prompt_tokens:  # every route refuses one; a prefill of none would fail
+            raise InvalidRequest("the prompt has no tokens", "prompt")  # its whole group
+        kit = self.kit
+        source = params.speculation.source
+        draft_name = source
+        if source in ("model", "hybrid") and kit.draft is not None:
+            draft_name = kit.draft.name if source == "model" else f"prompt_lookup+{kit.draft.name}"
+        if params.target and params.target != kit.target.fingerprint:
+            raise ModelReplaced("the target model was replaced; send the request again")
+        seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
+                       sink=sink, draft_name=draft_name)
+        with self._lock:
+            if self._draining:
+                raise ShuttingDown("the server is shutting down")
+            if self._waiting_count >= self.config.max_queue_size:
+                raise QueueFull(f"{self._waiting_count} requests are already waiting")
+            self._waiting_count += 1
+        self._incoming.put(seq)
+        self._wake.set()
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        seq.cancelled = True
+        self._wake.set()
+
+    def call(self, fn: Callable[[], object], done: Callable[[object, BaseException | None], None]):
+        """Run `fn` between two steps on the MLX thread; `done(result, error)` gets the outcome."""
+        self._calls.put((fn, done))
+        self._wake.set()
+
+    def call_when_idle(self, fn: Callable[[], object],
+                       done: Callable[[object, BaseException | None], None]):
+        """As `call`, at the first step when no request waits or runs (the caller stops new
+        submissions first); ShuttingDown once a drain began."""
+        with self._lock:
+            if not self._draining:
+                self._idle_calls.put((fn, done))
+                self._wake.set()
+                return
+        done(None, ShuttingDown("the server is shutting down"))
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def begin_drain(self) -> None:
+        """Stop admitting: new submits raise ShuttingDown, waiting requests are answered, and
+        so are calls waiting for an idle moment."""
+        with self._lock:
+            self._draining = True
+        self._fail_calls(self._idle_calls, ShuttingDown("the server is shutting down"))
+        self._wake.set()
+
+    # -- the MLX thread -----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or len(self.target))
+
+    def step(self) -> bool:
+        """One scheduler step; False when there was nothing to do. Decoding rows wait while a
+        wave of prompts is prefilled (`_in_wave`)."""
+        self._take_incoming()
+        self._run_calls(self._calls)
+        if not self.has_work() and self._waiting_count == 0:
+            self._run_calls(self._idle_calls)
+        self._retire_cancelled()
+        self._admit()
+        wave = self._in_wave()
+        did = self._prefill_step(wave)
+        if not (wave and self.prefilling):
+            did = self._decode_step() or did
+        if did and self.prefix_cache is not None:
+            self.prefix_cache.give_way(self.kv_bytes())
+        return did
+
+    def kv_bytes(self) -> int:
+        """The bytes the running requests' KV caches hold: the batches' buffers (both models),
+        and those of prompts still being prefilled."""
+        batches = [c for b in (self.target, self.draft) if b is not None and b.cache
+                   for c in b.cache]
+        prompts = [c for seq in self.prefilling
+                   for c in (seq.target_cache or []) + (seq.draft_cache or [])]
+        return sum(c.nbytes for c in batches + prompts)
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Step until `stop` is set; then end whatever still runs with ShuttingDown."""
+        try:
+            self._loop(stop)
+        finally:
+            self.begin_drain()
+            self._take_incoming()
+            self._fail_all(ShuttingDown("the server stopped"))
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                busy = self.step()
+            except Exception as e:  # a bug must not kill the engine: fail the running rows
+                log.exception("scheduler step failed")
+                self._fail_all(e)
+                busy = False
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def fail_running(self, error: BaseException) -> None:
+        """End every running request with `error` (used at the end of a drain)."""
+        self._fail_all(error)
+
+    def _take_incoming(self) -> None:
+        while True:
+            try:
+                seq = self._incoming.get_nowait()
+            except queue.Empty:
+                break
+            self.waiting.append(seq)
+        if self._draining:
+            while self.waiting:
+                seq = self.waiting.popleft()
+                self._left_queue()
+                seq.error = ShuttingDown("the server is shutting down")
+                seq.finish()
+
+    @staticmethod
+    def _run_calls(calls: queue.SimpleQueue) -> None:
+        while True:
+            try:
+                fn, done = calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - delivered to the caller
+                done(None, e)
+            else:
+                done(result, None)
+
+    @staticmethod
+    def _fail_calls(calls: queue.SimpleQueue, error: BaseException) -> None:
+        while True:
+            try:
+                _, done = calls.get_nowait()
+            except queue.Empty:
+                return
+            done(None, error)
+
+    def _left_queue(self) -> None:
+        with self._lock:
+            self._waiting_count -= 1
+
+    def _retire_cancelled(self) -> None:
+        for seq in [s for s in self.waiting if s.cancelled]:
+            self.waiting.remove(seq)
+            self._left_queue()
+            seq.finish()
+        for seq in [s for s in self.prefilling if s.cancelled]:
+            self.prefilling.remove(seq)
+            self._keep_partial_prefill(seq)
+            seq.finish()
+        self._retire([s for s in self.target.rows if s.cancelled])
+
+    def _admit(self) -> None:
+        """Fill free slots: the lowest `priority` first, the oldest among equals."""
+        while self.waiting and self.batch_size < self.config.max_batch_size:
+            seq = min(self.waiting, key=lambda s: s.params.priority)  # the first of the lowest
+            self.waiting.remove(seq)
+            self._left_queue()
+            if seq.params.max_tokens <= 0:
+                seq.finish("length")
+                continue
+            try:
+                self._start(seq)
+            except Exception as e:  # noqa: BLE001 - this request's own failure
+                seq.error = e
+                seq.finish()
+                continue
+            self.observer.on_admitted(time.perf_counter() - seq.submitted_at)
+
+    def _start(self, seq: Sequence) -> None:
+        spec = seq.params.speculation
+        if seq.uses_draft_model and self.kit.draft is None:
+            if seq.drafter == "model" and spec.required:
+                raise InvalidRequest("the draft model was unloaded before this request ran",
+                                     "num_draft_tokens")
+            seq.lose_draft_model()
+        seq.started_at = time.perf_counter()
+        seq.target_cache = new_cache(self.kit.target.model)
+        seq.phase = Phase.PREFILL
+        self.prefilling.append(seq)
+
+    def _prefill_step(self, wave: bool = False) -> bool:
+        """One prefill forward (per model) of at most `prefill_chunk` prompt tokens, padding
+        included (`idle_prefill_chunk` in a wave or unless `_protect_decoding`): the shortest
+        prompts whose rests fit together, in one group; or, when the first alone does not fit,
+        the next chunk of it."""
+        if not self.prefilling:
+            return False
+        protect = not wave and self._protect_decoding()
+        budget = self.config.prefill_chunk if protect else self.config.idle_prefill_chunk
+        group, first = self._whole_prompt_group(budget, wave)
+        if group:
+            self._prefill_group(group)
+        else:
+            self._prefill_chunk(first, budget)
+        mx.clear_cache()
+        return True
+
+    def _in_wave(self) -> bool:
+        """Whether the prompts prefilling are a wave (`WAVE_MIN_PROMPTS`...): prefilled back to
+        back while the decoding rows wait, once, instead of a decoding round per chunk."""
+        waiting = len(self.prefilling)
+        return (waiting >= WAVE_MIN_PROMPTS and waiting * WAVE_ROWS_PER_PROMPT >= len(self.target)
+                and sum(seq.unprefilled for seq in self.prefilling) <= WAVE_MAX_TOKENS)
+
+    def _protect_decoding(self) -> bool:
+        """Whether this step's prefill is held to `prefill_chunk`, to bound the stall of the
+        streams decoding: unless more prompts wait than rows decode. With nothing decoding
+        nothing can stall; and when a wave of prompts arrives (clients that finished together
+        send their next requests), stalling the few rows already decoding once lets the whole
+        wave share one large forward and join the batch together, instead of many small
+        decoding rounds while the wave trickles in 128 tokens at a time."""
+        return len(self.target) >= len(self.prefilling)
+
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> None:
+        """Prefill the next `budget` tokens of a prompt too long to finish in this step."""
+        try:
+            chunk = seq.prompt[seq.prefilled: seq.prefilled + budget]
+            prefill(self.kit.target.model, seq.target_cache, chunk)
+            if seq.draft_cache is not None:
+                prefill(self.kit.draft.model, seq.draft_cache, chunk)
+            seq.prefilled += len(chunk)
+        except Exception as e:  # noqa: BLE001 - this request's own failure
+            log.exception("prefill failed")
+            self.prefilling.remove(seq)
+            seq.error = e
+            seq.finish()
+
+    def _begin(self, seq: Sequence) -> None:
+        """Before a request's first prefill: does it draft (is the batch small enough), and how
+        much of its prompt does the prefix cache already hold."""
+        if seq.prefill_begun:
+            return
+        seq.prefill_begun = True
+        if seq.uses_draft_model and self._draft_may_pay(seq):
+            seq.draft_cache = new_cache(self.kit.draft.model)
+        if self._caching(seq):
+            self._restore(seq, seq.prompt)
+
+    def _draft_may_pay(self, seq: Sequence) -> bool:
+        """Whether a new row's draft prefill is worth it: it may draft in a batch this large
+        and, with measured costs, drafting with the model pays there at the drafter's rate, in
+        as many rounds as batches this large recently drafted in (`DraftingShare`)."""
+        share = self.drafting_share.share(self.batch_size)
+        return (self.policy.drafts(seq, self.batch_size)
+                and self._draft_repaid(seq, seq.unprefilled, share))
+
+    def _draft_repaid(self, seq: Sequence, tokens: int, share: float = 1.0,
+                      savings: dict[int, float | None] | None = None) -> bool:
+        """Whether, with measured costs, drafting with the model pays in a batch this large at
+        the drafter's rate, by enough to repay the draft's prefill of `tokens` over what the
+        row may still generate, drafting in `share` of its rounds (`prefill_repaid`). A
+        seeded sampled row drafts anyway. `savings` keeps what drafting saves per k for the
+        calls of one step: the same for every row of a batch."""
+        if self.costs is None or speculates_at_own_k(seq):
+            return True
+        size, k = self.batch_size, seq.params.speculation.num_draft_tokens
+        savings = {} if savings is None else savings
+        if k not in savings:
+            rate = decision_rate(0, 0, self.rates.prior("model"), size)
+            savings[k] = drafting_saving(size, k, rate, self.costs)
+        return prefill_repaid(savings[k], self.costs, tokens, seq.remaining, share)
+
+    def _whole_prompt_group(self, budget: int,
+                            wave: bool = False) -> tuple[list[Sequence], Sequence]:
+        """The shortest prefilling requests (drafting or not) whose prompts' rests fit in
+        `budget` together once padded to the longest, and pad each other no more than a
+        forward of their own would cost (`_fits`): they are prefilled in one forward, each
+        from wherever it stands (nothing, a restored prefix, earlier chunks). Also the first
+        candidate, which is chunked when even it does not fit alone.
+
+        Shortest first: rows of like lengths pad little (padding is computed like any token),
+        and short prompts reach their first token first. The oldest request goes first once
+        `MAX_PASSED_OVER` groups have gone before it, so a long prompt is never starved. A
+        request consults the prefix cache (`_begin`) only when it is about to be prefilled, so
+        it finds what the groups before it stored (a system prompt shared by a burst).
+
+        In a wave the groups go longest first (`_last_group`): the decoding rows wait for the
+        whole wave anyway, and a row that got its first token waits for every group after
+        its own, so the group with the most rows, the shortest prompts', goes last."""
+        oldest = self.prefilling[0]
+        order = list(self.prefilling)
+        overhead = self._group_overhead()
+        if oldest.prefill_passed_over < MAX_PASSED_OVER:
+            order.sort(key=lambda s: s.unprefilled)
+            if wave:
+                order = _last_group(order, budget, overhead)
+        group, rests, width = [], [], 0
+        for seq in order:
+            # the rest before `_begin` is an upper bound: a restored prefix only shortens it
+            if group and (len(group) + 1) * max(width, seq.unprefilled) > budget:
+                break
+            self._begin(seq)
+            if not _fits(rests, width, seq.unprefilled, budget, overhead):
+                break
+            group.append(seq)
+            rests.append(seq.unprefilled)
+            width = max(width, seq.unprefilled)
+        if all(seq is not oldest for seq in group) and order[0] is not oldest:
+            oldest.prefill_passed_over += 1
+        return group, order[0]
+
+    def _group_overhead(self) -> int:
+        """A prefill forward's fixed cost in prompt tokens: one token's forward over what a
+        token of a large forward costs (the weights are read once per forward, whatever its
+        size). Padding a group by more than that costs more than a group of its own."""
+        if self.costs is None:
+            return DEFAULT_GROUP_OVERHEAD
+        times = self.costs.target
+        return max(1, round(times.at(1, 1) / times.per_token()))
+
+    def _prefill_group(self, group: list[Sequence]) -> None:
+        """Prefill the rest of each prompt in `group` in one forward per model (the draft's
+        over the rows that draft); each row takes its first token and joins the batch with the
+        group's caches. The first tokens go out before the draft's prefill, which they do not
+        need."""
+        chunks = [seq.prompt[seq.prefilled:] for seq in group]
+        for seq in group:
+            self.prefilling.remove(seq)
+        drafters = [i for i, seq in enumerate(group) if seq.draft_cache is not None]
+        try:
+            logits, cache = prefill_rows(self.kit.target.model,
+                                         [seq.target_cache for seq in group], chunks)
+            finished = [first_token(seq, logits[i]) for i, seq in enumerate(group)]
+            draft_cache = (prefill_rows(self.kit.draft.model,
+                                        [group[i].draft_cache for i in drafters],
+                                        [chunks[i] for i in drafters])[1]
+                           if drafters else None)
+        except Exception as e:  # noqa: BLE001 - these requests' own failure
+            log.exception("prefill failed")
+            for seq in group:
+                seq.error = e
+                seq.finish()
+            return
+        for i, seq in enumerate(group):
+            seq.prefilled, seq.target_cache = len(seq.prompt), None
+            if self._caching(seq):
+                caches = [[c.extract(i) for c in cache]]
+                if i in drafters:
+                    caches.append([c.extract(drafters.index(i)) for c in draft_cache])
+                self.prefix_cache.store(self._cache_key(seq), seq.prompt, caches)
+            seq.draft_cache = None
+            if finished[i]:
+                seq.finish()
+        joining = [i for i in range(len(group)) if not finished[i]]
+        if joining:
+            self._join(group, joining, drafters, cache, draft_cache)
+
+    def _join(self, group: list[Sequence], joining: list[int], drafters: list[int],
+              cache: list, draft_cache: list | None) -> None:
+        """The rows `joining` of a prefilled group join the decoding batch with the group's
+        caches, and those of them among `drafters` (the rows the draft prefilled) the draft's
+        batch: it then still has to see each one's first token. The batches' caches are
+        evaluated now, so the next round's time is the round's (the calibration reads it),
+        layer by layer: each layer's old buffers are freed before the next one's copy (all
+        layers at once added 0.09-0.17 GB to the peak at 16-32 rows)."""
+        _keep_rows(cache, joining, len(group))
+        self.target.add_batch([group[i] for i in joining], cache)
+        evaluate = [self.target]
+        drafting = [i for i in joining if i in drafters]
+        if drafting:
+            _keep_rows(draft_cache, [drafters.index(i) for i in drafting], len(drafters))
+            self._draft_batch().add_batch([group[i] for i in drafting], draft_cache)
+            evaluate.append(self.draft)
+        for batch in evaluate:
+            for c in batch.cache:
+                mx.eval(c.keys, c.values)
+        for i in drafting:
+            group[i].draft_pending = [group[i].output[-1]]
+        for i in joining:
+            group[i].phase = Phase.DECODE
+
+    def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> None:
+        """Let measured forward times choose each row's k (`cost_model`); tables are kept in
+        `cache_dir` per model and machine (None: measured every time)."""
+        self._costs_dir = cache_dir
+        self.costs = kit_costs(self.kit, cache_dir)
+
+    def _draft_batch(self) -> ModelBatch:
+        if self.draft is None:
+            self.draft = ModelBatch(self.kit.draft.model)
+        return self.draft
+
+    def _decode_step(self) -> bool:
+        if not len(self.target):
+            return False
+        rows = self.target.rows
+        options, joining = self._able_to_draft(
+            self.policy.round_options(rows, self.batch_size, self.rates))
+        draft_rows = (len(self.draft) if self.draft is not None else 0) + len(joining)
+        ks = self.policy.choose(options, len(rows), draft_rows, self.costs)
+        model_rows = [seq for seq in rows if seq.uses_draft_model]
+        if model_rows:
+            self.drafting_share.record(len(rows), any(
+                ks.get(id(seq)) and seq.round_drafter == "model" for seq in model_rows))
+        self._catch_up_drafts([seq for seq in joining if ks.get(id(seq))])
+        draft = self.draft if self.draft is not None and len(self.draft) else None
+        start = time.perf_counter()
+        results = decode_round(self.target, draft, ks, self.rates)
+        if self.costs is not None:
+            self._calibrate(rows, ks, len(draft) if draft is not None else 0,
+                            time.perf_counter() - start)
+        self.observer.on_round(len(self.target), results)
+        self._retire([s for s in self.target.rows if s.finish_reason is not None])
+        return True
+
+    def _calibrate(self, rows: list[Sequence], ks: dict[int, int], draft_rows: int,
+                   seconds: float) -> None:
+        """Record the round's measured time against the tables' estimate for it."""
+        width = max(ks.values(), default=0)
+        model_k = max((ks.get(id(seq), 0) for seq in rows if seq.round_drafter == "model"),
+                      default=0)
+        estimate = self.costs.table_seconds(len(rows), width, model_k, draft_rows)
+        self.costs.calibration.record(len(rows), width > 0, seconds, estimate)
+
+    def _able_to_draft(self, options: list[RowOption]) -> tuple[list[RowOption], list[Sequence]]:
+        """The round's options less the rows whose draft model cannot draft for them this
+        round; and the rows among them that would join the draft's batch first (catch up).
+        The round is priced with the rows that really draft: 3 of 16 rows drafting made all
+        16 pay for a verify position (default pair, 16 streams: 0.22 s rounds against 0.147 s
+        plain ones, for 2 more tokens).
+
+        A row in the draft's batch can draft: one it fell behind on is fed `CATCH_UP_WIDTH`
+        tokens of its backlog per round (`decoder`) first, unless its end comes before that.
+        A row that joined the batch where speculation did not pay skipped the draft's prefill
+        (work for drafts nobody would use); to draft now (the batch shrank) the draft prefills
+        its whole context first, unless fewer than `CATCH_UP_MIN_REMAINING` tokens remain or
+        drafting would not repay that prefill (`_draft_repaid`). Rows catch up one after
+        another until `prefill_chunk` context tokens are fed in a step; the others wait for
+        the next rounds (many rows at once, when a large batch shrank, stalled every stream by
+        seconds)."""
+        rows = {id(seq): seq for seq in self.target.rows}
+        drafting = set(map(id, self.draft.rows)) if self.draft is not None else set()
+        able, joining, fed, savings = [], [], 0, {}
+        for option in options:
+            seq = rows[option.key]
+            if not (option.by_model and seq.uses_draft_model):
+                able.append(option)
+            elif option.key in drafting:
+                behind = -(-len(seq.draft_pending) // CATCH_UP_WIDTH) - 1
+                if not behind or seq.remaining - behind >= CATCH_UP_MIN_REMAINING:
+                    able.append(option)
+            elif (seq.remaining >= CATCH_UP_MIN_REMAINING and fed < self.config.prefill_chunk
+                    and self._draft_repaid(seq, len(seq.context), savings=savings)):
+                able.append(option)
+                joining.append(seq)
+                fed += len(seq.context)
+        return able, joining
+
+    def _catch_up_drafts(self, joining: list[Sequence]) -> None:
+        """The draft prefills the context of rows that draft with it from this round on."""
+        chunk = self.config.prefill_chunk
+        for seq in joining:
+            cache = new_cache(self.kit.draft.model)
+            context = seq.context[:-1]
+            for start in range(0, len(context), chunk):
+                prefill(self.kit.draft.model, cache, context[start: start + chunk])
+            self._draft_batch().add(seq, cache)
+            seq.draft_pending = seq.context[-1:]
+
+    def _retire(self, done: list[Sequence]) -> None:
+        if not done:
+            return
+        for seq in done:
+            if self._caching(seq) and seq.error is None:
+                caches = [self.target.extract(seq)]
+                if self.draft is not None and seq in self.draft:
+                    caches.append(self.draft.extract(seq))
+                self.prefix_cache.store(self._cache_key(seq), seq.context, caches)
+        self.target.remove(done)
+        if self.draft is not None:
+            self.draft.remove(done)
+        for seq in done:
+            seq.finish()
+
+    # -- the prefix cache -----------------------------------------------------------------------
+    def _keep_partial_prefill(self, seq: Sequence) -> None:
+        """A request cancelled part way through a long prompt (its client timed out) leaves
+        what it prefilled to the prefix cache: the client's retry resumes from there instead
+        of starting over, and a retry that times out again still gets further."""
+        if not self._caching(seq) or seq.target_cache is None or \
+                seq.prefilled <= seq.cached_tokens:
+            return
+        caches = [seq.target_cache] + ([seq.draft_cache] if seq.draft_cache is not None else [])
+        self.prefix_cache.store(self._cache_key(seq), list(seq.prompt[:seq.prefilled]), caches)
+
+    def keep_prefill(self, tokens: list[int], target_cache: list) -> None:
+        """A prompt the target prefilled outside any request (`scoring`) serves the requests
+        that follow it, as a prefix-cache entry."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self._entry_key(False), list(tokens), [target_cache])
+
+    def _caching(self, seq: Sequence) -> bool:
+        return self.prefix_cache is not None and seq.params.cache_prompt
+
+    def _cache_key(self, seq: Sequence) -> tuple[str, ...]:
+        """Entries of drafting requests hold both models' caches; plain ones the target's."""
+        drafting = seq.draft_cache is not None or (self.draft is not None and seq in self.draft)
+        return self._entry_key(drafting)
+
+    def _entry_key(self, with_draft: bool) -> tuple[str, ...] | None:
+        """The key of entries holding the target's cache (and the draft's): the models'
+        fingerprints, so no entry outlives the weights it was computed with. None: no draft."""
+        if not with_draft:
+            return (self.kit.target.fingerprint,)
+        if self.kit.draft is None:
+            return None
+        return (self.kit.target.fingerprint, self.kit.draft.fingerprint)
+
+    def _restore(self, seq: Sequence, context: list[int]) -> None:
+        """Restore the longest cached prefix of `context`. An entry of a drafting request holds
+        the target's cache too, so it serves a row that does not draft; an entry with the
+        target's alone serves a drafting row, which then starts without the draft, as a row
+        that joined a batch too large to draft (its draft may catch up later, where that
+        pays). A row prefers entries like its own on a tie."""
+        drafting = seq.draft_cache is not None
+        keys = [self._entry_key(with_draft) for with_draft in (drafting, not drafting)]
+        cache, hit, key = self.prefix_cache.lookup([k for k in keys if k is not None], context)
+        self.observer.on_prefix_lookup(len(context), hit)
+        if cache is None:
+            return
+        layers = len(seq.target_cache)
+        if drafting and key == self._entry_key(False):
+            seq.draft_cache = None
+        cache = cache[:layers] + (cache[layers:] if seq.draft_cache is not None else [])
+        if hit == len(context):  # keep one token to prefill: its logits give the first token
+            trim_prompt_cache(cache, 1)
+            hit -= 1
+        seq.target_cache = cache[:layers]
+        if seq.draft_cache is not None:
+            seq.draft_cache = cache[layers:]
+        seq.prefilled = seq.cached_tokens = hit
+
+    def _fail_all(self, error: BaseException) -> None:
+        rows = list(self.target.rows) + list(self.prefilling)
+        self.prefilling.clear()
+        self.target = ModelBatch(self.kit.target.model)
+        self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
+        for seq in rows:
+            seq.error = error
+            seq.finish()
+
+    # -- model changes (run through `call`, between steps) ---------------------------------------
+    def target_changed(self) -> None:
+        """The target was replaced (and the draft with it, `draft_changed`): every request
+        waiting or running ends with ModelReplaced, its prompt having been tokenized for the
+        previous target."""
+        error = ModelReplaced("the target model was replaced; send the request again")
+        self._fail_all(error)
+        while self.waiting:
+            seq = self.waiting.popleft()
+            self._left_queue()
+            seq.error = error
+            seq.finish()
+        self.draft_changed()
+
+    def draft_changed(self) -> None:
+        """The draft was unloaded or replaced: running rows continue without it (hybrid rows
+        by prompt lookup, the others without drafting)."""
+        for seq in list(self.target.rows) + list(self.prefilling):
+            if seq.uses_draft_model:
+                seq.lose_draft_model()
+                seq.draft_cache = None
+                seq.draft_pending = []
+        self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
+        self.rates = DrafterRates()
+        self.drafting_share = DraftingShare()
+        if self.costs is not None:
+            self.measure_costs(self._costs_dir)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()

@@ -1,0 +1,2 @@
+"""Structured output: grammars for JSON schemas and tool calls (llguidance), lazy tool-call
+grammars, reasoning budgets."""

@@ -1,0 +1,195 @@
+"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}};
+under /v1/messages, and for any request with an `anthropic-version` header (Anthropic's
+clients send it), in Anthropic's: {"type": "error", "error": {type, message}}, where a full
+queue is a 529 `overloaded_error` as at Anthropic; under /api (Ollama's API), in Ollama's:
+{"error": message}."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from api_schemas.openai import ErrorBody, ErrorResponse
+from server.engine.models.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
+from server.engine.service import (
+    InvalidRequest,
+    ModelReplaced,
+    QueueFull,
+    ShuttingDown,
+    TargetUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "overloaded_error",
+}
+# Anthropic's error types by status; its "overloaded" status is 529, not 503.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_STATUS = {503: 529}
+ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
+
+
+def speaks_anthropic(request: Request) -> bool:
+    """A request to Anthropic's Messages API, or from one of Anthropic's clients."""
+    return (request.url.path.startswith(ANTHROPIC_PREFIX)
+            or "anthropic-version" in request.headers)
+
+
+# An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
+
+
+def redact_paths(message: str) -> str:
+    """`cannot load /srv/models/x/model.safetensors` -> `cannot load .../model.safetensors`:
+    clients learn which file, never where the server keeps its files."""
+    return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), message)
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, headers: dict | None = None,
+                 error_type: str | None = None, redact: bool = True):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+        self.error_type = error_type or ERROR_TYPES.get(status, "error")
+        self.redact = redact  # False for messages that quote only the client's own input
+
+    @property
+    def shown_message(self) -> str:
+        return redact_paths(self.message) if self.redact else self.message
+
+    def body(self) -> dict:
+        err = ErrorBody(message=self.shown_message, type=self.error_type, param=self.param,
+                        code=self.code)
+        return ErrorResponse(error=err).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    @property
+    def anthropic_status(self) -> int:
+        return ANTHROPIC_STATUS.get(self.status, self.status)
+
+    def anthropic_body(self) -> dict:
+        kind = ANTHROPIC_ERROR_TYPES.get(self.anthropic_status, "invalid_request_error"
+                                         if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.shown_message}}
+
+    def response_for(self, request: Request) -> JSONResponse:
+        """This error in the shape of the API the request spoke."""
+        if request.url.path.startswith(OLLAMA_PREFIX):
+            return JSONResponse({"error": self.shown_message}, status_code=self.status,
+                                headers=self.headers)
+        if speaks_anthropic(request):
+            return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status,
+                                headers=self.headers)
+        return self.response()
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """Map engine exceptions to HTTP; anything unknown is a 500 (and logged)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, str(exc), code="shutting_down", headers={"Retry-After": "5"})
+    if isinstance(exc, QueueFull):
+        return APIError(503, f"server busy: {exc}; retry shortly", code="queue_full",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, ModelReplaced):
+        return APIError(503, str(exc), code="model_replaced", headers={"Retry-After": "1"})
+    if isinstance(exc, TargetUnavailable):
+        return APIError(503, str(exc), param="model", code="model_unavailable")
+    if isinstance(exc, IncompatibleDraft):
+        return APIError(409, f"incompatible draft model: {exc}", param="model",
+                        code="incompatible_draft")
+    if isinstance(exc, ModelNotFound):
+        return APIError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, ModelLoadError):
+        return APIError(400, str(exc), param="model", code="model_load_failed")
+    log.error("internal error", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+# Pydantic names the member of a union a value failed as in its location ("prompt.str",
+# "content.list[...]"): not a field the client sent.
+_UNION_MEMBERS = re.compile(r"^(str|int|float|bool|none|.*\[.*\])$")
+
+
+def _loc_param(loc) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")
+             and not (isinstance(p, str) and _UNION_MEMBERS.match(p))]
+    return ".".join(parts) or None
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, "request body is not valid JSON",
+                        code="invalid_json").response_for(request)
+    param = _loc_param(first.get("loc", ()))
+    msg = first.get("msg", "invalid request").removeprefix("Value error, ")
+    message = f"{param}: {msg}" if param else msg
+    return APIError(400, message, param=param, code="invalid_value").response_for(request)
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    method, path = request.method, request.url.path
+    if exc.status_code == 404 and not _any_route_matches(request):
+        # No catch-all route: routes registered later (or by other routers) still win.
+        return APIError(404, f"{method} {path} is not supported by this server (its endpoints "
+                        "are listed at /docs)",
+                        code="unknown_endpoint", error_type="invalid_request_error",
+                        redact=False).response_for(request)
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return APIError(405, f"{method} is not allowed on {path}; use {allowed or 'another'}",
+                        code="method_not_allowed", headers=exc.headers,
+                        redact=False).response_for(request)
+    return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response_for(request)
+
+
+def _any_route_matches(request: Request) -> bool:
+    """Whether some route serves this path (with any method): else the endpoint is unknown."""
+    scope = {**request.scope, "method": "GET"}
+    return any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes)
+
+
+async def _api(request: Request, exc: Exception) -> JSONResponse:
+    return as_api_error(exc).response_for(request)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, ModelReplaced,
+                     TargetUnavailable, IncompatibleDraft, ModelLoadError):
+        app.add_exception_handler(exc_type, _api)
+    app.add_exception_handler(Exception, _api)

@@ -1,0 +1,1 @@
+"""llama.cpp server's native routes: /completion and /infill."""

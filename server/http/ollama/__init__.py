@@ -1,0 +1,1 @@
+"""Ollama's API (/api/*): routes, request mapping, answer format."""

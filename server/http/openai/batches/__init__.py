@@ -1,0 +1,1 @@
+"""OpenAI's Batch and Files APIs: routes, the batch jobs, the file store."""

@@ -1,1 +1,0 @@
-"""HTTP routes: translate requests to engine calls and engine results to responses."""
