@@ -20,7 +20,8 @@ test: $(STAMP) openblas chromium
 	$(PRELOAD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check server api_schemas tests
+	$(VENV)/bin/ruff check server api_schemas tests scripts
+	$(VENV)/bin/lint-imports
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; set PYTHON=python3.x"; exit 1; }

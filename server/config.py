@@ -14,14 +14,19 @@ import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.engine.config import DistributedConfig, EngineConfig
+from server.engine.distributed.service import launched_layout
 from server.engine.kv.disk_cache import DEFAULT_DISK_MAX_GB
+from server.engine.kv.prefix_cache import cache_budget_bytes
 from server.engine.params import HYBRID_MIN_MATCH, Acceptance, DraftSource
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS
 from server.engine.scheduling.scheduler import (
     DEFAULT_IDLE_PREFILL_CHUNK,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_PREFILL_CHUNK,
+    SchedulerConfig,
 )
+from server.engine.scheduling.switching import TargetEntry
 from server.engine.speculation.policy import (
     DEFAULT_BATCH_DRAFT_TOKENS,
     DEFAULT_NUM_DRAFT_TOKENS,
@@ -323,7 +328,7 @@ class GenerationDefaults(BaseModel):
                        " keeps every token), such as a model card's recommended 20.")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Default min_p.")
     draft: DraftSource = Field(
-        "model", description="Default drafter: model, prompt_lookup or hybrid (prompt lookup"
+        DraftSource.MODEL, description="Default drafter: model, prompt_lookup or hybrid (prompt lookup"
         " when it finds a match of hybrid_min_match tokens, the draft model when it finds none).")
     acceptance: Acceptance = Field(
         "rejection", description="Default acceptance rule at temperature > 0."
@@ -370,3 +375,30 @@ class Settings(BaseSettings):
 
 def _env_name(section: str, key: str) -> str:
     return f"{ENV_PREFIX}{section}__{key}".upper()
+
+
+def engine_config(settings: Settings, *, draft: str | None,
+                  more_targets: list[TargetEntry]) -> EngineConfig:
+    """The engine `settings` ask for, with `draft` and `more_targets` as resolved by the
+    caller (an "auto" draft, discovered targets). On rank 0 of `mlx.launch`, a sharded one."""
+    m, e = settings.models, settings.engine
+    layout = launched_layout(settings.distributed.mode)
+    if layout is not None and more_targets:
+        raise ValueError("models.more_targets, discover_targets: a sharded target cannot be"
+                         " switched")
+    return EngineConfig(
+        model=m.model, draft_model=draft, model_name=m.model_name,
+        model_aliases=tuple(m.model_aliases), adapter_path=m.adapter_path,
+        chat_template=m.chat_template, chat_template_kwargs=dict(m.chat_template_kwargs),
+        embedding_model=m.embedding_model, embedding_pooling=m.embedding_pooling,
+        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
+        scheduler=SchedulerConfig(
+            max_batch_size=e.max_batch_size, max_queue_size=settings.server.max_queue_size,
+            prefill_chunk=e.prefill_chunk, idle_prefill_chunk=e.idle_prefill_chunk),
+        spec_max_batch=e.spec_max_batch, spec_batch_draft_tokens=e.spec_batch_draft_tokens,
+        prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
+        fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,
+        disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9), cost_model=e.cost_model,
+        more_targets=tuple(more_targets),
+        distributed=None if layout is None else DistributedConfig(
+            layout, settings.distributed.timeout_s, settings.distributed.heartbeat_s))

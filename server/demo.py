@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TextIO, get_args
+from typing import TextIO
 
 from server.blas import blas_report, ensure_fast_blas
 from server.config import ModelSettings
@@ -46,7 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="Seed for sampling at --temp > 0.")
     p.add_argument("--print-prompt-progress", action="store_true",
                    help="Print prompt-processing progress lines (stderr).")
-    p.add_argument("--draft", choices=get_args(DraftSource), default=None,
+    p.add_argument("--draft", choices=[d.value for d in DraftSource], default=None,
                    help=f"Where drafts come from: the draft model (default: "
                         f"{_SPEC_DEFAULTS.source}; needs --draft-model), n-grams of the prompt, "
                         "or hybrid (n-grams when they match, the draft model when they do not; "
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:  # the command line (not a test calling main): fast BLAS first
         ensure_fast_blas()
     args = parse_args(argv)
-    from server.engine.models.model_kit import IncompatibleDraft, ModelLoadError
+    from server.engine.errors import IncompatibleDraft, ModelLoadError
 
     out, log = sys.stdout, sys.stderr
     try:

@@ -13,8 +13,9 @@ from mlx.utils import tree_flatten
 from mlx_lm import generate, load
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from server.engine.errors import ModelLoadError
 from server.engine.models.adapters import apply_adapters
-from server.engine.models.model_kit import ModelLoadError, load_model
+from server.engine.models.model_kit import load_model
 
 MAX = 24
 PROMPT = [{"role": "user", "content": "Write a function"}]

@@ -10,7 +10,8 @@ from mlx_lm import generate, load
 from pydantic import ValidationError
 
 from server.config import Settings
-from server.engine.models.model_kit import ModelLoadError, load_model
+from server.engine.errors import ModelLoadError
+from server.engine.models.model_kit import load_model
 
 TEMPLATE = ("{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}\n{% endfor %}"
             "{% if greeting is defined %}({{ greeting }}) {% endif %}"

@@ -310,7 +310,7 @@ def test_a_model_without_shard_is_refused_naming_the_supported_architectures(tin
     import mlx.core as mx
 
     from server.engine.distributed.service import DistributedLayout, load_sharded
-    from server.engine.models.model_kit import ModelLoadError
+    from server.engine.errors import ModelLoadError
 
     folder = tmp_path / "gemma"
     shutil.copytree(tiny_pair[0], folder)

@@ -15,6 +15,7 @@ from mlx_lm import load
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
+from server.engine.errors import ModelLoadError
 from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
 from server.engine.models.draft_vocab import (
@@ -23,7 +24,7 @@ from server.engine.models.draft_vocab import (
     write_vocab,
 )
 from server.engine.models.head import last_logits, split_of
-from server.engine.models.model_kit import ModelKit, ModelLoadError, load_model
+from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 
 KEPT = [*range(0, 120), *range(200, 330)]  # 250 of the tiny vocabulary's 512 ids

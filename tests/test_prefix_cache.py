@@ -294,7 +294,7 @@ def test_a_model_whose_cache_cannot_be_trimmed_is_refused_at_load(tiny_pair, tmp
     import json
     import shutil
 
-    from server.engine.models.model_kit import ModelLoadError
+    from server.engine.errors import ModelLoadError
 
     folder = tmp_path / "windowed"
     shutil.copytree(tiny_pair[0], folder)

@@ -14,11 +14,12 @@ import pytest
 from conftest import chat_body, served
 from mlx_lm.generate import generate_step
 
+from server.engine.errors import QueueFull
 from server.engine.events import Finished, TokenEvent
 from server.engine.generation import generate_events
 from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.scheduling.scheduler import QueueFull, Scheduler, SchedulerConfig
+from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
 from server.engine.speculation.cost_model import DrafterRates, ForwardTimes, StepCosts
 from server.engine.speculation.policy import SpeculationPolicy
@@ -909,7 +910,7 @@ def test_top_k_of_any_size_is_served(kit):
 def test_a_prompt_of_no_tokens_is_refused_before_it_can_fail_a_prefill_group(kit):
     """Every route refuses an empty prompt; the scheduler does too (a prefill of none would
     fail the whole group it is in), and the others run on."""
-    from server.engine.speculation.policy import InvalidRequest
+    from server.engine.errors import InvalidRequest
 
     scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4, 1))
     with pytest.raises(InvalidRequest, match="no tokens"):

@@ -20,13 +20,9 @@ from conftest import chat_body, served
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
+from server.engine.errors import GrammarError
 from server.engine.structured.constraints import TokenConstraint
-from server.engine.structured.grammar import (
-    MAX_PARALLEL_TOOL_CALLS,
-    GrammarError,
-    Grammars,
-    grammars_for,
-)
+from server.engine.structured.grammar import MAX_PARALLEL_TOOL_CALLS, Grammars, grammars_for
 
 PROMPTS = ("Give me a JSON record", "def parse(data):\n    return")
 MAX_TOKENS = 120

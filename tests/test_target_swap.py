@@ -10,8 +10,8 @@ import pytest
 from conftest import chat_body, corrupt_copy, served
 from mlx_lm import generate, load
 
+from server.engine.errors import ModelReplaced
 from server.engine.params import GenerationParams
-from server.engine.service import ModelReplaced
 
 pytestmark = pytest.mark.anyio
 MAX = 12

@@ -21,6 +21,7 @@ import httpx
 from server.bench import results, runners
 from server.bench.results import num, ratio
 from server.bench.runners import Stream, StreamFailed, engine_stats, request_body, stream_async
+from server.engine.config import EngineConfig
 from server.engine.events import GenerationStats
 from server.engine.params import GenerationParams
 from server.engine.service import InferenceEngine
@@ -133,9 +134,9 @@ WORDS = ("the model reads a long shared system prompt with tools and rules befor
 
 def serve_once(args, folder: Path) -> GenerationStats:
     """Start an engine on `folder`, warm it up, answer the long prompt, stop it."""
-    engine = InferenceEngine(model=args.model, draft_model=args.draft_model,
-                             prefix_cache_bytes=10**9, disk_cache_dir=str(folder),
-                             disk_cache_bytes=4 * 10**9)
+    engine = InferenceEngine(EngineConfig(model=args.model, draft_model=args.draft_model,
+                                          prefix_cache_bytes=10**9, disk_cache_dir=str(folder),
+                                          disk_cache_bytes=4 * 10**9))
     engine.start()
     try:
         n = args.prompt_tokens  # of varied English text, the same each time

@@ -34,15 +34,14 @@ from mlx_lm.generate import BatchGenerator
 from server.bench import results
 from server.bench.results import aligned, num, percentile, ratio, summarize
 from server.bench.runners import Stream, engine_stats, request_body, server_health, stream_async
+from server.engine import DistributedConfig, EngineConfig, build_engine, launched_layout
 from server.engine.distributed.follower import run_follower
-from server.engine.distributed.service import DistributedEngine, launched_layout
 from server.engine.kv.batch import ModelBatch
 from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling import decoder
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
-from server.engine.service import InferenceEngine
 from server.engine.speculation.cost_model import measure_forward_times
 from server.model_files.bundled import generated_pair
 
@@ -392,10 +391,10 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 def layout_figures(args: argparse.Namespace, layout=None) -> dict:
     """Every figure of one layout (one process when `layout` is None), on a started engine."""
-    kwargs = {"model": args.target_model, "draft_model": args.draft_model,
-              "num_draft_tokens": args.num_draft_tokens, "prefix_cache_bytes": 0}
-    engine = InferenceEngine(**kwargs) if layout is None else \
-        DistributedEngine(layout=layout, **kwargs)
+    engine = build_engine(EngineConfig(
+        model=args.target_model, draft_model=args.draft_model,
+        num_draft_tokens=args.num_draft_tokens, prefix_cache_bytes=0,
+        distributed=None if layout is None else DistributedConfig(layout)))
     engine.start()
     try:
         ids, k = list(engine.tokenizer.encode(PROMPT)), args.num_draft_tokens

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from typing import get_args
 
 import httpx
 
@@ -99,7 +98,7 @@ def main(argv: list[str]) -> int:
     p = results.parser("prediction", __doc__)
     a = p.add_argument
     model_options(p)
-    a("--drafter", choices=get_args(DraftSource), default="hybrid",
+    a("--drafter", choices=[d.value for d in DraftSource], default="hybrid",
       help="The server's default drafter, as in config.yaml (hybrid; prompt_lookup without a"
       " draft model).")
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")

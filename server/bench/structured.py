@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 from pathlib import Path
-from typing import get_args
 
 import httpx
 
@@ -108,7 +107,7 @@ def main(argv: list[str]) -> int:
     p = results.parser("structured", __doc__)
     a = p.add_argument
     model_options(p)
-    a("--drafter", choices=get_args(DraftSource),
+    a("--drafter", choices=[d.value for d in DraftSource],
       help="The requests' draft (default: model with a draft model, else prompt_lookup).")
     a("--k", type=int, default=4, help="Draft tokens per round (4).")
     a("--max-tokens", type=int, default=200, help="Tokens per request (200).")

@@ -12,12 +12,12 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple, get_args
+from typing import NamedTuple
 
 from server.bench import results
 from server.bench.results import num, ratio, summarize
 from server.bench.runners import TIMEOUT_S, EngineRunner, HttpRunner, StreamFailed
-from server.engine.models.model_kit import IncompatibleDraft, ModelLoadError
+from server.engine.errors import IncompatibleDraft, ModelLoadError
 from server.engine.params import DraftSource, SpeculationParams
 from server.model_files.bundled import demo_or_generated_pair
 
@@ -278,7 +278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a("--max-tokens", type=int, default=320, help="Tokens per run.")
     a("--temp", type=float, default=0.0, help="Sampling temperature (0: greedy).")
     a("--smoke", action="store_true", help="1 rep, no warm-up, the first kind, the first 2 k.")
-    a("--draft", choices=get_args(DraftSource), default="model",
+    a("--draft", choices=[d.value for d in DraftSource], default="model",
       help="Draft with the draft model, by prompt lookup, or hybrid (lookup when it matches).")
     a("--acceptance", choices=["exact", "rejection"], default=spec.acceptance,
       help="Acceptance rule at --temp > 0.")

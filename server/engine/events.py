@@ -59,10 +59,6 @@ class GenerationStats:
         return asdict(self)
 
 
-class RequestCancelled(Exception):
-    """Delivered to a cancelled request's sink: its client went away or it was cancelled."""
-
-
 @dataclass(frozen=True)
 class Finished:
     finish_reason: str  # "stop" | "length" (| "cancelled": generate_events' caller stopped)

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
 Acceptance = Literal["exact", "rejection"]
-# Who proposes the drafts: the draft model; prompt lookup (n-grams of the prompt and output, no
-# second model); or "hybrid", each round: prompt lookup when it finds a match (the context's
-# last `hybrid_min_match` tokens occurred before), the draft model when it finds none
-# (`Sequence.plan_round`).
-DraftSource = Literal["model", "prompt_lookup", "hybrid"]
+
+
+class DraftSource(str, Enum):
+    """Who proposes the drafts: the draft model; prompt lookup (n-grams of the prompt and
+    output, no second model); or "hybrid", each round: prompt lookup when it finds a match
+    (the context's last `hybrid_min_match` tokens occurred before), the draft model when it
+    finds none (`Sequence.plan_round`). Members compare equal to their names' strings."""
+
+    MODEL = "model"
+    PROMPT_LOOKUP = "prompt_lookup"
+    HYBRID = "hybrid"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # Hybrid drafts by lookup from a 2-token match: for SmolLM2 with its draft, on 32 requests no
 # draft trained on, it beat a 1-token match (1.38-1.42x against 1.35x plain decoding's tok/s on
 # code; docs/benchmarks.md, "What did not pay").
@@ -49,7 +61,7 @@ class SpeculationParams:
     """How to draft. `num_draft_tokens == 0` means no speculation at all."""
 
     num_draft_tokens: int = 0
-    source: DraftSource = "model"
+    source: DraftSource = DraftSource.MODEL
     acceptance: Acceptance = "rejection"
     adaptive: bool = True
     draft_p_min: float = 0.0

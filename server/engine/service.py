@@ -20,11 +20,16 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from server.engine.config import EngineConfig
+from server.engine.errors import (
+    IncompatibleDraft,
+    ModelReplaced,
+    ShuttingDown,
+)
 from server.engine.events import Finished
 from server.engine.models.embeddings import Embedder, batches
 from server.engine.models.model_kit import (
     KEEP,
-    IncompatibleDraft,
     LoadedModel,
     ModelKit,
     is_hub_id,
@@ -34,29 +39,16 @@ from server.engine.models.model_kit import (
 )
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
 from server.engine.scheduling.scheduler import (
-    ModelReplaced,
     ObserverList,
-    QueueFull,
     Scheduler,
-    SchedulerConfig,
     SchedulerObserver,
-    ShuttingDown,
 )
 from server.engine.scheduling.sequence import Sequence
-from server.engine.scheduling.switching import TargetEntry, TargetSwitcher, TargetUnavailable
+from server.engine.scheduling.switching import TargetEntry, TargetSwitcher
 from server.engine.scoring import PromptLogprobs, PromptScorer
-from server.engine.speculation.policy import (
-    DEFAULT_NUM_DRAFT_TOKENS,
-    InvalidRequest,
-    SpeculationPolicy,
-)
+from server.engine.speculation.policy import SpeculationPolicy
 
 log = logging.getLogger(__name__)
-
-# What HTTP may import from the engine besides params, events and model-kit errors.
-__all__ = ["KEEP", "InferenceEngine", "InvalidRequest", "ModelCard", "ModelReplaced",
-           "QueueFull", "RequestHandle", "SchedulerConfig", "SchedulerObserver", "ShuttingDown",
-           "TargetEntry", "TargetUnavailable"]
 
 # CPython hands the GIL to a waiting thread only every `switchinterval` (default 5 ms). The
 # event loop wakes for every streamed token while the MLX thread builds the next graph; the
@@ -117,50 +109,41 @@ class RequestHandle:
 
 
 class InferenceEngine:
-    def __init__(self, *, model: str, draft_model: str | None = None,
-                 model_name: str | None = None, model_aliases: list[str] | None = None,
-                 adapter_path: str | None = None,
-                 chat_template: str | None = None,
-                 chat_template_kwargs: dict | None = None,
-                 embedding_model: str | None = None, embedding_pooling: str = "last",
-                 num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-                 dtype: str = "auto", scheduler: SchedulerConfig | None = None,
-                 spec_max_batch: int | None = None,
-                 spec_batch_draft_tokens: int | None = None,
-                 prefix_cache_bytes: int = 0, fuse_projections: bool = False,
-                 disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
-                 cost_model: bool = False, more_targets: list[TargetEntry] | None = None):
-        self._target_path = model
-        self._draft_path = draft_model
-        self._adapter_path = adapter_path
-        self._chat_template = chat_template
-        self._embedding = (embedding_model, embedding_pooling)
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._target_path = config.model
+        self._draft_path = config.draft_model
+        self._adapter_path = config.adapter_path
+        self._chat_template = config.chat_template
+        self._embedding = (config.embedding_model, config.embedding_pooling)
         self.embedder: Embedder | None = None  # the embedding model, when one is configured
         # Variables every chat is rendered with; a request's `chat_template_kwargs` win.
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.model_name = model_name or model
-        self.model_aliases = frozenset(model_aliases or ())  # more names for the target
-        self.dtype = dtype
-        self.fuse_projections = fuse_projections
-        self.cost_model = cost_model  # measured forward times choose each row's k per round
-        policy = {"spec_max_batch": spec_max_batch, "batch_draft_tokens": spec_batch_draft_tokens}
-        self.policy = SpeculationPolicy(num_draft_tokens=num_draft_tokens,
+        self.chat_template_kwargs = dict(config.chat_template_kwargs)
+        self.model_name = config.model_name or config.model
+        self.model_aliases = frozenset(config.model_aliases)  # more names for the target
+        self.dtype = config.dtype
+        self.fuse_projections = config.fuse_projections
+        self.cost_model = config.cost_model  # measured forward times choose each row's k
+        k = config.num_draft_tokens
+        policy = {"spec_max_batch": config.spec_max_batch,
+                  "batch_draft_tokens": config.spec_batch_draft_tokens}
+        self.policy = SpeculationPolicy(num_draft_tokens=k,
                                         **{k: v for k, v in policy.items() if v is not None})
-        self.scheduler_config = scheduler or SchedulerConfig()
+        self.scheduler_config = config.scheduler
         # The configured targets (`models.model` first), when there are several to switch
         # between; the one serving now, None after an admin loaded another.
-        primary = TargetEntry(model, self.model_name, draft_model, num_draft_tokens,
-                              adapter_path, chat_template)
-        more = [replace(e, num_draft_tokens=e.num_draft_tokens or num_draft_tokens)
-                for e in more_targets or ()]
+        primary = TargetEntry(config.model, self.model_name, config.draft_model, k,
+                              config.adapter_path, config.chat_template)
+        more = [replace(e, num_draft_tokens=e.num_draft_tokens or k)
+                for e in config.more_targets]
         self.switcher = TargetSwitcher(self, [primary, *more] if more else [],
                                        self.scheduler_config.max_queue_size)
         self.serving_entry: TargetEntry | None = primary
         self.started_at = int(time.time())
         self.observers = ObserverList()
-        self.prefix_cache_bytes = prefix_cache_bytes
-        self.disk_cache_dir = disk_cache_dir if disk_cache_bytes > 0 else None
-        self.disk_cache_bytes = disk_cache_bytes
+        self.prefix_cache_bytes = config.prefix_cache_bytes
+        self.disk_cache_dir = config.disk_cache_dir if config.disk_cache_bytes > 0 else None
+        self.disk_cache_bytes = config.disk_cache_bytes
         self.kit: ModelKit | None = None
         self.scheduler: Scheduler | None = None
         self._stop = threading.Event()
@@ -248,6 +231,20 @@ class InferenceEngine:
             disk = scheduler.prefix_cache.disk if scheduler.prefix_cache is not None else None
             if disk is not None:  # entries still queued are written before we return
                 disk.close(timeout)
+
+    def drain(self, timeout_s: float, backstop_s: float) -> None:
+        """Shut down gracefully (blocking; call it from a thread of its own): stop admitting
+        (new and queued requests get ShuttingDown), give running requests `timeout_s` to
+        finish, then end what still runs with ShuttingDown and wait up to `backstop_s` for
+        their last events."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        scheduler.begin_drain()
+        if not _wait(lambda: scheduler.idle, timeout_s):
+            error = ShuttingDown("the server is shutting down")
+            scheduler.call(lambda: scheduler.fail_running(error), lambda result, e: None)
+            _wait(lambda: scheduler.idle, backstop_s)
 
     def add_observer(self, observer: SchedulerObserver) -> None:
         """Metrics hooks, called on the MLX thread at admission and after every round."""
@@ -480,6 +477,16 @@ class InferenceEngine:
             lambda: {"active_gb": mx.get_active_memory() / 1e9,
                      "cache_gb": mx.get_cache_memory() / 1e9}
         )
+
+
+def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `done` until it holds (True) or `timeout_s` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 async def _settled(submit: Callable, fn: Callable[[], Any]) -> Any:

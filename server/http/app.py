@@ -8,16 +8,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from server.config import Settings
-from server.engine.distributed.service import DistributedEngine, launched_layout
-from server.engine.kv.prefix_cache import cache_budget_bytes
-from server.engine.service import InferenceEngine, SchedulerConfig, TargetEntry
+from server.config import Settings, engine_config
+from server.engine import InferenceEngine, TargetEntry
+from server.engine import build_engine as engine_from_config
 from server.http.admin import cache, models
 from server.http.admin import playground as ui
 from server.http.admin.draft_candidates import AUTO, auto_draft, discover_targets
 from server.http.admin.metrics import ServerMetrics
 from server.http.admin.model_access import ModelAccessPolicy
 from server.http.anthropic import batch_routes as message_batches
+from server.http.anthropic import errors as anthropic_errors
 from server.http.anthropic import routes as messages
 from server.http.anthropic.batches import MessageBatches
 from server.http.common.auth import log_exposure
@@ -27,6 +27,7 @@ from server.http.common.request_ids import RequestIds
 from server.http.jobs.runner import BatchRunner
 from server.http.jobs.state_db import StateDB
 from server.http.llama_cpp import routes as llama_cpp
+from server.http.ollama import errors as ollama_errors
 from server.http.ollama import routes as ollama
 from server.http.openai import completions, embeddings, tokens
 from server.http.openai.batches import routes as batches
@@ -42,49 +43,22 @@ log = logging.getLogger(__name__)
 
 # `server.cors_origins` left unset: browser pages served from this machine, on any port.
 LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+# The APIs whose errors are not in OpenAI's shape; the first a request speaks wins.
+ERROR_SHAPES = [ollama_errors.SHAPE, anthropic_errors.SHAPE]
 # The admin endpoints (model and cache changes) never answer another origin's page.
 ADMIN_PATHS = ("/v1/models/draft", "/v1/models/target", "/v1/cache")
 
 
 def build_engine(settings: Settings) -> InferenceEngine:
-    """The engine `settings` ask for; on rank 0 of `mlx.launch`, one with a sharded target."""
+    """The engine `settings` ask for, not started (`server.config.engine_config`), with its
+    draft and standby targets resolved: an "auto" draft, discovered targets."""
     m = settings.models
     roots = ModelAccessPolicy.from_settings(settings).roots
     draft = _draft_path(m.model, m.draft_model, roots)
-    layout = launched_layout(settings.distributed.mode)
-    engine_class = InferenceEngine
-    extra = {}
-    if layout is not None:
-        if m.more_targets or m.discover_targets:
-            raise ValueError("models.more_targets, discover_targets: a sharded target cannot be"
-                             " switched")
-        engine_class = DistributedEngine
-        extra = {"layout": layout, "timeout_s": settings.distributed.timeout_s,
-                 "heartbeat_s": settings.distributed.heartbeat_s}
-    return engine_class(
-        **extra,
-        model=m.model, draft_model=draft, model_name=m.model_name,
-        model_aliases=m.model_aliases, adapter_path=m.adapter_path,
-        chat_template=m.chat_template, chat_template_kwargs=m.chat_template_kwargs,
-        embedding_model=m.embedding_model, embedding_pooling=m.embedding_pooling,
-        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
-        scheduler=SchedulerConfig(
-            max_batch_size=settings.engine.max_batch_size,
-            max_queue_size=settings.server.max_queue_size,
-            prefill_chunk=settings.engine.prefill_chunk,
-            idle_prefill_chunk=settings.engine.idle_prefill_chunk,
-        ),
-        spec_max_batch=settings.engine.spec_max_batch,
-        spec_batch_draft_tokens=settings.engine.spec_batch_draft_tokens,
-        prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
-        fuse_projections=settings.engine.fuse_projections,
-        disk_cache_dir=settings.cache.disk_dir,
-        disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9),
-        cost_model=settings.engine.cost_model,
-        more_targets=[TargetEntry(t.model, t.name, _draft_path(t.model, t.draft_model, roots),
-                                  t.num_draft_tokens, t.adapter_path, t.chat_template)
-                      for t in m.more_targets] + _discovered(m, draft, roots),
-    )
+    more = [TargetEntry(t.model, t.name, _draft_path(t.model, t.draft_model, roots),
+                        t.num_draft_tokens, t.adapter_path, t.chat_template)
+            for t in m.more_targets] + _discovered(m, draft, roots)
+    return engine_from_config(engine_config(settings, draft=draft, more_targets=more))
 
 
 def _discovered(m, draft: str | None, roots) -> list[TargetEntry]:
@@ -159,8 +133,8 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
         switcher=engine.switcher if engine.switcher.entries else None,
         batch_pending=lambda: runner.pending)
     engine.add_observer(app.state.metrics)
-    install_error_handlers(app)
-    install_openapi(app)
+    install_error_handlers(app, ERROR_SHAPES)
+    install_openapi(app, ERROR_SHAPES)
     install_cors(app, settings.server.cors_origins)
     app.add_middleware(HeadAsGet)
     app.add_middleware(RequestIds)

@@ -16,8 +16,6 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import LOGGING_CONFIG
 
-from server.engine.service import ShuttingDown
-
 log = logging.getLogger(__name__)
 BACKSTOP_S = 5.0
 FLUSH_S = 0.3
@@ -48,28 +46,17 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         # sse-starlette ends every open stream abruptly once uvicorn starts to exit, so uvicorn
         # is told only after the drain: streams end first, with their final chunk or error.
-        scheduler = self.app.state.engine.scheduler
-        if self._draining or scheduler is None:
+        engine = self.app.state.engine
+        if self._draining or engine.scheduler is None:
             super().handle_exit(sig, frame)  # a second signal: exit now
             return
         self._draining = True
         log.info("shutting down: no new requests; running ones have %.0f s to finish",
                  self.drain_timeout_s)
-        scheduler.begin_drain()
-        threading.Thread(target=self._drain_then_exit, args=(scheduler, sig, frame),
+        threading.Thread(target=self._drain_then_exit, args=(engine, sig, frame),
                          name="drain", daemon=True).start()
 
-    def _drain_then_exit(self, scheduler, sig, frame) -> None:
-        self._wait_idle(scheduler, self.drain_timeout_s)
-        if scheduler.has_work():
-            scheduler.call(lambda: scheduler.fail_running(
-                ShuttingDown("the server is shutting down")), lambda result, error: None)
-            self._wait_idle(scheduler, BACKSTOP_S)
+    def _drain_then_exit(self, engine, sig, frame) -> None:
+        engine.drain(self.drain_timeout_s, BACKSTOP_S)
         time.sleep(FLUSH_S)  # let the event loop send the last chunks
         super().handle_exit(sig, frame)
-
-    @staticmethod
-    def _wait_idle(scheduler, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while scheduler.has_work() and time.monotonic() < deadline:
-            time.sleep(0.05)

@@ -33,25 +33,23 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from server.engine.config import EngineConfig
 from server.engine.distributed.mirror import Mirror, MirroredKVCache, OpChannel
+from server.engine.errors import InvalidRequest, ModelLoadError, ShuttingDown
 from server.engine.models.head import _Split, set_split, split_of
 from server.engine.models.model_kit import (
     LoadedModel,
     ModelKit,
-    ModelLoadError,
     check_template,
     resolve_dtype,
     template_config,
 )
-from server.engine.scheduling.scheduler import Scheduler, ShuttingDown
+from server.engine.scheduling.scheduler import Scheduler
 from server.engine.service import InferenceEngine
-from server.engine.speculation.policy import InvalidRequest
 
 log = logging.getLogger(__name__)
 
 MODES = ("tensor", "pipeline")
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_HEARTBEAT_S = 5.0
 EXIT_RANK_LOST = 3
 _FLUSH_BEFORE_EXIT_S = 1.0
 
@@ -241,15 +239,14 @@ class Watchdog:
 class DistributedEngine(InferenceEngine):
     """`InferenceEngine` on rank 0 of a distributed launch (see the module docstring)."""
 
-    def __init__(self, *, layout: DistributedLayout, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 heartbeat_s: float = DEFAULT_HEARTBEAT_S, **kwargs):
-        if kwargs.get("fuse_projections"):
+    def __init__(self, config: EngineConfig):
+        if config.fuse_projections:
             raise ValueError("engine.fuse_projections cannot be combined with a sharded target")
-        super().__init__(**kwargs)
-        self.layout = layout
-        self.timeout_s = timeout_s
-        self.heartbeat_s = heartbeat_s
-        self.channel = OpChannel(layout.group)
+        super().__init__(config)
+        self.layout: DistributedLayout = config.distributed.layout
+        self.timeout_s = config.distributed.timeout_s
+        self.heartbeat_s = config.distributed.heartbeat_s
+        self.channel = OpChannel(self.layout.group)
         self.watchdog: Watchdog | None = None
         self.mirror: Mirror | None = None
         self.rank_memory_gb: list[float] = []

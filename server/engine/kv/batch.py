@@ -14,14 +14,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from server.engine.errors import UnsupportedCache
 from server.engine.kv.ragged_cache import RaggedKVCache
 from server.engine.kv.split_attention import install, plan_segments
 from server.engine.models.head import last_logits
 from server.engine.scheduling.sequence import Sequence
-
-
-class UnsupportedCache(ValueError):
-    """The model's cache cannot be batched and trimmed (rotating, SSM): refuse it at load."""
 
 
 def new_cache(model: nn.Module) -> list[KVCache]:

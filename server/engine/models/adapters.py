@@ -22,12 +22,10 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from mlx_lm.tuner.utils import load_adapters
 
+from server.engine.errors import AdapterError
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapters.safetensors"
-
-
-class AdapterError(ValueError):
-    """An adapter folder that cannot be applied to this model."""
 
 
 def apply_adapters(model: nn.Module, folder: str | Path) -> int:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from server.engine.errors import ModelLoadError
 from server.engine.models.head import split_of
-from server.engine.models.model_kit import LoadedModel, ModelLoadError
+from server.engine.models.model_kit import LoadedModel
 
 POOLINGS = ("last", "mean")
 

@@ -22,8 +22,9 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model, load_tokenizer
 
+from server.engine.errors import AdapterError, IncompatibleDraft, ModelLoadError, ModelNotFound
 from server.engine.fim import FimFormat
-from server.engine.models.adapters import AdapterError, adapter_identity, apply_adapters
+from server.engine.models.adapters import adapter_identity, apply_adapters
 from server.engine.models.draft_vocab import wrap_if_sub_vocab
 from server.engine.models.fused import fuse_projections
 from server.engine.prompts import chat_template_text, check_chat_template
@@ -34,18 +35,6 @@ DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
 KEEP = object()  # `ModelKit.draft_for`: keep the current draft if it can draft for the target
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded (missing, corrupt, unsupported)."""
-
-
-class ModelNotFound(ModelLoadError):
-    pass
-
-
-class IncompatibleDraft(Exception):
-    """The draft's tokenizer does not map the same strings to the same ids."""
 
 
 @dataclass

@@ -22,9 +22,10 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
+from server.engine.errors import InvalidRequest, ModelReplaced, QueueFull, ShuttingDown
 from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
 from server.engine.models.model_kit import ModelKit
-from server.engine.params import GenerationParams
+from server.engine.params import DraftSource, GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
 from server.engine.scheduling.sequence import Phase, Sequence, Sink
 from server.engine.speculation.cost_model import (
@@ -38,7 +39,7 @@ from server.engine.speculation.cost_model import (
     kit_costs,
     prefill_repaid,
 )
-from server.engine.speculation.policy import InvalidRequest, SpeculationPolicy, speculates_at_own_k
+from server.engine.speculation.policy import SpeculationPolicy, speculates_at_own_k
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +100,6 @@ def _last_group(order: list[Sequence], budget: int, overhead: int) -> list[Seque
         group.append(seq.unprefilled)
         width = max(width, seq.unprefilled)
     return order[start:]
-
-
-class QueueFull(Exception):
-    """Too many requests are waiting: the caller should answer 503 with Retry-After."""
-
-
-class ShuttingDown(Exception):
-    """The server is draining: no new requests (503), and running ones are being ended."""
-
-
-class ModelReplaced(Exception):
-    """The target was replaced while the request waited or ran (its prompt was tokenized for
-    the previous one): 503, to be sent again."""
 
 
 @dataclass(frozen=True)
@@ -193,14 +181,20 @@ class Scheduler:
         """Shutdown began: no new requests are admitted."""
         return self._draining
 
+    @property
+    def idle(self) -> bool:
+        """No request waits, prefills or decodes."""
+        return self._waiting_count == 0 and self.batch_size == 0
+
     def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
         if not params.prompt_tokens:  # every route refuses one; a prefill of none would fail
             raise InvalidRequest("the prompt has no tokens", "prompt")  # its whole group
         kit = self.kit
         source = params.speculation.source
-        draft_name = source
-        if source in ("model", "hybrid") and kit.draft is not None:
-            draft_name = kit.draft.name if source == "model" else f"prompt_lookup+{kit.draft.name}"
+        draft_name = str(source)
+        if source in (DraftSource.MODEL, DraftSource.HYBRID) and kit.draft is not None:
+            draft_name = (kit.draft.name if source == DraftSource.MODEL
+                          else f"prompt_lookup+{kit.draft.name}")
         if params.target and params.target != kit.target.fingerprint:
             raise ModelReplaced("the target model was replaced; send the request again")
         seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,

@@ -18,13 +18,8 @@ from enum import Enum
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from server.engine.events import (
-    DraftCounters,
-    Finished,
-    GenerationStats,
-    RequestCancelled,
-    TokenEvent,
-)
+from server.engine.errors import RequestCancelled
+from server.engine.events import DraftCounters, Finished, GenerationStats, TokenEvent
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling.sampling import LogitsPipeline
 from server.engine.scheduling.stop_sequences import StopMatcher

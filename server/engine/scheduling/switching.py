@@ -19,16 +19,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.engine.scheduling.scheduler import QueueFull, ShuttingDown
+from server.engine.errors import QueueFull, ShuttingDown, TargetUnavailable
 
 if TYPE_CHECKING:
     from server.engine.service import InferenceEngine
 
 log = logging.getLogger(__name__)
-
-
-class TargetUnavailable(Exception):
-    """A configured target could not be switched to (its load failed)."""
 
 
 @dataclass(frozen=True)

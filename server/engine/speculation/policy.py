@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from server.engine.errors import InvalidRequest
 from server.engine.params import DraftSource, SpeculationParams
 from server.engine.speculation.cost_model import (
     PRIOR_ACCEPTANCE,
@@ -18,15 +19,6 @@ from server.engine.speculation.cost_model import (
     choose_draft_lengths,
     decision_rate,
 )
-
-
-class InvalidRequest(ValueError):
-    """A request the engine cannot serve as asked (maps to HTTP 400)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 # The caps within which the cost model (`server.engine.speculation.cost_model`) chooses each row's
 # k per
@@ -64,7 +56,7 @@ class SpeculationPolicy:
             return replace(defaults, source=source, num_draft_tokens=0)
         available = available_drafters(draft_loaded)
         if draft is None and source not in available:
-            source = "prompt_lookup" if source == "hybrid" else None
+            source = DraftSource.PROMPT_LOOKUP if source == DraftSource.HYBRID else None
         required = draft is not None or bool(use_draft) or bool(num_draft_tokens)
         if source in available:
             k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
@@ -135,7 +127,7 @@ class SpeculationPolicy:
 
 def available_drafters(draft_loaded: bool) -> tuple[DraftSource, ...]:
     """What can draft now: prompt lookup always; the draft model and hybrid with a draft."""
-    return ("model", "prompt_lookup", "hybrid") if draft_loaded else ("prompt_lookup",)
+    return tuple(DraftSource) if draft_loaded else (DraftSource.PROMPT_LOOKUP,)
 
 
 def speculates_at_own_k(row) -> bool:

@@ -31,7 +31,8 @@ import llguidance.hf
 import numpy as np
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
-from server.engine.structured.xml_calls import XmlCallError, xml_call_lark, xml_calls_lark
+from server.engine.errors import GrammarError, XmlCallError
+from server.engine.structured.xml_calls import xml_call_lark, xml_calls_lark
 
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 # How a forced tool call is written: the Hermes / Qwen2.5 format that mlx_lm's `json_tools`
@@ -40,10 +41,6 @@ TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 MAX_PARALLEL_TOOL_CALLS = 8
 GRAMMAR_CACHE_SIZE = 128
-
-
-class GrammarError(ValueError):
-    """A schema or tool list that cannot be compiled into a grammar (the client's fault)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from server.engine.structured.grammar import GrammarConstraint, GrammarError
+from server.engine.errors import GrammarError
+from server.engine.structured.grammar import GrammarConstraint
 
 FREE, OPEN, IN, CLOSE = "free", "open", "in", "close"
 

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import json
 
+from server.engine.errors import XmlCallError
+
 NL = "\n"
 VALUE_END = NL + "</parameter>"
 PATTERNS = {"integer": r"-?[0-9]+", "number": r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?",
             "boolean": r"true|false"}
-
-
-class XmlCallError(ValueError):
-    """The functions cannot be written as XML calls (a name that is not a plain word)."""
 
 
 def xml_call_lark(functions: list[dict], end_token: int) -> str:

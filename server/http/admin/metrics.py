@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from server.engine.events import GenerationStats
-from server.engine.service import SchedulerObserver
+from server.engine import GenerationStats, SchedulerObserver
 
 PREFIX = "mlx_spec"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -9,7 +9,6 @@ that does not exist is a 400. Messages never show the server's absolute paths.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import os
@@ -25,23 +24,11 @@ log = logging.getLogger(__name__)
 MAX_REF_CHARS = 1024
 # The Hub's rule for repo ids: two names of letters, digits, `-`, `_`, `.`, at most 96 each.
 HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
-LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
 def hf_cache_dir() -> Path:
     if "HF_HUB_CACHE" in os.environ:
         return Path(os.environ["HF_HUB_CACHE"])
     home = os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")
     return Path(home) / "hub"
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def hub_allowed(allow_hub: bool | None, admin_api_key: str | None) -> bool:

@@ -24,48 +24,19 @@ from api_schemas.admin import (
     UnloadResponse,
 )
 from api_schemas.anthropic import ModelInfo, ModelInfoList
-from server.engine.models.model_kit import (
-    KEEP,
-    IncompatibleDraft,
-    ModelLoadError,
-    folder_context_length,
-)
+from server.engine import KEEP, IncompatibleDraft, ModelLoadError
 from server.http.admin.draft_candidates import draft_candidates
 from server.http.admin.model_access import local_model_path, weights_problem
 from server.http.common import paging
 from server.http.common.auth import require_admin_key, require_api_key
-from server.http.common.errors import APIError, redact_paths, speaks_anthropic
+from server.http.common.errors import APIError, redact_paths, shape_of
+from server.http.common.served_models import find_served, served_models
 from server.http.common.timestamps import rfc3339
 from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
 health_router = APIRouter(tags=["health"])
 admin = [Depends(require_admin_key)]
-
-
-def served_models(engine) -> list[ModelEntry]:
-    """The target, the draft if one is loaded, the embedding model, then the standby
-    targets (`models.more_targets` not serving now)."""
-    served = [(engine.model_name, "target", engine.target)]
-    if engine.draft is not None:
-        served.append((engine.draft.name, "draft", engine.draft))
-    if engine.embedder is not None:
-        served.append((engine.embedder.model.name, "embedding", engine.embedder.model))
-    loaded = [ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
-                         adapter_path=model.adapter_path, max_model_len=model.context_length)
-              for name, role, model in served]
-    return loaded + [ModelEntry(id=e.name, role="standby", path=e.path, created=engine.started_at,
-                                adapter_path=e.adapter_path,
-                                max_model_len=folder_context_length(e.path))
-                     for e in engine.switcher.standby()]
-
-
-def find_served(engine, name: str) -> ModelEntry | None:
-    """The entry of `served_models` that `name` names: its id or path, or for the target any
-    name it answers to (an alias); None for none."""
-    return next((entry for entry in served_models(engine)
-                 if name in (entry.id, entry.path)
-                 or entry.role == "target" and engine.serves(name)), None)
 
 
 def anthropic_model(entry: ModelEntry) -> ModelInfo:
@@ -87,7 +58,7 @@ async def list_models(
                                                        " this id.")] = None,
 ) -> ModelList | ModelInfoList:
     served = served_models(request.app.state.engine)
-    if not speaks_anthropic(request):
+    if not _speaks_anthropic(request):
         return ModelList(data=served)
     infos = [anthropic_model(entry) for entry in served]
     return ModelInfoList(**paging.page(infos, limit, after=("after_id", after_id),
@@ -111,7 +82,7 @@ async def retrieve_model(model_id: str, request: Request) -> ModelEntry | ModelI
     engine = request.app.state.engine
     entry = find_served(engine, model_id)
     if entry is not None:
-        return anthropic_model(entry) if speaks_anthropic(request) else entry
+        return anthropic_model(entry) if _speaks_anthropic(request) else entry
     raise APIError(404, f"model {model_id!r} does not exist; this server serves "
                    + " and ".join(repr(entry.id) for entry in served_models(engine)),
                    param="model", code="model_not_found")
@@ -211,3 +182,9 @@ async def health(request: Request, response: Response) -> Health:
                   cache_entries=cache["entries"], cache_bytes=cache["bytes"],
                   disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"],
                   **layout)
+
+
+def _speaks_anthropic(request: Request) -> bool:
+    """A request from one of Anthropic's clients: the model list in Anthropic's shape."""
+    shape = shape_of(request)
+    return shape is not None and shape.name == "anthropic"

@@ -19,11 +19,14 @@ from api_schemas.anthropic import (
     message_id,
 )
 from api_schemas.openai import Stats
-from server.engine.events import Finished, TokenEvent
+from server.engine import Finished, TokenEvent
+from server.http.anthropic.errors import error_body
+from server.http.common.blocks import BlockBuilder
 from server.http.common.errors import APIError
-from server.http.common.output_split import Output, OutputSplit
+from server.http.common.output_split import OutputSplit
 from server.http.common.reasoning import ReplyStart
-from server.http.common.streaming import ResponseFormat, json_dict
+from server.http.common.streaming import ResponseFormat, json_dict, sse_events
+from server.http.common.tools import tool_input
 
 
 def stop_reason(done: Finished, made_calls: bool) -> str:
@@ -34,27 +37,15 @@ def stop_reason(done: Finished, made_calls: bool) -> str:
     return "stop_sequence" if done.stop_sequence is not None else "end_turn"
 
 
-def tool_input(arguments: str) -> dict:
-    """A call's JSON arguments as the object Anthropic's `input` is."""
-    try:
-        value = json.loads(arguments)
-    except json.JSONDecodeError:
-        return {"arguments": arguments}
-    return value if isinstance(value, dict) else {"arguments": value}
+class MessageBuilder(BlockBuilder):
+    reasoning_kind, text_kind = ThinkingContent, TextContent
 
-
-class MessageBuilder:
     def __init__(self, message: Message, split: OutputSplit):
-        self.message, self.split = message, split
-        self._open: TextContent | ThinkingContent | None = None  # the block being written
-        self._from_draft = False
+        super().__init__(split)
+        self.message = message
 
     def open(self) -> list[dict]:
         return [{"type": "message_start", "message": json_dict(self.message)}, {"type": "ping"}]
-
-    def token(self, event: TokenEvent) -> list[dict]:
-        self._from_draft = event.from_draft
-        return self._output(self.split.feed(event.text))
 
     def close(self, done: Finished) -> list[dict]:
         events = self._output(self.split.finish()) + self._close_block()
@@ -70,60 +61,41 @@ class MessageBuilder:
                  "usage": json_dict(m.usage), "stats": json_dict(m.stats)}
         return events + [delta, {"type": "message_stop"}]
 
-    def _output(self, out: Output) -> list[dict]:
-        return (self._text(ThinkingContent, out.reasoning) + self._text(TextContent, out.content)
-                + self._calls(out.calls))
-
     @property
     def _index(self) -> int:
         return len(self.message.content) - 1
 
-    def _text(self, kind: type, text: str) -> list[dict]:
-        """Append to the open block of `kind` (text or thinking), opening it first (and
-        closing another) if need be."""
-        if not text:
-            return []
-        events = []
-        if not isinstance(self._open, kind):
-            events = self._close_block()
-            self._open = kind(**{"text" if kind is TextContent else "thinking": ""})
-            self.message.content.append(self._open)
-            events.append({"type": "content_block_start", "index": self._index,
-                           "content_block": json_dict(self._open)})
-        if kind is ThinkingContent:
-            self._open.thinking += text
-            return events + [{"type": "content_block_delta", "index": self._index,
-                              "delta": {"type": "thinking_delta", "thinking": text}}]
-        self._open.text += text
-        return events + [{"type": "content_block_delta", "index": self._index,
-                          "delta": {"type": "text_delta", "text": text},
-                          "from_draft": self._from_draft}]
+    def _open_block(self, kind: type) -> list[dict]:
+        self._open = kind(**{"text" if kind is TextContent else "thinking": ""})
+        self.message.content.append(self._open)
+        return [{"type": "content_block_start", "index": self._index,
+                 "content_block": json_dict(self._open)}]
 
-    def _close_block(self) -> list[dict]:
-        block, self._open = self._open, None
-        if block is None:
-            return []
+    def _append(self, block, text: str) -> list[dict]:
+        if isinstance(block, ThinkingContent):
+            block.thinking += text
+            return [{"type": "content_block_delta", "index": self._index,
+                     "delta": {"type": "thinking_delta", "thinking": text}}]
+        block.text += text
+        return [{"type": "content_block_delta", "index": self._index,
+                 "delta": {"type": "text_delta", "text": text},
+                 "from_draft": self._from_draft}]
+
+    def _closed(self, block, **how) -> list[dict]:
         return [{"type": "content_block_stop", "index": self.message.content.index(block)}]
 
-    def _calls(self, calls: list[dict]) -> list[dict]:
-        events = self._close_block() if calls else []
-        for call in calls:
-            function = call["function"]
-            block = ToolUseContent(id=message_id("toolu"), name=function["name"],
-                                   input=tool_input(function["arguments"]))
-            self.message.content.append(block)
-            events += [
-                {"type": "content_block_start", "index": self._index,
-                 "content_block": {**json_dict(block), "input": {}}},
-                {"type": "content_block_delta", "index": self._index,
-                 "delta": {"type": "input_json_delta", "partial_json": json.dumps(block.input)}},
-                {"type": "content_block_stop", "index": self._index},
-            ]
-        return events
-
-
-def _sse(events: list[dict]) -> list[dict]:
-    return [{"event": e["type"], "data": json.dumps(e, ensure_ascii=False)} for e in events]
+    def _call(self, call: dict) -> list[dict]:
+        function = call["function"]
+        block = ToolUseContent(id=message_id("toolu"), name=function["name"],
+                               input=tool_input(function["arguments"]))
+        self.message.content.append(block)
+        return [
+            {"type": "content_block_start", "index": self._index,
+             "content_block": {**json_dict(block), "input": {}}},
+            {"type": "content_block_delta", "index": self._index,
+             "delta": {"type": "input_json_delta", "partial_json": json.dumps(block.input)}},
+            {"type": "content_block_stop", "index": self._index},
+        ]
 
 
 class MessagesFormat(ResponseFormat):
@@ -140,16 +112,16 @@ class MessagesFormat(ResponseFormat):
 
     def stream_open(self) -> list[dict]:
         self._builder = self._new_builder()
-        return _sse(self._builder.open())
+        return sse_events(self._builder.open())
 
     def stream_token(self, event: TokenEvent, first: bool) -> list[dict]:
-        return _sse(self._builder.token(event))
+        return sse_events(self._builder.token(event))
 
     def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
-        return _sse(self._builder.close(done))
+        return sse_events(self._builder.close(done))
 
     def stream_error(self, error: APIError) -> list[dict]:
-        return _sse([error.anthropic_body()])
+        return sse_events([error_body(error)])
 
     def stream_end(self) -> list[dict]:
         return []

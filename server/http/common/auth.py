@@ -6,6 +6,7 @@ mutations (403), since anyone who reaches the port could otherwise swap its mode
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 from typing import Annotated
@@ -13,7 +14,6 @@ from typing import Annotated
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from server.http.admin.model_access import is_loopback
 from server.http.common.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -76,3 +76,15 @@ def require_admin_key(
     expected = server.admin_api_key or server.api_key
     if expected and not _matches(_client_key(request), expected):
         raise APIError(401, "missing or invalid admin API key", code="invalid_api_key")
+
+
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,9 +1,11 @@
-"""What the Responses and Messages translations share: a chat completion request built from
-their fields (validated by the chat schema, its errors renamed to the caller's fields)."""
+"""What the Responses, Messages and Ollama translations share: a chat completion request built
+from their fields (validated by the chat schema), and its errors naming the caller's fields:
+the mapping's renames are carried to where each message is written (`caller_field`)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -41,14 +43,26 @@ def validated(model: type[BaseModel], fields: dict, renames: dict[str, str]):
                        code="invalid_value") from e
 
 
+# The chat fields' names in the API being translated ({} for OpenAI's chat): set by
+# `renamed_params` around the chat path, read where an error names a field.
+_CALLER_FIELDS: ContextVar[dict[str, str] | None] = ContextVar("caller_fields", default=None)
+
+
+def caller_field(name: str) -> str:
+    """The name the caller's API gives the chat field `name` (`max_completion_tokens` is the
+    Messages API's `max_tokens`), for the errors the chat path writes."""
+    return (_CALLER_FIELDS.get() or {}).get(name, name)
+
+
 @contextmanager
 def renamed_params(renames: dict[str, str]):
-    """A 400 the chat path raises names chat fields (`max_completion_tokens`, `messages`): name
-    the caller's instead."""
+    """Run the chat path for an API whose fields have other names (`renames`: chat field ->
+    the API's): its errors name the API's fields (`caller_field`), their `param` too."""
+    token = _CALLER_FIELDS.set(renames)
     try:
         yield
     except APIError as e:
-        if e.param in renames:
-            e.message = e.message.replace(e.param, renames[e.param])
-            e.param = renames[e.param]
+        e.param = renames.get(e.param, e.param)
         raise
+    finally:
+        _CALLER_FIELDS.reset(token)

@@ -12,8 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from server.engine.params import GenerationParams
-from server.engine.service import InferenceEngine, RequestHandle
+from server.engine import GenerationParams, InferenceEngine, RequestHandle
 from server.http.common.errors import APIError
 
 

@@ -6,12 +6,12 @@ completion request and come through here too, so there is one generation path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
-from server.engine.params import GenerationParams
+from server.engine import GenerationParams, InferenceEngine
 from server.http.common.choices import Choices
 from server.http.common.reasoning import ReplyStart
 from server.http.common.request_ids import request_id
@@ -21,6 +21,7 @@ from server.http.common.streaming import ResponseFormat, collect, stream_respons
 from server.http.common.tools import ToolCallParser, parser_factory
 from server.http.common.truncation import fit_to_context
 
+Body = ChatCompletionRequest | CompletionRequest
 # Builds the format of a chat request's answer from its tool-call parser factory (or None)
 # and where its reply starts (`ReplyStart`: the prompt, whether a grammar holds the reply).
 FormatFactory = Callable[[Callable[[], ToolCallParser] | None, ReplyStart], ResponseFormat]
@@ -60,18 +61,50 @@ async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,
     return await collect(choices, formats, observe, request.is_disconnected)
 
 
+# The prompts of a request (`tokenize(engine) -> (body, prompts)`: the body as it will run,
+# which a truncation may have shortened) and the answer's formats, one per choice in index
+# order (`formats(engine, body, prompts, target)`).
+Tokenize = Callable[[InferenceEngine], tuple[Body, list[list[int]]]]
+Formats = Callable[[InferenceEngine, Body, list[list[int]], str], Awaitable[list[ResponseFormat]]]
+
+
+async def complete(request: Request, body, tokenize: Tokenize, formats: Formats, *,
+                   fill_context: bool = False, ndjson: bool = False):
+    """The steps every generation route shares: select the target `body.model` names (after
+    a switch it waits for), read its fingerprint before anything is tokenized, tokenize
+    (into the chat or text completion request that runs), plan each prompt's
+    GenerationParams, build the formats, run."""
+    engine = request.app.state.engine
+    async with serving(engine, body.model):
+        target = engine.target.fingerprint  # before anything is tokenized
+        body, prompts = tokenize(engine)
+        params = plan(request, body, prompts, target, fill_context=fill_context)
+        return await run(request, body, params, await formats(engine, body, prompts, target),
+                         ndjson=ndjson)
+
+
+def each_choice(make: Callable[[], ResponseFormat]) -> Formats:
+    """`formats` for a request whose choices all look alike: `make()` for each of its `n`."""
+    async def formats(engine, body: Body, prompts: list[list[int]], target: str):
+        return [make() for _ in range(body.n * len(prompts))]
+
+    return formats
+
+
 async def complete_chat(request: Request, body: ChatCompletionRequest,
                         make_format: FormatFactory, *, fill_context: bool = False,
                         ndjson: bool = False, truncate: bool = False):
     """`truncate`: drop the earliest exchanges that do not fit in the context
     (`truncation.fit_to_context`)."""
-    engine = request.app.state.engine
-    async with serving(engine, body.model):
-        target = engine.target.fingerprint  # before anything is tokenized
-        tools = parser_factory(engine.tokenizer, body.active_tools(),
-                               forced=body.forced_functions() is not None)
-        body, prompt = fit_to_context(engine, body, truncate=truncate)
-        params = plan(request, body, [prompt], target, fill_context=fill_context)
-        start = ReplyStart(prompt, constrained=body.constrains_output())
-        formats = [make_format(tools, start) for _ in range(body.n)]
-        return await run(request, body, params, formats, ndjson=ndjson)
+    def tokenize(engine):
+        body_, prompt = fit_to_context(engine, body, truncate=truncate)
+        return body_, [prompt]
+
+    async def formats(engine, body_: ChatCompletionRequest, prompts, target):
+        tools = parser_factory(engine.tokenizer, body_.active_tools(),
+                               forced=body_.forced_functions() is not None)
+        start = ReplyStart(prompts[0], constrained=body_.constrains_output())
+        return [make_format(tools, start) for _ in range(body_.n)]
+
+    return await complete(request, body, tokenize, formats, fill_context=fill_context,
+                          ndjson=ndjson)

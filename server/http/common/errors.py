@@ -1,13 +1,13 @@
-"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}};
-under /v1/messages, and for any request with an `anthropic-version` header (Anthropic's
-clients send it), in Anthropic's: {"type": "error", "error": {type, message}}, where a full
-queue is a 529 `overloaded_error` as at Anthropic; under /api (Ollama's API), in Ollama's:
-{"error": message}."""
+"""Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}},
+unless the request spoke an API whose errors have a shape of their own (an `ErrorShape` its
+folder defines, installed with the app: Anthropic's, Ollama's)."""
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,9 +16,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from api_schemas.openai import ErrorBody, ErrorResponse
-from server.engine.models.model_kit import IncompatibleDraft, ModelLoadError, ModelNotFound
-from server.engine.service import (
+from server.engine import (
+    IncompatibleDraft,
     InvalidRequest,
+    ModelLoadError,
+    ModelNotFound,
     ModelReplaced,
     QueueFull,
     ShuttingDown,
@@ -38,26 +40,30 @@ ERROR_TYPES = {
     500: "server_error",
     503: "overloaded_error",
 }
-# Anthropic's error types by status; its "overloaded" status is 529, not 503.
-ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    529: "overloaded_error",
-}
-ANTHROPIC_STATUS = {503: 529}
-ANTHROPIC_PREFIX = "/v1/messages"
-OLLAMA_PREFIX = "/api/"
 
 
-def speaks_anthropic(request: Request) -> bool:
-    """A request to Anthropic's Messages API, or from one of Anthropic's clients."""
-    return (request.url.path.startswith(ANTHROPIC_PREFIX)
-            or "anthropic-version" in request.headers)
+@dataclass(frozen=True)
+class ErrorShape:
+    """An API whose errors have a shape of their own: the requests that speak it (under
+    `prefix`, or sending `header`), its body and status for an `APIError`, and the body's
+    schema (OpenAPI)."""
+
+    name: str
+    prefix: str
+    body: Callable[[APIError], dict]
+    schema: type
+    status: Callable[[int], int] = lambda status: status
+    header: str | None = None
+
+    def spoken_by(self, request: Request) -> bool:
+        return (request.url.path.startswith(self.prefix)
+                or self.header is not None and self.header in request.headers)
+
+
+def shape_of(request: Request) -> ErrorShape | None:
+    """The error shape of the API `request` speaks; None for OpenAI's."""
+    shapes = getattr(request.app.state, "error_shapes", ())
+    return next((shape for shape in shapes if shape.spoken_by(request)), None)
 
 
 # An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
@@ -92,24 +98,13 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
-    @property
-    def anthropic_status(self) -> int:
-        return ANTHROPIC_STATUS.get(self.status, self.status)
-
-    def anthropic_body(self) -> dict:
-        kind = ANTHROPIC_ERROR_TYPES.get(self.anthropic_status, "invalid_request_error"
-                                         if self.status < 500 else "api_error")
-        return {"type": "error", "error": {"type": kind, "message": self.shown_message}}
-
     def response_for(self, request: Request) -> JSONResponse:
         """This error in the shape of the API the request spoke."""
-        if request.url.path.startswith(OLLAMA_PREFIX):
-            return JSONResponse({"error": self.shown_message}, status_code=self.status,
-                                headers=self.headers)
-        if speaks_anthropic(request):
-            return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status,
-                                headers=self.headers)
-        return self.response()
+        shape = shape_of(request)
+        if shape is None:
+            return self.response()
+        return JSONResponse(shape.body(self), status_code=shape.status(self.status),
+                            headers=self.headers)
 
 
 def as_api_error(exc: BaseException) -> APIError:
@@ -186,7 +181,10 @@ async def _api(request: Request, exc: Exception) -> JSONResponse:
     return as_api_error(exc).response_for(request)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, shapes: list[ErrorShape]) -> None:
+    """`shapes`: the APIs whose errors are not in OpenAI's shape, the first that a request
+    speaks wins."""
+    app.state.error_shapes = tuple(shapes)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, ModelReplaced,

@@ -19,7 +19,7 @@ from api_schemas.openai import (
     ErrorResponse,
 )
 from api_schemas.responses import ResponseObject, ResponseStreamEvent
-from server.http.common.errors import ANTHROPIC_PREFIX, OLLAMA_PREFIX
+from server.http.common.errors import ErrorShape
 
 REF = "#/components/schemas/{model}"
 ERROR_DESCRIPTIONS = {
@@ -112,19 +112,20 @@ STREAM_ENDS = {
 }
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, shapes: list[ErrorShape]) -> None:
+    """`shapes`: the APIs whose errors are not in OpenAI's shape."""
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
                                  description=app.description)
-            describe(schema)
+            describe(schema, shapes)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
 
 
-def describe(schema: dict) -> None:
+def describe(schema: dict, shapes: list[ErrorShape]) -> None:
     """Rewrite FastAPI's responses in place: real statuses, error schema, event streams."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     extra = [(m, "serialization") for m in
@@ -140,7 +141,7 @@ def describe(schema: dict) -> None:
                 operation["security"] = [{}, *operation["security"]]
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
-            error_ref = refs[(_error_model(path), "serialization")]
+            error_ref = refs[(_error_model(path, shapes), "serialization")]
             for code in _errors_of(path, method, operation):
                 responses[str(code)] = _error_response(code, error_ref)
             if path in OLLAMA_STREAMED:
@@ -156,10 +157,8 @@ def describe(schema: dict) -> None:
         components.pop(unused, None)
 
 
-def _error_model(path: str):
-    if path.startswith(ANTHROPIC_PREFIX):
-        return AnthropicError
-    return OllamaError if path.startswith(OLLAMA_PREFIX) else ErrorResponse
+def _error_model(path: str, shapes: list[ErrorShape]):
+    return next((s.schema for s in shapes if path.startswith(s.prefix)), ErrorResponse)
 
 
 def _json_lines_ok(answer_ref: dict) -> dict:

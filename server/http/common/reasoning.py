@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mlx_lm.generate import TextStateMachine
 
-from server.engine.structured.reasoning_budget import opens_reasoning
+from server.engine import opens_reasoning
 
 REASONING, ANSWER = "reasoning", "normal"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from server.engine.events import GenerationStats
+from server.engine import GenerationStats
 
 log = logging.getLogger("server.requests")
 

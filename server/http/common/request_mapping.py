@@ -12,18 +12,22 @@ from api_schemas.openai import (
     StructuredOutputs,
 )
 from server.config import GenerationDefaults
-from server.engine.fim import supported_markers
-from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.prompts import RESERVED_TEMPLATE_KWARGS, text_tokens
-from server.engine.service import InferenceEngine
-from server.engine.structured.grammar import (
+from server.engine import (
+    RESERVED_TEMPLATE_KWARGS,
     TOOL_CALL_END,
     TOOL_CALL_START,
+    GenerationParams,
     GrammarError,
+    InferenceEngine,
+    SamplingParams,
+    SpeculationParams,
     grammars_for,
+    lazy_tool_calls,
+    reasoning_budget,
+    supported_markers,
+    text_tokens,
 )
-from server.engine.structured.lazy_grammar import lazy_tool_calls
-from server.engine.structured.reasoning_budget import reasoning_budget
+from server.http.common.chat_translation import caller_field
 from server.http.common.errors import APIError
 from server.http.common.tools import own_call_syntax, render_chat
 
@@ -51,7 +55,8 @@ def chat_prompt(engine: InferenceEngine, body: ChatCompletionRequest) -> list[in
                            continue_final=body.continue_final_message,
                            generation_prompt=body.generation_prompt())
     except Exception as e:  # a template that rejects this conversation (roles, order)
-        raise APIError(400, f"chat template failed: {e}", param="messages") from e
+        raise APIError(400, f"chat template failed: {e}",
+                       param=caller_field("messages")) from e
 
 
 
@@ -206,8 +211,9 @@ def eos_controls(body: SamplingRequest, engine: InferenceEngine) -> dict:
     check_token_ids(engine.target.vocab_size, body.stop_token_ids or [], "stop_token_ids")
     min_tokens, max_tokens = body.min_tokens or 0, body.token_limit()
     if max_tokens is not None and min_tokens > max_tokens:
-        raise APIError(400, f"min_tokens ({min_tokens}) must be at most max_tokens "
-                       f"({max_tokens})", param="min_tokens", code="invalid_value")
+        raise APIError(400, f"min_tokens ({min_tokens}) must be at most "
+                       f"{caller_field('max_tokens')} ({max_tokens})", param="min_tokens",
+                       code="invalid_value")
     return {"ignore_eos": bool(body.ignore_eos), "min_tokens": min_tokens,
             "stop_token_ids": tuple(body.stop_token_ids or ())}
 
@@ -247,6 +253,7 @@ def output_constraint(body: SamplingRequest, engine: InferenceEngine):
     if wanted is None:
         return None
     param, compile_grammar = wanted
+    param = caller_field(param)
     try:
         return compile_grammar(grammars_for(engine.tokenizer))
     except GrammarError as e:
@@ -311,7 +318,8 @@ def enforce_model_limits(
     context = engine.context_length  # the target config's max_position_embeddings
     if context is None:
         return requested or defaults.max_tokens
-    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    prompt_param = caller_field("messages" if isinstance(body, ChatCompletionRequest)
+                                else "prompt")
     if len(prompt) >= context:
         raise APIError(400, f"this model's maximum context length is {context} tokens, but the "
                        f"prompt has {len(prompt)} tokens; shorten the {prompt_param}",
@@ -322,8 +330,8 @@ def enforce_model_limits(
     if requested > room and defaults.fit_max_tokens:
         return room
     if requested > room:
-        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
-            else "max_tokens"
+        name = caller_field("max_completion_tokens" if getattr(body, "max_completion_tokens",
+                                                                None) else "max_tokens")
         raise APIError(400, f"this model's maximum context length is {context} tokens; the "
                        f"prompt has {len(prompt)}, so {name} may be at most {room} "
                        f"(got {requested})", param=name, code="context_length_exceeded")

@@ -24,8 +24,7 @@ from typing import Any
 
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
-from server.engine.prompts import chat_tokens
-from server.engine.structured.grammar import TOOL_CALL_END, TOOL_CALL_START, call_key
+from server.engine import TOOL_CALL_END, TOOL_CALL_START, call_key, chat_tokens
 
 
 @dataclass(frozen=True)
@@ -292,3 +291,12 @@ def parser_factory(tokenizer, tools: list[dict] | None,
         return None
     fmt = call_format(tokenizer, forced=forced)
     return lambda: ToolCallParser(fmt, tools)
+
+
+def tool_input(arguments: str) -> dict:
+    """A call's JSON arguments as the object Anthropic's `input` is."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}

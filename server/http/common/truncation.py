@@ -12,7 +12,7 @@ cut: if they alone do not fit, the usual 400 follows.
 from __future__ import annotations
 
 from api_schemas.openai import ChatCompletionRequest
-from server.engine.service import InferenceEngine
+from server.engine import InferenceEngine
 from server.http.common.request_mapping import chat_prompt
 
 SYSTEM = ("system", "developer")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from api_schemas.openai import Stats
-from server.engine.events import Finished, TokenEvent
+from server.engine import Finished, TokenEvent
 from server.http.common.errors import APIError
 from server.http.common.streaming import ResponseFormat, json_dict
 

@@ -13,7 +13,7 @@ context as the window leaves (`N_BATCH`: llama.cpp's default batch).
 from __future__ import annotations
 
 from api_schemas.llama_cpp import InfillRequest
-from server.engine.fim import FimFormat
+from server.engine import FimFormat
 
 N_BATCH = 2048
 REPO_MARKERS = ("<|repo_name|>", "<repo_name>", "<reponame>")

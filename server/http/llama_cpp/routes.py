@@ -14,12 +14,11 @@ from fastapi import APIRouter, Depends, Request
 
 from api_schemas.llama_cpp import CompletionNativeRequest, InfillRequest
 from api_schemas.openai import CompletionRequest
-from server.engine.fim import supported_markers
-from server.engine.prompts import text_tokens
+from server.engine import supported_markers, text_tokens
 from server.http.common.auth import require_api_key
-from server.http.common.completion import plan, run
+from server.http.common.completion import complete, each_choice
 from server.http.common.errors import APIError
-from server.http.common.request_mapping import check_token_ids, serving
+from server.http.common.request_mapping import check_token_ids
 from server.http.llama_cpp.format import InfillFormat
 from server.http.llama_cpp.infill import infill_tokens
 
@@ -61,14 +60,16 @@ async def _generate(request: Request, body, prompt: Callable[[object], list[int]
     `prompt(engine)` gives, tokenized for the target that serves it."""
     warm_up = body.n_predict == 0  # llama.vim's: only fill the cache with the prompt
     engine = request.app.state.engine
-    async with serving(engine, body.model):
-        target = engine.target.fingerprint  # before the prompt is tokenized
+
+    def tokenize(engine):
         tokens = prompt(engine)
-        completion = CompletionRequest.model_validate({
+        return CompletionRequest.model_validate({
             "prompt": tokens, "stream": body.stream, "stop": body.stop or None,
             "max_tokens": 1 if warm_up else body.n_predict if body.n_predict > 0 else None,
             "temperature": body.temperature, "top_p": body.top_p,
-            "seed": None if body.seed in (None, -1) else body.seed, **body.extensions()})
-        params = plan(request, completion, [tokens], target, fill_context=body.n_predict < 0)
-        return await run(request, completion, params,
-                         [InfillFormat(engine.model_name, engine.tokenizer, hide=warm_up)])
+            "seed": None if body.seed in (None, -1) else body.seed, **body.extensions()}), [tokens]
+
+    return await complete(
+        request, body, tokenize,
+        each_choice(lambda: InfillFormat(engine.model_name, engine.tokenizer, hide=warm_up)),
+        fill_context=body.n_predict < 0)

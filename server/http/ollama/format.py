@@ -12,13 +12,13 @@ import json
 import time
 
 from api_schemas.openai import Stats
-from server.engine.events import Finished, TokenEvent
-from server.http.anthropic.format import tool_input
+from server.engine import Finished, TokenEvent
 from server.http.common.errors import APIError
 from server.http.common.output_split import Output, OutputSplit
 from server.http.common.reasoning import ReplyStart
 from server.http.common.streaming import ResponseFormat, json_dict
 from server.http.common.timestamps import rfc3339
+from server.http.common.tools import tool_input
 
 
 def created_at() -> str:

@@ -20,13 +20,14 @@ from api_schemas.ollama import (
     OllamaShowRequest,
 )
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
-from server.engine.models.model_kit import on_gpu
-from server.http.admin.models import find_served, served_models
+from server.engine import on_gpu
 from server.http.common.auth import require_api_key
 from server.http.common.chat_translation import renamed_params
-from server.http.common.completion import complete_chat, plan, run
+from server.http.common.completion import complete, complete_chat, each_choice
+from server.http.common.embeddings import embed_inputs
 from server.http.common.errors import APIError
 from server.http.common.request_mapping import completion_prompt, serving
+from server.http.common.served_models import find_served, served_models
 from server.http.common.timestamps import rfc3339
 from server.http.ollama.format import OllamaFormat, created_at
 from server.http.ollama.mapping import (
@@ -35,7 +36,6 @@ from server.http.ollama.mapping import (
     fills_context,
     generate_from_ollama,
 )
-from server.http.openai.embeddings import embed_inputs
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_api_key)], tags=["ollama"])
 
@@ -81,12 +81,11 @@ async def generate(body: OllamaGenerateRequest, request: Request):
 
 async def _complete_text(request: Request, body: CompletionRequest, fill_context: bool):
     engine = request.app.state.engine
-    async with serving(engine, body.model):
-        target = engine.target.fingerprint  # what the prompt is tokenized for
-        prompt = completion_prompt(engine, body.prompt, body.suffix)
-        params = plan(request, body, [prompt], target, fill_context=fill_context)
-        fmt = OllamaFormat(body.model, engine.tokenizer, chat=False)
-        return await run(request, body, params, [fmt], ndjson=True)
+    return await complete(
+        request, body,
+        lambda engine: (body, [completion_prompt(engine, body.prompt, body.suffix)]),
+        each_choice(lambda: OllamaFormat(body.model, engine.tokenizer, chat=False)),
+        fill_context=fill_context, ndjson=True)
 
 
 @router.post("/embed", summary="Ollama embed")

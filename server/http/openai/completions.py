@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.http.common.auth import require_api_key
-from server.http.common.completion import complete_chat, plan, run
-from server.http.common.request_mapping import completion_prompt, serving
-from server.http.common.streaming import ChatFormat, Echo, TextFormat
+from server.http.common.completion import complete, complete_chat
+from server.http.common.request_mapping import completion_prompt
+from server.http.openai.format import ChatFormat, Echo, TextFormat
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"])
 
@@ -23,18 +23,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request):
-    engine = request.app.state.engine
-    async with serving(engine, body.model):
-        target = engine.target.fingerprint  # what the prompts are tokenized for
-        given = body.prompts()
-        prompts = [completion_prompt(engine, prompt, body.suffix) for prompt in given]
-        params = plan(request, body, prompts, target)
-        formats = []
+    given = body.prompts()
+
+    def tokenize(engine):
+        return body, [completion_prompt(engine, prompt, body.suffix) for prompt in given]
+
+    async def formats(engine, body, prompts, target):
+        out = []
         for text, tokens in zip(given, prompts, strict=True):
             echo = await _echo(engine, body, text, tokens, target) if body.echo else None
-            formats += [TextFormat(engine.model_name, engine.tokenizer, echo)
-                        for _ in range(body.n)]
-        return await run(request, body, params, formats)
+            out += [TextFormat(engine.model_name, engine.tokenizer, echo) for _ in range(body.n)]
+        return out
+
+    return await complete(request, body, tokenize, formats)
 
 
 async def _echo(engine, body: CompletionRequest, given: str | list[int],

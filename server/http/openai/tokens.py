@@ -13,7 +13,7 @@ from api_schemas.tokens import (
     TokenizeResponse,
     TokenizerInfo,
 )
-from server.engine.prompts import text_tokens
+from server.engine import text_tokens
 from server.http.common.auth import require_api_key
 from server.http.common.request_mapping import chat_prompt, check_token_ids, serving
 

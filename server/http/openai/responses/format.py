@@ -9,7 +9,6 @@ the order the model wrote them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from api_schemas.openai import Stats
@@ -25,23 +24,25 @@ from api_schemas.responses import (
     ResponseObject,
     ResponseUsage,
 )
-from server.engine.events import Finished, TokenEvent
+from server.engine import Finished, TokenEvent
+from server.http.common.blocks import BlockBuilder
 from server.http.common.errors import APIError
 from server.http.common.output_split import Output, OutputSplit
 from server.http.common.reasoning import ReplyStart
-from server.http.common.streaming import ResponseFormat, json_dict
+from server.http.common.streaming import ResponseFormat, json_dict, sse_events
 from server.http.openai.responses.tools import ToolTable
 
 
-class ResponseBuilder:
+class ResponseBuilder(BlockBuilder):
     """`logprob`: a token's log-probability entry (None when they were not asked for)."""
+
+    reasoning_kind, text_kind = ReasoningItem, OutputMessage
 
     def __init__(self, response: ResponseObject, split: OutputSplit, tools: ToolTable,
                  logprob: Callable[[TokenEvent], dict | None] = lambda _: None):
-        self.response, self.split, self.tools = response, split, tools
+        super().__init__(split)
+        self.response, self.tools = response, tools
         self._sequence = 0
-        self._open: OutputMessage | ReasoningItem | None = None  # the item being written
-        self._from_draft = False
         self._reasoning_tokens = 0
         self._logprob = logprob
         self._logprobs: list[dict] = []  # of the answer's tokens whose text is still held back
@@ -57,17 +58,16 @@ class ResponseBuilder:
                 self.event("response.in_progress", response=snapshot)]
 
     def token(self, event: TokenEvent) -> list[dict]:
-        self._from_draft = event.from_draft
         self._reasoning_tokens += self.split.in_reasoning
         entry = None if self.split.in_reasoning else self._logprob(event)
         if entry is not None:
             self._logprobs.append(entry)
-        return self._output(self.split.feed(event.text))
+        return super().token(event)
 
     def close(self, done: Finished) -> list[dict]:
         events = self._output(self.split.finish())
         complete = done.finish_reason == "stop"
-        events += self._close_item("completed" if complete else "incomplete")
+        events += self._close_block(status="completed" if complete else "incomplete")
         r, stats = self.response, done.stats
         r.status = "completed" if complete else "incomplete"
         r.incomplete_details = None if complete else IncompleteDetails(reason="max_output_tokens")
@@ -81,36 +81,17 @@ class ResponseBuilder:
         return events + [self.event(kind, response=json_dict(r))]
 
     def _output(self, out: Output) -> list[dict]:
-        events = (self._text(ReasoningItem, out.reasoning)
-                  + self._text(OutputMessage, out.content) + self._calls(out.calls))
+        events = super()._output(out)
         if out.calls:
             self._logprobs = []  # the tokens of the calls: not output text
         return events
-
-    def _text(self, kind: type, text: str) -> list[dict]:
-        """Append to the open item of `kind` (a message's text, or reasoning), opening it
-        first (and closing another) if need be."""
-        if not text:
-            return []
-        events = []
-        if not isinstance(self._open, kind):
-            events = self._close_item() + self._open_item(kind())
-        part = self._open.content[0]
-        part.text += text
-        where = {"item_id": self._open.id, "output_index": self._index, "content_index": 0}
-        if kind is ReasoningItem:
-            return events + [self.event("response.reasoning_text.delta", **where, delta=text)]
-        logprobs, self._logprobs = self._logprobs, []
-        part.logprobs += logprobs
-        return events + [self.event("response.output_text.delta", **where, delta=text,
-                                    logprobs=logprobs, from_draft=self._from_draft)]
 
     @property
     def _index(self) -> int:
         return len(self.response.output) - 1
 
-    def _open_item(self, item: OutputMessage | ReasoningItem) -> list[dict]:
-        self._open = item
+    def _open_block(self, kind: type) -> list[dict]:
+        self._open = item = kind()
         item.status, item.content = "in_progress", []
         self.response.output.append(item)
         added = self.event("response.output_item.added", output_index=self._index,
@@ -121,10 +102,18 @@ class ResponseBuilder:
                                   output_index=self._index, content_index=0,
                                   part=json_dict(item.content[0]))]
 
-    def _close_item(self, status: str = "completed") -> list[dict]:
-        item, self._open = self._open, None
-        if item is None:
-            return []
+    def _append(self, item, text: str) -> list[dict]:
+        part = item.content[0]
+        part.text += text
+        where = {"item_id": item.id, "output_index": self._index, "content_index": 0}
+        if isinstance(item, ReasoningItem):
+            return [self.event("response.reasoning_text.delta", **where, delta=text)]
+        logprobs, self._logprobs = self._logprobs, []
+        part.logprobs += logprobs
+        return [self.event("response.output_text.delta", **where, delta=text,
+                           logprobs=logprobs, from_draft=self._from_draft)]
+
+    def _closed(self, item, status: str = "completed") -> list[dict]:
         item.status = status
         index, part = self.response.output.index(item), item.content[0]
         where = {"item_id": item.id, "output_index": index, "content_index": 0}
@@ -136,16 +125,10 @@ class ResponseBuilder:
                 self.event("response.output_item.done", output_index=index,
                            item=json_dict(item))]
 
-    def _calls(self, calls: list[dict]) -> list[dict]:
-        events = self._close_item() if calls else []
-        for call in calls:
-            item = self.tools.output_item(call)
-            self.response.output.append(item)
-            events += self._call_events(item)
-        return events
-
-    def _call_events(self, item) -> list[dict]:
+    def _call(self, call: dict) -> list[dict]:
         """A call's events: added in progress, its input or arguments whole, then done."""
+        item = self.tools.output_item(call)
+        self.response.output.append(item)
         field = "input" if isinstance(item, CustomToolCallItem) else "arguments"
         text, kind = getattr(item, field), ("response.custom_tool_call_input" if field ==
                                             "input" else "response.function_call_arguments")
@@ -158,10 +141,6 @@ class ResponseBuilder:
                 self.event(f"{kind}.done", **where, **done),
                 self.event("response.output_item.done", output_index=self._index,
                            item=json_dict(item))]
-
-
-def _sse(events: list[dict]) -> list[dict]:
-    return [{"event": e["type"], "data": json.dumps(e, ensure_ascii=False)} for e in events]
 
 
 class ResponsesFormat(ResponseFormat):
@@ -188,19 +167,19 @@ class ResponsesFormat(ResponseFormat):
 
     def stream_open(self) -> list[dict]:
         self._builder = self._new_builder()
-        return _sse(self._builder.open())
+        return sse_events(self._builder.open())
 
     def stream_token(self, event: TokenEvent, first: bool) -> list[dict]:
-        return _sse(self._builder.token(event))
+        return sse_events(self._builder.token(event))
 
     def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
         events = self._builder.close(done)
         self._on_finish(self._builder.response)
-        return _sse(events)
+        return sse_events(events)
 
     def stream_error(self, error: APIError) -> list[dict]:
         body = error.body()["error"]
-        return _sse([self._builder.event("error", code=body["code"], message=body["message"],
+        return sse_events([self._builder.event("error", code=body["code"], message=body["message"],
                                           param=body["param"])])
 
     def stream_end(self) -> list[dict]:

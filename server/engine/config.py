@@ -1,0 +1,48 @@
+"""What an engine is built from: one `EngineConfig`, made from the settings in one place
+(`server.config.engine_config`), or by hand by the developer tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from server.engine.scheduling.scheduler import SchedulerConfig
+from server.engine.scheduling.switching import TargetEntry
+from server.engine.speculation.policy import DEFAULT_NUM_DRAFT_TOKENS
+
+DEFAULT_TIMEOUT_S = 60.0  # a sharded step that takes longer means a rank is gone
+DEFAULT_HEARTBEAT_S = 5.0
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """A target sharded over the processes of `mlx.launch` (rank 0 serves)."""
+
+    layout: object  # server.engine.distributed.service.DistributedLayout
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # the target: a folder or a hub id
+    draft_model: str | None = None
+    model_name: str | None = None  # the served name (default: `model`)
+    model_aliases: tuple[str, ...] = ()  # more names for the target
+    adapter_path: str | None = None
+    chat_template: str | None = None
+    # Variables every chat is rendered with; a request's `chat_template_kwargs` win.
+    chat_template_kwargs: dict = field(default_factory=dict)
+    embedding_model: str | None = None
+    embedding_pooling: str = "last"
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    dtype: str = "auto"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec_max_batch: int | None = None  # None: the policy's default
+    spec_batch_draft_tokens: int | None = None
+    prefix_cache_bytes: int = 0
+    fuse_projections: bool = False
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = 0
+    cost_model: bool = False  # measured forward times choose each row's k per round
+    more_targets: tuple[TargetEntry, ...] = ()  # configured targets to switch to by name
+    distributed: DistributedConfig | None = None
