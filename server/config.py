@@ -328,8 +328,9 @@ class GenerationDefaults(BaseModel):
                        " keeps every token), such as a model card's recommended 20.")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Default min_p.")
     draft: DraftSource = Field(
-        DraftSource.MODEL, description="Default drafter: model, prompt_lookup or hybrid (prompt lookup"
-        " when it finds a match of hybrid_min_match tokens, the draft model when it finds none).")
+        DraftSource.MODEL,
+        description="Default drafter: model, prompt_lookup or hybrid (prompt lookup when it"
+        " finds a match of hybrid_min_match tokens, the draft model when it finds none).")
     acceptance: Acceptance = Field(
         "rejection", description="Default acceptance rule at temperature > 0."
     )
