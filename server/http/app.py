@@ -22,7 +22,6 @@ from server.http.anthropic import routes as messages
 from server.http.anthropic.batches import MessageBatches
 from server.http.common.auth import log_exposure
 from server.http.common.errors import install_error_handlers
-from server.http.common.openapi import install_openapi
 from server.http.common.request_ids import RequestIds
 from server.http.jobs.runner import BatchRunner
 from server.http.jobs.state_db import StateDB
@@ -38,6 +37,7 @@ from server.http.openai.responses import routes as responses
 from server.http.openai.responses.background import BackgroundResponses
 from server.http.openai.responses.conversations import ConversationStore
 from server.http.openai.responses.store import ResponseStore
+from server.http.openapi import install_openapi
 
 log = logging.getLogger(__name__)
 
