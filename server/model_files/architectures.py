@@ -14,6 +14,7 @@ later layers write to the residual stream scaled down: a draft with a realistic 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 from pathlib import Path
@@ -26,6 +27,7 @@ from server.model_files.synthetic import EMBEDDING_SCALE, LATE_LAYER_RESIDUAL_SC
 from server.model_files.tokenizer_builder import save_tokenizer, special_token_ids, train_tokenizer
 
 TOKENIZER_VOCAB = 512
+MAX_PARAMETERS = 50_000_000
 TOKENIZER_BYTES = 400_000
 
 # Every architecture starts from these; fields its ModelArgs does not have are ignored.
@@ -85,10 +87,39 @@ def model_class(model_type: str):
 
 def tiny_config(model_type: str, *, layers: int = 4, vocab_size: int = TOKENIZER_VOCAB,
                 eos_id: int = 0, **extra) -> dict:
-    """A small config of `model_type`: `SMALL`, its `SPECIFIC` fields, `layers` layers."""
+    """A small config of `model_type`: `SMALL`, its `SPECIFIC` fields, `layers` layers, and a
+    guess for every other field its `ModelArgs` requires (`guess`)."""
     config = {"model_type": model_type, **SMALL, **SPECIFIC.get(model_type, {}), **extra,
               "num_hidden_layers": layers, "vocab_size": vocab_size, "eos_token_id": eos_id}
+    _, args_cls = model_class(model_type)
+    for f in dataclasses.fields(args_cls):
+        if f.name not in config and f.default is dataclasses.MISSING and \
+                f.default_factory is dataclasses.MISSING and not f.name.endswith("_config"):
+            config[f.name] = guess(f.name, str(f.type))
     return cut_layers(config, layers)
+
+
+def guess(name: str, kind: str):
+    """A small value for a required config field no preset names, from its name and type."""
+    if "bool" in kind:
+        return False
+    if "act" in name:
+        return "silu"
+    if "float" in kind:
+        return 1e-5 if "eps" in name else 10000.0 if "theta" in name else 1.0
+    if "int" in kind:
+        for words, value in (("experts_per_tok", 2), ("top_k", 2), ("topk", 2),
+                             ("expert", 4), ("layer", 4), ("kv_head", 2), ("head_dim", 16),
+                             ("heads", 4), ("window", 8), ("group", 1), ("kernel", 4),
+                             ("rank", 16), ("state", 16)):
+            if words in name:
+                return value
+        return 64 if ("size" in name or "dim" in name) else 2
+    if "List" in kind or "list" in kind or "Tuple" in kind:
+        return []
+    if "Dict" in kind or "dict" in kind:
+        return {}
+    return None
 
 
 def cut_layers(config: dict, layers: int) -> dict:
@@ -112,6 +143,9 @@ def random_model(config: dict, *, seed: int, draft_layers: int):
     model_cls, args_cls = model_class(config["model_type"])
     model = model_cls(args_cls.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
+    size = sum(v.size for v in weights.values())
+    if size > MAX_PARAMETERS:  # a field the small config missed left a full-size default
+        raise ValueError(f"the small config builds {size / 1e6:.0f}M parameters")
     for name, value in weights.items():
         if "embed" in name and name.endswith("weight") and value.ndim == 2:
             weights[name] = value * EMBEDDING_SCALE

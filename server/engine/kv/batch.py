@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache
 
 from server.engine.kv.layers import (
     arrays_of,
@@ -42,9 +41,6 @@ class ModelBatch:
         self.cache: list | None = None
         self._history: StateHistory | None = None  # recurrent states since the last `keep`
         install(model)
-        fresh = new_cache(model)
-        if any(isinstance(c, ArraysCache) for c in leaves(fresh)):
-            install_recorders(model, fresh)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -57,6 +53,8 @@ class ModelBatch:
 
     def add_batch(self, seqs: list[Sequence], cache: list) -> None:
         """Rows prefilled together (`prefill_rows`) join with their batch cache as it is."""
+        if state_leaves(cache):  # their rollback replays the layers that own the states
+            install_recorders(self.model, new_cache(self.model))
         if self.cache is None:
             self.cache = cache
         else:

@@ -22,7 +22,7 @@ import inspect
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, CacheList
 
 
 class StateCache(ArraysCache):
@@ -31,7 +31,8 @@ class StateCache(ArraysCache):
     def __init__(self, size: int, left_padding: list[int] | None = None):
         super().__init__(size, left_padding)
         self.recording = False
-        self.recorded: tuple | None = None  # (mixer, bound arguments) of the last forward
+        # (mixer, bound arguments, whether it takes a padding mask) of the last forward
+        self.recorded: tuple | None = None
 
     @classmethod
     def merge(cls, caches) -> StateCache:
@@ -114,15 +115,42 @@ class StateHistory:
         width = self.widths[j]
         lengths = [part if (jj == j and part) else width for jj, part in
                    (picks[row] for row in sorted(picks))]
+        mixer, arguments, masks = call
+        cache.recording = False
+        if not masks:
+            return self._replay_rows(layer, j, lengths)
         cache.restore(self.states[j][layer])
         cache.lengths, cache.left_padding = mx.array(lengths), None
-        mixer, arguments = call
-        arguments = dict(arguments)
-        arguments["mask"] = cache.make_mask(width)
-        cache.recording = False
-        mixer(**arguments)
+        mixer(**{**arguments, "mask": cache.make_mask(width)})
         cache.lengths = None
         return cache.snapshot()
+
+    def _replay_rows(self, layer: int, j: int, lengths: list[int]) -> list:
+        """As `_replay`, for a layer that takes no padding mask (Mamba-1): the rows that keep
+        the same number of tokens are replayed together over those tokens alone."""
+        mixer, arguments, _ = self.calls[j][layer]
+        before, after = self.states[j][layer], self.states[j + 1][layer]
+        width, rows = self.widths[j], len(lengths)
+        out = [[a[r: r + 1] if a is not None else None for a in after] for r in range(rows)]
+        for length in sorted(set(lengths) - {width}):
+            index = mx.array([r for r in range(rows) if lengths[r] == length])
+            part = ArraysCache(len(before))
+            part.cache = [a[index] if a is not None else None for a in before]
+            sliced = {k: _rows_tokens(v, index, length, rows, width)
+                      for k, v in arguments.items()}
+            mixer(**{**sliced, "cache": part})
+            for i, r in enumerate(index.tolist()):
+                out[r] = [a[i: i + 1] if a is not None else None for a in part.cache]
+        return [mx.concatenate([row[s] for row in out]) if out[0][s] is not None else None
+                for s in range(len(after))]
+
+
+def _rows_tokens(value, index: mx.array, length: int, rows: int, width: int):
+    """A recorded argument cut to some rows and their first `length` tokens (the (B, T, ...)
+    inputs); anything else as it is."""
+    if isinstance(value, mx.array) and value.ndim >= 2 and value.shape[:2] == (rows, width):
+        return value[index, :length]
+    return value
 
 
 def install_recorders(model: nn.Module, caches: list) -> None:
@@ -139,7 +167,8 @@ def install_recorders(model: nn.Module, caches: list) -> None:
 
 def _find_owners(model: nn.Module, caches: list) -> list[nn.Module]:
     """The innermost module called with each recurrent cache, by a one-token probe forward."""
-    targets = {id(c): i for i, c in enumerate(caches) if isinstance(c, ArraysCache)}
+    leaves = [leaf for c in caches for leaf in (c.caches if isinstance(c, CacheList) else [c])]
+    targets = {id(c): i for i, c in enumerate(leaves) if isinstance(c, ArraysCache)}
     found: dict[int, tuple[int, nn.Module]] = {}
     depth = [0]
     patched = []
@@ -206,7 +235,7 @@ def _record_calls(module: nn.Module) -> None:
         if isinstance(cache, StateCache) and cache.recording:
             arguments = dict(bound.arguments)
             owner = arguments.pop("self")
-            cache.recorded = (owner, arguments)
+            cache.recorded = (owner, arguments, "mask" in signature.parameters)
         return original(self, *args, **kwargs)
 
     base = type(module)
