@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 from support.engine import assert_same_or_near_tie, run_batch, run_to_end, tokens_of
+from support.models import ZOO as ARCHITECTURES
 
 from server.engine.errors import ModelLoadError
 from server.engine.generation import generate_events
@@ -33,24 +34,12 @@ from server.engine.scheduling.sampling import LogitsPipeline
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
 from server.engine.speculation.verification import verify_rejection
-from server.model_files.architectures import build
-from server.model_files.tokenizer_builder import train_tokenizer
 
-ARCHITECTURES = ["llama", "qwen3_5", "qwen3_next", "gemma3_text", "gpt_oss", "lfm2",
-                 "nemotron_h", "granitemoehybrid"]
 CHUNKED_SSM = {"nemotron_h": 1e-2}  # Mamba-2: a block and a step round differently
 NEAR_TIE = 1e-4
 TEXTS = ["def hello(world):\n    return", "import os\nclass Foo:", "x = 1\n" * 6,
          "Once upon a time there was a"]
 MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def zoo(tmp_path_factory) -> dict:
-    """Each architecture's (target, draft) folders, sharing one tokenizer."""
-    root = tmp_path_factory.mktemp("zoo")
-    tokenizer = train_tokenizer(512, max_bytes=400_000)
-    return {arch: build(root / arch, arch, tokenizer=tokenizer) for arch in ARCHITECTURES}
 
 
 @pytest.fixture(scope="module")
