@@ -72,7 +72,7 @@ def row(arch: str, folder: Path) -> dict:
     out["caches"] = _caches(kit.target.model)
     out["load"] = "yes"
     out["batch"] = _check(lambda: _batched(kit, 0))
-    out["speculate"] = _check(lambda: _speculated(kit, draft))
+    out["speculate"] = _check(lambda: _speculated(kit, arch, draft, folder))
     out["prefix cache"] = _check(lambda: _prefix(kit, None))
     out["disk cache"] = _check(lambda: _prefix(kit, folder / "disk"))
     out["structured"] = _check(lambda: _structured(kit))
@@ -112,11 +112,17 @@ def _reason(e: BaseException) -> str:
 
 
 def _expected(kit, prompt: list[int]) -> list[int]:
+    """`mlx_lm`'s greedy tokens, up to the first end-of-sequence token (the server stops
+    there; `generate_step` does not)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    return [int(t) for t, _ in generate_step(mx.array(prompt), kit.target.model,
-                                             max_tokens=MAX_TOKENS)]
+    out = []
+    for token, _ in generate_step(mx.array(prompt), kit.target.model, max_tokens=MAX_TOKENS):
+        out.append(int(token))
+        if int(token) in kit.target.tokenizer.eos_token_ids:
+            break
+    return out
 
 
 def _differs(kit, prompt: list[int], got: list[int]) -> str | None:
@@ -178,10 +184,19 @@ def _batched(kit, k: int) -> str | None:
     return None
 
 
-def _speculated(kit, draft: Path) -> str | None:
-    """The batch's text with the model's own draft (its first layers) proposing."""
-    kit.load_draft(str(draft))
-    return _batched(kit, 3)
+def _speculated(kit, arch: str, draft: Path, folder: Path) -> str | None:
+    """The batch's text with a draft of the model's first layers proposing; where 2 layers
+    do not make a model (its layer pattern is longer), an 8-layer target's first 4."""
+    from server.model_files.architectures import build
+
+    try:
+        kit.load_draft(str(draft))
+        return _batched(kit, 3)
+    except Exception:  # noqa: BLE001 - tried again with the deeper pair below
+        target, draft = build(folder / "deeper", arch, layers=8, draft_layers=4)
+        deeper = _kit(target)
+        deeper.load_draft(str(draft))
+        return _batched(deeper, 3)
 
 
 def _prefix(kit, disk_dir: Path | None) -> str | None:
@@ -285,8 +300,9 @@ def render(rows: list[dict]) -> str:
 
 
 def _cell(value: str) -> str:
-    return "✓" if value == "yes" else ("✓ " + value[3:] if value.startswith("yes") else
-                                       "✗ " + value.removeprefix("no: ").replace("|", "/"))
+    if value.startswith("yes"):
+        return ("✓ " + value[3:].strip()).strip()
+    return ("✗ " + value.removeprefix("no").removeprefix(": ").replace("|", "/")).strip()
 
 
 def parse_rows(text: str) -> dict[str, list[str]]:

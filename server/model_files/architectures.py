@@ -9,6 +9,8 @@ up so that greedy output varies, and a draft is the target's first layers while 
 later layers write to the residual stream scaled down: a draft with a realistic acceptance.
 
     python -m server.model_files.architectures OUT_DIR --arch qwen3_5 [--layers 4 --draft-layers 2]
+    python -m server.model_files.architectures models/generated/hybrid --arch qwen3_5 \
+        --preset small --layers 12   # the benchmarks' hybrid pair
 """
 
 from __future__ import annotations
@@ -71,9 +73,33 @@ SPECIFIC: dict[str, dict] = {
                          "mamba_d_head": 32, "mamba_proj_bias": False, "mamba_d_state": 16,
                          "mamba_d_conv": 4, "mamba_n_groups": 1, "mamba_conv_bias": True,
                          "shared_intermediate_size": 128},
+    "jamba": {"attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+              "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 16,
+              "mamba_expand": 2, "num_experts": 4, "num_experts_per_tok": 2,
+              "tie_word_embeddings": False},
+    "kimi_linear": {"linear_attn_config": {"kda_layers": [1, 3], "num_heads": 4,
+                                           "head_dim": 16, "short_conv_kernel_size": 4},
+                    "model_max_length": 4096, "num_experts": 4, "moe_intermediate_size": 32,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                    "v_head_dim": 16, "num_experts_per_token": 2, "first_k_dense_replace": 1},
+    "llama4_text": {"intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
+                    "use_qk_norm": True, "attention_chunk_size": 8,
+                    "num_local_experts": 4, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 2},
 }
+# The benchmarks' size (`--preset small`), like `synthetic`'s generated pair: ~80M parameters,
+# so that a 2-layer draft is several times cheaper than the target.
+SMALL_PRESET = {"hidden_size": 768, "intermediate_size": 2048, "num_attention_heads": 12,
+                "num_key_value_heads": 4, "head_dim": 64}
+PRESET_SPECIFIC = {"qwen3_5": {"linear_num_value_heads": 8, "linear_num_key_heads": 4,
+                               "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+                               "full_attention_interval": 4},
+                   "gemma3_text": {"sliding_window": 512, "sliding_window_pattern": 6,
+                                   "query_pre_attn_scalar": 64}}
+PRESET_TOKENIZER = (4096, 2_000_000)
+
 # Config fields that list one entry per layer: cut with the layers for a draft.
-PER_LAYER_FIELDS = ("layer_types", "block_types")
+PER_LAYER_FIELDS = ("layer_types", "block_types", "no_rope_layers")
 PER_LAYER_STRINGS = ("hybrid_override_pattern",)
 # The matrices through which a later layer writes to the residual stream (scaled down).
 RESIDUAL_WRITES = ("o_proj", "down_proj", "out_proj", "dense", "c_proj", "wo", "w2")
@@ -103,7 +129,7 @@ def guess(name: str, kind: str):
     """A small value for a required config field no preset names, from its name and type."""
     if "bool" in kind:
         return False
-    if "act" in name:
+    if "str" in kind and "act" in name:
         return "silu"
     if "float" in kind:
         return 1e-5 if "eps" in name else 10000.0 if "theta" in name else 1.0
@@ -136,7 +162,8 @@ def cut_layers(config: dict, layers: int) -> dict:
     return out
 
 
-def random_model(config: dict, *, seed: int, draft_layers: int):
+def random_model(config: dict, *, seed: int, draft_layers: int,
+                 max_parameters: int | None = MAX_PARAMETERS):
     """`config`'s model with random weights: embeddings scaled up, layers from `draft_layers`
     on writing to the residual stream scaled down."""
     mx.random.seed(seed)
@@ -144,7 +171,7 @@ def random_model(config: dict, *, seed: int, draft_layers: int):
     model = model_cls(args_cls.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
     size = sum(v.size for v in weights.values())
-    if size > MAX_PARAMETERS:  # a field the small config missed left a full-size default
+    if max_parameters and size > max_parameters:  # a default left at full size
         raise ValueError(f"the small config builds {size / 1e6:.0f}M parameters")
     for name, value in weights.items():
         if "embed" in name and name.endswith("weight") and value.ndim == 2:
@@ -165,7 +192,7 @@ def random_model(config: dict, *, seed: int, draft_layers: int):
 def _layer_index(name: str) -> int | None:
     parts = name.split(".")
     for i, part in enumerate(parts[:-1]):
-        if part == "layers" and parts[i + 1].isdigit():
+        if part in ("layers", "h", "blocks") and parts[i + 1].isdigit():
             return int(parts[i + 1])
     return None
 
@@ -191,14 +218,20 @@ def save(model: nn.Module, config: dict, tokenizer, path: Path) -> Path:
 
 
 def build(out_dir: Path, model_type: str, *, layers: int = 4, draft_layers: int = 2,
-          seed: int = 0, tokenizer=None, **extra) -> tuple[Path, Path]:
+          seed: int = 0, tokenizer=None, preset: str = "tiny", **extra) -> tuple[Path, Path]:
     """Write `out_dir/target` (`layers` layers) and `out_dir/draft` (its first
-    `draft_layers`); returns both paths."""
-    tokenizer = tokenizer or train_tokenizer(TOKENIZER_VOCAB, max_bytes=TOKENIZER_BYTES)
+    `draft_layers`); returns both paths. `preset` "small": the benchmarks' size."""
+    if preset == "small":
+        extra = {**SMALL_PRESET, **PRESET_SPECIFIC.get(model_type, {}), **extra}
+        vocab, text_bytes = PRESET_TOKENIZER
+    else:
+        vocab, text_bytes = TOKENIZER_VOCAB, TOKENIZER_BYTES
+    tokenizer = tokenizer or train_tokenizer(vocab, max_bytes=text_bytes)
     eos = special_token_ids(tokenizer)["<|im_end|>"]
     config = tiny_config(model_type, layers=layers, vocab_size=tokenizer.get_vocab_size(),
                          eos_id=eos, **extra)
-    target = random_model(config, seed=seed, draft_layers=draft_layers)
+    target = random_model(config, seed=seed, draft_layers=draft_layers,
+                          max_parameters=None if preset == "small" else MAX_PARAMETERS)
     draft_config = cut_layers(config, draft_layers)
     draft = first_layers(target, draft_config, draft_layers)
     out_dir = Path(out_dir)
@@ -213,9 +246,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--draft-layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", choices=["tiny", "small"], default="tiny",
+                        help="small: the benchmarks' ~80M-parameter size (with --layers 12)")
     args = parser.parse_args(argv)
     target, draft = build(args.out_dir, args.arch, layers=args.layers,
-                          draft_layers=args.draft_layers, seed=args.seed)
+                          draft_layers=args.draft_layers, seed=args.seed, preset=args.preset)
     print(f"target: {target}\ndraft: {draft}")
 
 

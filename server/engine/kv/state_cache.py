@@ -7,10 +7,9 @@ all of them, rejected drafts included. Two ways back, chosen by the round's shap
 - forwards of one token each (the draft model's drafting steps) keep the state after each one
   (`StateHistory`: references to arrays that exist anyway); going back is picking one;
 - a forward of several tokens (the target's verify forward) records the inputs of the layer
-  that owns the state (`Mixers`: the module called with the cache), and going back replays
-  that layer alone, from the state before the forward, over the kept tokens: `mlx_lm`'s
-  right-padding masks (`lengths`) stop each row's state at its own count. Only the layer
-  runs again, not the model: its input is what the forward gave it.
+  that owns the state (the module the model calls with the cache), and going back replays
+  that layer alone, from the state before the forward, over each row's kept tokens. Only the
+  layer runs again, not the model: its input is what the forward gave it.
 
 A row fed right-padded (a ragged prefill, the draft's catch-up) gets its `lengths` before the
 forward instead, and `finalize` after it: its state then stops at its last real token.
@@ -31,8 +30,7 @@ class StateCache(ArraysCache):
     def __init__(self, size: int, left_padding: list[int] | None = None):
         super().__init__(size, left_padding)
         self.recording = False
-        # (mixer, bound arguments, whether it takes a padding mask) of the last forward
-        self.recorded: tuple | None = None
+        self.recorded: tuple | None = None  # (mixer, bound arguments) of the last forward
 
     @classmethod
     def merge(cls, caches) -> StateCache:
@@ -108,29 +106,21 @@ class StateHistory:
 
     def _replay(self, layer: int, j: int, picks: dict) -> list:
         """Layer `layer`'s arrays after replaying forward `j + 1` from its start, each row
-        over the tokens `picks` gives it there (the whole forward for rows not ending in it)."""
-        cache, call = self.caches[layer], self.calls[j][layer]
+        over the tokens `picks` gives it there (the whole forward for rows not ending in it):
+        the rows that keep the same number of tokens are replayed together over those tokens
+        alone. Cut to its rows' own tokens, the layer needs no padding mask, so every kind of
+        state layer replays the same way (some ignore `mlx_lm`'s right-padding `lengths` in
+        part: OLMo-hybrid's convolutions)."""
+        call = self.calls[j][layer]
         if call is None:
             raise RuntimeError("a recurrent layer's forward was not recorded: cannot rewind")
+        mixer, arguments = call
+        self.caches[layer].recording = False
         width = self.widths[j]
         lengths = [part if (jj == j and part) else width for jj, part in
                    (picks[row] for row in sorted(picks))]
-        mixer, arguments, masks = call
-        cache.recording = False
-        if not masks:
-            return self._replay_rows(layer, j, lengths)
-        cache.restore(self.states[j][layer])
-        cache.lengths, cache.left_padding = mx.array(lengths), None
-        mixer(**{**arguments, "mask": cache.make_mask(width)})
-        cache.lengths = None
-        return cache.snapshot()
-
-    def _replay_rows(self, layer: int, j: int, lengths: list[int]) -> list:
-        """As `_replay`, for a layer that takes no padding mask (Mamba-1): the rows that keep
-        the same number of tokens are replayed together over those tokens alone."""
-        mixer, arguments, _ = self.calls[j][layer]
         before, after = self.states[j][layer], self.states[j + 1][layer]
-        width, rows = self.widths[j], len(lengths)
+        rows = len(lengths)
         out = [[a[r: r + 1] if a is not None else None for a in after] for r in range(rows)]
         for length in sorted(set(lengths) - {width}):
             index = mx.array([r for r in range(rows) if lengths[r] == length])
@@ -138,6 +128,8 @@ class StateHistory:
             part.cache = [a[index] if a is not None else None for a in before]
             sliced = {k: _rows_tokens(v, index, length, rows, width)
                       for k, v in arguments.items()}
+            if "mask" in sliced:
+                sliced["mask"] = None
             mixer(**{**sliced, "cache": part})
             for i, r in enumerate(index.tolist()):
                 out[r] = [a[i: i + 1] if a is not None else None for a in part.cache]
@@ -235,7 +227,7 @@ def _record_calls(module: nn.Module) -> None:
         if isinstance(cache, StateCache) and cache.recording:
             arguments = dict(bound.arguments)
             owner = arguments.pop("self")
-            cache.recorded = (owner, arguments, "mask" in signature.parameters)
+            cache.recorded = (owner, arguments)
         return original(self, *args, **kwargs)
 
     base = type(module)
