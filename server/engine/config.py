@@ -44,5 +44,6 @@ class EngineConfig:
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 0
     cost_model: bool = False  # measured forward times choose each row's k per round
+    suffix_max_bytes: int = 0  # the suffix drafter's index of served texts (0: off)
     more_targets: tuple[TargetEntry, ...] = ()  # configured targets to switch to by name
     distributed: DistributedConfig | None = None

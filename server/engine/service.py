@@ -47,6 +47,7 @@ from server.engine.scheduling.sequence import Sequence
 from server.engine.scheduling.switching import TargetEntry, TargetSwitcher
 from server.engine.scoring import PromptLogprobs, PromptScorer
 from server.engine.speculation.policy import SpeculationPolicy
+from server.engine.speculation.suffix import SuffixIndex
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class InferenceEngine:
         self.started_at = int(time.time())
         self.observers = ObserverList()
         self.prefix_cache_bytes = config.prefix_cache_bytes
+        self.suffix_max_bytes = config.suffix_max_bytes
         self.disk_cache_dir = config.disk_cache_dir if config.disk_cache_bytes > 0 else None
         self.disk_cache_bytes = config.disk_cache_bytes
         self.kit: ModelKit | None = None
@@ -198,6 +200,12 @@ class InferenceEngine:
         if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
             self.scheduler.prefix_cache = self._prefix_cache()
             self._register_on_disk(self.kit.target, self.kit.draft)
+        self._keep_suffix_index()
+
+    def _keep_suffix_index(self) -> None:
+        """Suffix drafting's index of served texts, on the scheduler, when one is configured."""
+        if self.suffix_max_bytes > 0:
+            self.scheduler.suffix_index = SuffixIndex(self.suffix_max_bytes)
 
     def _check_more_targets(self) -> None:
         """Fail the start on a configured target that could never serve: no tokenizer there,
@@ -329,7 +337,8 @@ class InferenceEngine:
         """`defaults`: the server's; `draft`: the drafter the request names, if any."""
         return self.policy.for_request(use_draft=use_draft, num_draft_tokens=num_draft_tokens,
                                        draft=draft, defaults=defaults,
-                                       draft_loaded=self.draft is not None)
+                                       draft_loaded=self.draft is not None,
+                                       suffix=self.suffix_max_bytes > 0)
 
     def submit(self, params: GenerationParams) -> RequestHandle:
         """Queue a generation; iterate the handle for events. Raises QueueFull/ShuttingDown."""

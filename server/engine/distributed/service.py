@@ -299,6 +299,7 @@ class DistributedEngine(InferenceEngine):
             from server.engine.kv.prefix_cache import PrefixCache
 
             self.scheduler.prefix_cache = PrefixCache(self.prefix_cache_bytes)
+        self._keep_suffix_index()
         threading.Thread(target=self._heartbeat, name="dist-heartbeat", daemon=True).start()
 
     def _heartbeat(self) -> None:

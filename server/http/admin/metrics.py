@@ -48,7 +48,7 @@ class ServerMetrics(SchedulerObserver):
         self.accepted_per_pos = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by position in the draft.",
                                         ["position"], registry=r)
-        # Ours: which drafter pays (model, prompt_lookup, prediction, forced).
+        # Ours: which drafter pays (model, prompt_lookup, suffix, prediction, forced).
         self.drafter_tokens = Counter(f"{PREFIX}_drafter_draft_tokens",
                                       "Draft tokens proposed, by drafter.", ["drafter"],
                                       registry=r)
