@@ -139,7 +139,12 @@ class Sequence:
         the context's last `hybrid_min_match` tokens occurred before), suffix drafting (when
         the server keeps an index) and the draft model. `rates` (`cost_model.DrafterRates`):
         the engine-wide acceptance each drafter starts a row from; `draft_cost`: a draft
-        forward's time over the target's (0: unknown)."""
+        forward's time over the target's (0: unknown). `candidate` is the chosen drafter's
+        offer (its expected accepted tokens per k), whatever the drafter.
+
+        A seeded sampled row's drafts decide how its randomness is drawn, so they come from
+        its own text and rounds only (no other request's answers, acceptance or timing): its
+        text does not depend on what else the server did (`policy.speculates_at_own_k`)."""
         drafter = self.drafter
         if drafter is None:
             return
@@ -156,13 +161,20 @@ class Sequence:
         self.predicting = self._plan_prediction(matched)
         if self.predicting:
             return
-        if len(self.sources) == 1 and drafter != SUFFIX:
-            self.round_drafter = drafter
-            return
-        best = best_candidate(self._candidates(rates), draft_cost)
+        if self._reproducible:
+            rates, draft_cost = None, 0.0
+        offers = self._candidates(rates)
+        best = best_candidate(offers, draft_cost) if len(offers) > 1 else \
+            next(iter(offers), None)
         self.candidate = best
         self.round_drafter = best.source if best is not None else self.sources[0]
-        self.looked_up = list(best.tokens) if best is not None else []
+        if self.round_drafter != MODEL:
+            self.looked_up = list(best.tokens) if best is not None else []
+
+    @property
+    def _reproducible(self) -> bool:
+        sampling = self.params.sampling
+        return sampling.seed is not None and not sampling.greedy
 
     def _candidates(self, rates) -> list[DraftCandidate]:
         """What each of the row's drafters offers this round (`plan_round`)."""
@@ -173,7 +185,8 @@ class Sequence:
                 continue  # the server keeps no index: a request cannot ask for it
             if source == SUFFIX:
                 proposal = self.suffix_index.propose(self.params.tenant, self._buffer,
-                                                     self._schedules[SUFFIX].max_k)
+                                                     self._schedules[SUFFIX].max_k,
+                                                     stored=not self._reproducible)
                 offers.append(counted_candidate(proposal.tokens, proposal.confidence, k,
                                                 self.calibration.factor()))
                 continue

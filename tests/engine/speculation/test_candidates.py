@@ -122,7 +122,7 @@ def test_a_suffix_row_drafts_its_proposal_or_nothing():
     assert seq.round_drafter == "suffix" and seq.looked_up == [9, 9]
     assert index.asked[0][0] == "t"
     seq, _ = planned(SuffixProposal(), [1, 2, 3, 4], source="suffix")
-    assert seq.round_drafter == "suffix" and seq.looked_up == [] and seq.candidate is None
+    assert seq.round_drafter == "suffix" and seq.looked_up == [] and seq.candidate.tokens == ()
 
 
 def test_a_hybrid_row_that_loses_its_draft_model_goes_on_with_the_host_drafters():

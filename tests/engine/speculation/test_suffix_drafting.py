@@ -4,6 +4,8 @@ and a new target keep texts out of the index."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
@@ -128,3 +130,22 @@ def test_a_cancelled_answer_drafts_its_retry(kit, reference):
     assert len(index) == 1
     tokens, stats = run_to_end(scheduler, request(kit))
     assert tokens == reference and stats.draft_tokens_accepted >= 25
+
+
+@pytest.mark.parametrize("source", ["suffix", "hybrid"])
+def test_a_seeded_sampled_request_drafts_from_its_own_text_only(kit, source):
+    """Its drafts decide how its randomness is drawn, so other requests' answers (and the
+    engine's acceptance figures) never draft for it: the same seed gives the same text whatever
+    the index holds."""
+    from server.engine.params import SamplingParams
+
+    sampled = replace(request(kit, source=source),
+                      sampling=SamplingParams(temperature=1.0, seed=3))
+    texts = []
+    for served in (False, True):
+        index = SuffixIndex(10**7)
+        if served:
+            for seed in range(4):  # answers to the same prompt: what a repeat would draft
+                generate(kit, replace(sampled, sampling=SamplingParams(1.0, seed=seed)), index)
+        texts.append(generate(kit, sampled, index)[0])
+    assert texts[0] == texts[1]
