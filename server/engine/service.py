@@ -322,6 +322,14 @@ class InferenceEngine:
                     "disk_entries": 0, "disk_bytes": 0, "disk_max_bytes": 0}
         return cache.info()
 
+    def suffix_info(self) -> dict:
+        """Suffix drafting's index of served answers: texts, tokens, bytes and its bound."""
+        index = self.scheduler.suffix_index if self.scheduler is not None else None
+        if index is None:
+            return {"texts": 0, "tokens": 0, "bytes": 0, "max_bytes": 0}
+        return {"texts": len(index), "tokens": index.tokens, "bytes": index.nbytes,
+                "max_bytes": index.max_bytes}
+
     def card(self, model: LoadedModel, role: str) -> ModelCard:
         return ModelCard(
             id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
@@ -473,11 +481,13 @@ class InferenceEngine:
     async def check_draft(self, path: str) -> str | None:
         return await self._call(lambda: self.kit.check_draft(path))
 
-    async def clear_cache(self) -> tuple[int, int]:
-        """Empty the prefix cache: (entries dropped from memory, files deleted from disk)."""
+    async def clear_cache(self) -> tuple[int, int, int]:
+        """Empty the prefix cache and suffix drafting's index of served answers: (entries
+        dropped from memory, files deleted from disk, answers forgotten)."""
         def clear():
-            cache = self.scheduler.prefix_cache
-            return (cache.clear(), cache.clear_disk()) if cache is not None else (0, 0)
+            cache, index = self.scheduler.prefix_cache, self.scheduler.suffix_index
+            entries = (cache.clear(), cache.clear_disk()) if cache is not None else (0, 0)
+            return (*entries, index.clear() if index is not None else 0)
 
         return await self._call(clear)
 

@@ -89,7 +89,8 @@ class SuffixIndex:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.nbytes = 0
+        self.nbytes = 0  # what the stored texts cost (BYTES_PER_TOKEN...), at most max_bytes
+        self.tokens = 0  # tokens stored (kept as a count: other threads read it)
         self._documents: dict[int, _Document] = {}  # oldest first
         self._anchors: dict[str, dict[int, int | list[int]]] = {}  # tenant: anchor: refs
         self._serial = 0
@@ -97,14 +98,13 @@ class SuffixIndex:
     def __len__(self) -> int:
         return len(self._documents)
 
-    @property
-    def tokens(self) -> int:
-        return sum(len(d.tokens) for d in self._documents.values())
-
-    def clear(self) -> None:
+    def clear(self) -> int:
+        """Forget every stored text; how many there were."""
+        count = len(self._documents)
         self._documents.clear()
         self._anchors.clear()
-        self.nbytes = 0
+        self.nbytes = self.tokens = 0
+        return count
 
     def add(self, tenant: str, tokens: Sequence[int]) -> None:
         """Store a served text (the tail of a prompt and its answer) for `tenant`'s requests;
@@ -118,6 +118,7 @@ class SuffixIndex:
             self._remove(next(iter(self._documents.values())))
         self._documents[doc.serial] = doc
         self.nbytes += doc.nbytes
+        self.tokens += len(doc.tokens)
         anchors = self._anchors.setdefault(tenant, {})
         for key, pos in _anchor_items(doc.tokens):
             _insert(anchors, key, _ref(doc.serial, pos))
@@ -125,6 +126,7 @@ class SuffixIndex:
     def _remove(self, doc: _Document) -> None:
         del self._documents[doc.serial]
         self.nbytes -= doc.nbytes
+        self.tokens -= len(doc.tokens)
         anchors = self._anchors[doc.tenant]
         for key, pos in _anchor_items(doc.tokens):
             _delete(anchors, key, _ref(doc.serial, pos))

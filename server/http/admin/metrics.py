@@ -19,7 +19,7 @@ class ServerMetrics(SchedulerObserver):
     """One registry per app, so several apps (tests) can live in one process."""
 
     def __init__(self, queue_depth, batch_size=lambda: 0, switcher=None,
-                 batch_pending=lambda: 0):
+                 batch_pending=lambda: 0, suffix_info=lambda: {"bytes": 0, "tokens": 0}):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_completions", "Finished completions.",
@@ -68,6 +68,12 @@ class ServerMetrics(SchedulerObserver):
         pending = Gauge(f"{PREFIX}_batch_requests_pending", "Requests of running batches (the"
                         " Batch APIs) not answered yet.", registry=r)
         pending.set_function(batch_pending)
+        suffix_bytes = Gauge(f"{PREFIX}_suffix_index_bytes", "Bytes suffix drafting's index of"
+                             " served answers holds (engine.suffix_max_mb bounds it).", registry=r)
+        suffix_bytes.set_function(lambda: suffix_info()["bytes"])
+        suffix_tokens = Gauge(f"{PREFIX}_suffix_index_tokens", "Tokens of served answers"
+                              " suffix drafting keeps.", registry=r)
+        suffix_tokens.set_function(lambda: suffix_info()["tokens"])
         if switcher is not None:  # models.more_targets
             switches = Gauge(f"{PREFIX}_target_switches", "Switches between the configured"
                              " targets since the start.", registry=r)

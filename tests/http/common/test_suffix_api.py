@@ -79,3 +79,21 @@ async def test_suffix_drafting_off_refuses_it_and_hybrid_combines_the_rest(tiny_
     async with served(*tiny_pair) as (client, _):
         hybrid = (await client.post(CHAT, json=plain)).json()
     assert hybrid["stats"]["draft_model"] == f"prompt_lookup+suffix+{name}"
+
+
+async def test_the_index_is_measured_and_emptied_by_delete_cache(tiny_pair):
+    async with served(*tiny_pair) as (client, engine):
+        await client.post(CHAT, json=body())
+        info = engine.suffix_info()
+        assert info["texts"] == 1 and info["tokens"] > TOKENS
+        assert 0 < info["bytes"] <= info["max_bytes"] == 64_000_000
+        metrics = (await client.get("/metrics")).text
+        assert f"mlx_spec_suffix_index_bytes {float(info['bytes'])}" in metrics
+        assert f"mlx_spec_suffix_index_tokens {float(info['tokens'])}" in metrics
+        r = await client.delete("/v1/cache")
+        assert r.status_code == 200 and r.json()["suffix_answers"] == 1
+        assert engine.suffix_info()["bytes"] == 0
+        again = (await client.post(CHAT, json=body())).json()  # a first time again
+        first_accepted = again["stats"]["draft_tokens_accepted"]
+        repeat = (await client.post(CHAT, json=body())).json()
+    assert repeat["stats"]["draft_tokens_accepted"] > first_accepted
