@@ -29,7 +29,6 @@ from server.engine.speculation.candidates import (
     PROMPT_LOOKUP,
     SUFFIX,
     DraftCandidate,
-    SuffixCalibration,
     best_candidate,
     counted_candidate,
     rate_candidate,
@@ -38,7 +37,7 @@ from server.engine.speculation.cost_model import PRIOR_ACCEPTANCE
 from server.engine.speculation.drafting import DraftSchedule, lookup_match
 from server.engine.speculation.prediction import PredictionDraft
 from server.engine.speculation.prompt_lookup import DEFAULT_MIN_NGRAM
-from server.engine.speculation.suffix import SuffixIndex
+from server.engine.speculation.suffix import SuffixCalibration, SuffixIndex
 
 Sink = Callable[[object], None]
 ROUND_DRAFTERS = (MODEL, PROMPT_LOOKUP, SUFFIX)
@@ -95,7 +94,7 @@ class Sequence:
         self.suffix_index = suffix
         self.sources = drafter_sources(spec.source, suffix is not None)
         self.candidate: DraftCandidate | None = None  # what this round's drafter offered
-        self.calibration = SuffixCalibration()
+        self.calibration = SuffixCalibration(suffix.calibration if suffix is not None else None)
         self.prediction = PredictionDraft(params.prediction) if params.prediction else None
         self.predicting = False  # this round drafts from the prediction
         self.forcing = False  # this round drafts the tokens its constraint forces
@@ -188,7 +187,7 @@ class Sequence:
                                                      self._schedules[SUFFIX].max_k,
                                                      stored=not self._reproducible)
                 offers.append(counted_candidate(proposal.tokens, proposal.confidence, k,
-                                                self.calibration.factor()))
+                                                self.calibration.factor(not self._reproducible)))
                 continue
             accepted, trials = self.tried[source]
             prior = rates.prior(source) if rates is not None else PRIOR_ACCEPTANCE

@@ -23,9 +23,6 @@ MODEL = "model"
 PROMPT_LOOKUP = "prompt_lookup"
 SUFFIX = "suffix"
 HOST_DRAFTERS = (SUFFIX, PROMPT_LOOKUP)  # draft on the host, no draft forward; tie order
-# A suffix candidate's confidence, from counts, is scaled by how its row's suffix rounds did
-# against it: (accepted + weight) / (expected + weight), this many pseudo-tokens of agreement.
-CALIBRATION_WEIGHT = 4.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,7 @@ def rate_candidate(source: str, tokens: Iterable[int], k: int, accepted: int, tr
 def counted_candidate(tokens: list[int], confidence: list[float], k: int,
                       calibration: float = 1.0) -> DraftCandidate:
     """Suffix drafting's candidate: its first k tokens with their confidence from counts,
-    scaled by `calibration` (`SuffixCalibration.factor`)."""
+    scaled by `calibration` (`suffix.SuffixCalibration.factor`)."""
     return DraftCandidate(SUFFIX, tuple(tokens[:k]),
                           tuple(min(c * calibration, 1.0) for c in confidence[:k]))
 
@@ -78,17 +75,3 @@ def best_candidate(candidates: list[DraftCandidate],
 
     return max(sorted(offers, key=lambda c: order[c.source]), key=score)
 
-
-class SuffixCalibration:
-    """How a row's suffix rounds did against their expected accepted tokens (from counts)."""
-
-    def __init__(self):
-        self.accepted = 0.0
-        self.expected = 0.0
-
-    def record(self, expected: float, accepted: int) -> None:
-        self.expected += expected
-        self.accepted += accepted
-
-    def factor(self) -> float:
-        return (self.accepted + CALIBRATION_WEIGHT) / (self.expected + CALIBRATION_WEIGHT)

@@ -48,6 +48,12 @@ SMOOTHING = 1.0
 BYTES_PER_TOKEN = 360
 BYTES_PER_DOCUMENT = 400
 
+# A proposal's confidence, from counts, is scaled by how suffix rounds did against it: a row's
+# (accepted + weight x prior) / (expected + weight), the prior being the index's own factor
+# over every row's rounds (decayed: about the last hundred count), itself shrunk towards 1.
+CALIBRATION_WEIGHT = 4.0
+CALIBRATION_DECAY = 0.99
+
 _WORD = array("I").itemsize
 _BITS = 21  # short anchor keys pack their tokens' ids, each below 2**21 (every vocabulary is)
 _HASH_BASE = 0x100000001B3  # long anchor keys: a polynomial hash mod 2**64 (FNV's prime)
@@ -73,6 +79,27 @@ class SuffixProposal:
 NO_PROPOSAL = SuffixProposal()
 
 
+class SuffixCalibration:
+    """How suffix rounds did against their expected accepted tokens (from counts): a row's
+    (`parent`: the index's, which every row's rounds also feed), or the index's (`decay`)."""
+
+    def __init__(self, parent: SuffixCalibration | None = None, decay: float = 1.0):
+        self.parent, self.decay = parent, decay
+        self.accepted = self.expected = 0.0
+
+    def record(self, expected: float, accepted: int) -> None:
+        self.expected = self.expected * self.decay + expected
+        self.accepted = self.accepted * self.decay + accepted
+        if self.parent is not None:
+            self.parent.record(expected, accepted)
+
+    def factor(self, shared: bool = True) -> float:
+        """accepted / expected, shrunk towards the parent's factor (`shared`; else 1)."""
+        prior = self.parent.factor() if shared and self.parent is not None else 1.0
+        return (self.accepted + CALIBRATION_WEIGHT * prior) / (self.expected
+                                                               + CALIBRATION_WEIGHT)
+
+
 @dataclass
 class _Document:
     tenant: str
@@ -94,6 +121,7 @@ class SuffixIndex:
         self._documents: dict[int, _Document] = {}  # oldest first
         self._anchors: dict[str, dict[int, int | list[int]]] = {}  # tenant: anchor: refs
         self._serial = 0
+        self.calibration = SuffixCalibration(decay=CALIBRATION_DECAY)  # rows' prior
 
     def __len__(self) -> int:
         return len(self._documents)
@@ -104,6 +132,7 @@ class SuffixIndex:
         self._documents.clear()
         self._anchors.clear()
         self.nbytes = self.tokens = 0
+        self.calibration = SuffixCalibration(decay=CALIBRATION_DECAY)
         return count
 
     def add(self, tenant: str, tokens: Sequence[int]) -> None:

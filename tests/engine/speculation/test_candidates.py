@@ -9,15 +9,17 @@ import pytest
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling.sequence import Sequence
 from server.engine.speculation.candidates import (
-    CALIBRATION_WEIGHT,
     DraftCandidate,
-    SuffixCalibration,
     best_candidate,
     counted_candidate,
     rate_candidate,
 )
 from server.engine.speculation.cost_model import hopeful_rate
-from server.engine.speculation.suffix import SuffixProposal
+from server.engine.speculation.suffix import (
+    CALIBRATION_WEIGHT,
+    SuffixCalibration,
+    SuffixProposal,
+)
 
 
 def test_a_rate_gives_each_position_its_power():
@@ -35,11 +37,19 @@ def test_counts_are_scaled_by_the_rows_calibration():
     candidate = counted_candidate([1, 2, 3], [0.9, 0.6, 0.3], 2, calibration=0.5)
     assert candidate.tokens == (1, 2) and candidate.confidence == pytest.approx((0.45, 0.3))
     assert counted_candidate([1], [0.9], 4, calibration=2.0).confidence == (1.0,)
-    calibration = SuffixCalibration()
-    assert calibration.factor() == 1.0
-    calibration.record(expected=6.0, accepted=2)
-    weight = CALIBRATION_WEIGHT
-    assert calibration.factor() == pytest.approx((2 + weight) / (6 + weight))
+    shared = SuffixCalibration(decay=0.5)
+    row = SuffixCalibration(shared)
+    assert row.factor() == shared.factor() == 1.0
+    row.record(expected=6.0, accepted=2)
+    w = CALIBRATION_WEIGHT
+    assert shared.factor() == pytest.approx((2 + w) / (6 + w))
+    assert row.factor() == pytest.approx((2 + w * shared.factor()) / (6 + w))
+    assert row.factor(shared=False) == pytest.approx((2 + w) / (6 + w))
+    # another row's rounds move the shared factor (decayed: the older count half) ...
+    SuffixCalibration(shared).record(expected=4.0, accepted=4)
+    assert shared.factor() == pytest.approx((2 * 0.5 + 4 + w) / (6 * 0.5 + 4 + w))
+    # ... and so this row's prior, not its own counts
+    assert row.factor() == pytest.approx((2 + w * shared.factor()) / (6 + w))
 
 
 def offer(source, expected_each, n, forwards=0):
@@ -78,6 +88,7 @@ class StubIndex:
     def __init__(self, proposal: SuffixProposal):
         self.proposal = proposal
         self.asked = []
+        self.calibration = SuffixCalibration()
 
     def propose(self, tenant, context, num_tokens, *, stored=True):
         self.asked.append((tenant, list(context), num_tokens))
