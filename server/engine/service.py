@@ -185,6 +185,7 @@ class InferenceEngine:
         threading.Event().wait()
 
     def _load_initial(self) -> None:
+        start = time.perf_counter()
         log.info("loading target model %s", self._target_path)
         target = load_model(self._target_path, dtype=self.dtype, name=self.model_name,
                             fuse=self.fuse_projections, dequantize=self.dequantize,
@@ -205,6 +206,7 @@ class InferenceEngine:
         if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
             self.scheduler.prefix_cache = self._prefix_cache()
             self._register_on_disk(self.kit.target, self.kit.draft)
+        log.info("models loaded in %.1f s", time.perf_counter() - start)
 
     def _check_more_targets(self) -> None:
         """Fail the start on a configured target that could never serve: no tokenizer there,

@@ -27,7 +27,11 @@ from server.engine.fim import FimFormat
 from server.engine.models.adapters import adapter_identity, apply_adapters
 from server.engine.models.draft_vocab import wrap_if_sub_vocab
 from server.engine.models.fused import fuse_projections
-from server.engine.models.quantization import quantization_of, should_dequantize
+from server.engine.models.quantization import (
+    logical_parameters,
+    quantization_of,
+    should_dequantize,
+)
 from server.engine.prompts import chat_template_text, check_chat_template
 
 log = logging.getLogger(__name__)
@@ -76,7 +80,8 @@ class LoadedModel:
         return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 
     def parameter_count(self) -> int:
-        return sum(v.size for _, v in tree_flatten(self.model.parameters()))
+        """Its parameters, a quantized weight counted by the values it stands for."""
+        return logical_parameters(self.model)
 
     def float_dtype(self) -> str:
         """The dtype of its floating-point weights ("float32", "bfloat16", ...)."""

@@ -115,7 +115,11 @@ class ModelTimes:
             return bool(next(self._work))
         except StopIteration:
             self.pending = False
-            return False
+        except Exception:  # noqa: BLE001 - a failed measurement must not fail requests
+            log.exception("cost model: %s: measuring forward times failed; keeping the %s"
+                          " times", self.role, self.origin.value)
+            self.pending = False
+        return False
 
     def _measure(self) -> Iterator[bool]:
         if self.origin is Origin.STORED:

@@ -152,3 +152,17 @@ def test_a_new_draft_keeps_the_targets_times(tiny_pair, tmp_path):
     assert after.target is source.target and after.target.origin is Origin.MEASURED
     assert after.draft is not source.draft and after.draft.loaded is kit.draft
     assert after.draft.origin is Origin.STORED  # its folder's table, measured just before
+
+
+def test_a_failed_measurement_keeps_the_prior_and_fails_nothing(target_only, tmp_path,
+                                                                monkeypatch, caplog):
+    class Failing(forward_source.ForwardTimer):
+        def forwards(self):
+            raise RuntimeError("out of memory")
+            yield
+
+    monkeypatch.setattr(forward_source, "ForwardTimer", Failing)
+    source = CostSource(target_only, tmp_path)
+    assert source.step() is False and not source.pending
+    assert source.target.origin is Origin.FORMULA
+    assert "measuring forward times failed; keeping the formula times" in caplog.text
