@@ -112,3 +112,12 @@ async def test_float_models_show_no_quantization(tiny_pair):
         health = (await client.get("/health")).json()
     assert all("quantization" not in m and "dequantized" not in m for m in models)
     assert "quantization" not in health and "cost_model" not in health
+
+
+def test_auto_keeps_quantized_weights_on_a_gpu(quantized_pairs, monkeypatch):
+    """On Metal or CUDA the quantized kernels read fewer bytes, what a GPU forward waits for:
+    auto keeps them (the device is simulated: this machine computes on its CPU)."""
+    model = load(str(quantized_pairs[8][0]))[0]
+    monkeypatch.setattr(quantization.mx, "default_device", lambda: mx.gpu)
+    assert quantization.should_dequantize("auto", model, None, "target") is False
+    assert quantization.should_dequantize(True, model, None, "target") is True
