@@ -9,7 +9,7 @@ The constants are rough on purpose: the prior only has to order the choices sens
 real rounds correct it (`cost_model.RoundCalibration`) and the measured table replaces it
 (`forward_source`). The CPU's were fitted on a 2-core x86 (AMD EPYC, OpenBLAS, float32):
 SmolLM2-135M took 58 ms at (1 row, 1 token) and 269 ms at (16, 5), its 18.9M draft 8.7 and
-46.5 ms; the formula says 57 / 327 ms and 8.5 / 49 ms. Quantized weights on a CPU are unpacked
+46.5 ms; the formula says 59 / 325 ms and 10 / 47 ms. Quantized weights on a CPU are unpacked
 for every token fed: a 4-bit 91M target took 88 ms per token at any batch size on that machine.
 The GPUs' are public figures of an M1-class Mac (Metal) and a data-centre card (CUDA).
 """
