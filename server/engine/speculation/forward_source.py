@@ -144,8 +144,8 @@ class ModelTimes:
         self.timer = timer
         expected = sum(timer.expected_s(i) for i in range(len(timer.rows)))
         log.info("cost model: %s: measuring forward times of %s rows x %s tokens in idle"
-                 " moments (the whole grid: about %.0f s of machine time by the %s times; at"
-                 " most %s)", self.role,
+                 " moments (the whole grid: about %.0f s of machine time by the %s times; %s)",
+                 self.role,
                  _span(PROFILE_ROWS), _span(PROFILE_TOKENS), expected, self.origin.value,
                  _budget_text(self.budget))
         done = 0
@@ -177,7 +177,7 @@ def _span(values) -> str:
 def _budget_text(budget: Budget) -> str:
     if budget.seconds is None:
         return "no bound"
-    return f"{budget.seconds - budget.spent:.0f} s (engine.cost_model_budget_s)"
+    return f"at most {budget.seconds - budget.spent:.0f} s more: engine.cost_model_budget_s"
 
 
 def kit_variant(kit: ModelKit, loaded: LoadedModel) -> str:

@@ -166,3 +166,24 @@ def test_a_failed_measurement_keeps_the_prior_and_fails_nothing(target_only, tmp
     assert source.step() is False and not source.pending
     assert source.target.origin is Origin.FORMULA
     assert "measuring forward times failed; keeping the formula times" in caplog.text
+
+
+def test_the_command_line_measures_stores_and_prints_the_tables(tiny_pair, capsys,
+                                                                monkeypatch):
+    """`python -m server.engine.speculation.cost_model`: measured (the whole grid) and stored
+    the first time, read back the next, measured again with --remeasure. (The tiny models'
+    forwards take a millisecond or two: a spot check would find a stored table measured while
+    busy by timing noise alone. That check is `test_a_stored_table_measured_while_busy...`.)"""
+    from server.engine.speculation import cost_model
+
+    monkeypatch.setattr(forward_source, "measured_busy", lambda check, table: False)
+    argv = ["--model", str(tiny_pair[0]), "--draft-model", str(tiny_pair[1]), "--dtype",
+            "float32"]  # a variant of its own: no other test stored its table
+    outputs = []
+    for extra in ([], [], ["--remeasure"]):
+        cost_model.main(argv + extra)
+        outputs.append(capsys.readouterr().out)
+    assert "target (measured): ms per forward" in outputs[0] and "draft (measured)" in outputs[0]
+    assert all(f"\n  {r:>4} " in outputs[0] for r in PROFILE_ROWS)
+    assert "target (stored)" in outputs[1] and "draft (stored)" in outputs[1]
+    assert "target (measured)" in outputs[2]
