@@ -68,7 +68,7 @@ class ModelCard:
     num_draft_tokens: int | None = None
     max_model_len: int | None = None  # its context length
     quantization: dict | None = None  # its folder's ({"bits", "group_size", "mode"})
-    dequantized: bool = False  # its quantized weights were dequantized at load
+    dequantized: bool | None = None  # a quantized model: dequantized at load (None: float)
 
 
 class RequestHandle:
@@ -337,7 +337,7 @@ class InferenceEngine:
             memory_gb=model.nbytes() / 1e9, created=model.loaded_at,
             num_draft_tokens=self.num_draft_tokens if role == "draft" else None,
             max_model_len=model.context_length, quantization=model.quantization,
-            dequantized=model.dequantized,
+            dequantized=model.dequantized if model.quantization else None,
         )
 
     # -- requests -----------------------------------------------------------------------------

@@ -121,3 +121,15 @@ def test_auto_keeps_quantized_weights_on_a_gpu(quantized_pairs, monkeypatch):
     monkeypatch.setattr(quantization.mx, "default_device", lambda: mx.gpu)
     assert quantization.should_dequantize("auto", model, None, "target") is False
     assert quantization.should_dequantize(True, model, None, "target") is True
+
+
+async def test_a_quantized_draft_loaded_by_the_admin_endpoint_says_what_was_done(
+        tiny_pair, quantized_pairs):
+    draft = quantized_pairs[8][1]
+    async with served(tiny_pair[0], None, model_roots=[draft.parent]) as (client, _):
+        card = (await client.post("/v1/models/draft", json={"model": str(draft)})).json()
+        health = (await client.get("/health")).json()
+    assert card["quantization"] == {"bits": 8, "group_size": 64, "mode": "affine"}
+    assert card["dequantized"] is True  # and its parameters are the values it stands for:
+    assert card["parameters"] == load_model(str(tiny_pair[1])).parameter_count()
+    assert list(health["quantization"]) == ["draft"]
