@@ -130,6 +130,8 @@ class ForwardTimer:
         self.level_s: list[float] = []  # what each level took
         self.spent_s = 0.0  # machine time of all its forwards
         self.stopped_by_budget = False
+        self.row_cache: list | None = None  # one row's context, copied for every level
+        self.level_cache: list | None = None  # the level's rows
 
     @property
     def complete(self) -> bool:
@@ -159,44 +161,50 @@ class ForwardTimer:
         if not self.budget.allows(context_s + first):
             self.stopped_by_budget = True
             return
-        row_cache = self._context_cache()
+        self.row_cache = self._context_cache()
         yield
         for level, r in enumerate(self.rows):
             if level >= 2 and not self.budget.allows(self.expected_s(level)):
                 self.stopped_by_budget = True
                 return
             start = self.spent_s
-            yield from self._level(r, row_cache)
+            yield from self._level(r, self.row_cache)
             self.levels.append(r)
             self.level_s.append(self.spent_s - start)
 
     def _context_cache(self) -> list:
-        """One row's cache holding `context` tokens, filled by one forward of the model (so
-        that every rank of a sharded target fills its own)."""
-        from server.engine.kv.batch import new_cache
+        """One row's cache (each layer of its own kind) holding `context` tokens, filled by one
+        forward of the model (so that every rank of a sharded target fills its own)."""
+        from server.engine.kv.batch import new_cache, prefill
 
         cache = new_cache(self.model)
-        tokens = mx.array([[1 + n % 7 for n in range(self.context)]], mx.uint32)
-        self._timed(lambda: (self.model(tokens, cache=cache), [c.state for c in cache]))
+        self._timed(lambda: prefill(self.model, cache,
+                                    [1 + n % 7 for n in range(self.context)]))
         return cache
 
     def _level(self, r: int, row_cache: list) -> Iterator[None]:
-        from server.engine.kv.ragged_cache import RaggedKVCache
+        """The level's forwards on `r` copies of the row: after each, the KV caches are
+        trimmed back and the recurrent states (which cannot be trimmed) put back."""
+        from server.engine.kv.layers import batch_layer, kv_leaves, state_leaves
 
-        cache = [RaggedKVCache.merge([c] * r) for c in row_cache]
+        cache = self.level_cache = [batch_layer([c] * r) for c in row_cache]
         for rep in range(self.reps + 1):  # the first pass is one warm-up forward
             for t in self.tokens if rep else self.tokens[-1:]:
-                elapsed = self._timed(lambda t=t: self.model(mx.ones((r, t), mx.uint32),
-                                                             cache=cache))
-                for c in cache:
+                states = [(c, c.snapshot()) for c in state_leaves(cache)]
+                elapsed = self._timed(lambda t=t: mx.eval(
+                    self.model(mx.ones((r, t), mx.uint32), cache=cache)))
+                for c in kv_leaves(cache):
                     c.trim(t)
+                for c, state in states:
+                    c.restore(state)
                 if rep:
                     self.best[r, t] = min(self.best.get((r, t), float("inf")), elapsed)
                 yield
 
-    def _timed(self, forward) -> float:
+    def _timed(self, forward: Callable[[], object]) -> float:
+        """Run `forward` (which evaluates what it computes); its seconds, spent."""
         start = self.clock()
-        mx.eval(forward())
+        forward()
         elapsed = self.clock() - start
         self.budget.spent += elapsed
         self.spent_s += elapsed

@@ -3,7 +3,9 @@ model whose every forward takes a known time on a clock of the test's own."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
+from support.models import ZOO
 
 from server.engine.models.model_kit import load_model
 from server.engine.speculation.forward_times import (
@@ -113,3 +115,34 @@ def test_time_forwards_measures_the_whole_grid(tiny_model):
     assert table.rows == (1, 2) and table.tokens == (1, 3)
     assert all(0 < s < 1 for row in table.seconds for s in row)
     assert table.seconds == tuple(map(tuple, monotone(table.seconds)))
+
+
+def cache_state(cache: list) -> tuple:
+    """What the next forward reads from a batch cache: the KV layers' lengths and offsets,
+    the recurrent layers' states."""
+    from server.engine.kv.layers import kv_leaves, state_leaves
+
+    return ([(c._idx, c.offset.tolist()) for c in kv_leaves(cache)],
+            [[a.tolist() for a in c.cache if a is not None] for c in state_leaves(cache)])
+
+
+@pytest.mark.parametrize("arch", ZOO)
+def test_every_cache_kind_is_timed_and_left_as_it_was(zoo, arch):
+    """Sliding windows, recurrent states, layers with both: after each forward the KV caches
+    are trimmed back and the states put back, so the level's last forward leaves its cache as
+    two copies of the row's context were; the row's own cache is never touched."""
+    from server.engine.kv.layers import arrays_of, batch_layer
+
+    model = load_model(str(zoo[arch][0])).model
+    timer = ForwardTimer(model, (1, 2), (1, 3), context=8, reps=2)
+    forwards = timer.forwards()
+    next(forwards)  # the context forward
+    row = [mx.array(a) for a in arrays_of(timer.row_cache)]
+    fresh = cache_state([batch_layer([c] * 2) for c in timer.row_cache])
+    for _ in forwards:
+        pass
+    assert timer.levels == [1, 2] and all(s > 0 for s in flat(timer.table()))
+    assert cache_state(timer.level_cache) == fresh
+    after = arrays_of(timer.row_cache)
+    assert len(after) == len(row) and all(mx.array_equal(a, b).item()
+                                          for a, b in zip(row, after, strict=True))
