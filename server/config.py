@@ -27,6 +27,7 @@ from server.engine.scheduling.scheduler import (
     SchedulerConfig,
 )
 from server.engine.scheduling.switching import TargetEntry
+from server.engine.speculation.forward_source import DEFAULT_BUDGET_S
 from server.engine.speculation.policy import (
     DEFAULT_BATCH_DRAFT_TOKENS,
     DEFAULT_NUM_DRAFT_TOKENS,
@@ -186,6 +187,13 @@ class ModelSettings(BaseModel):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU (16-bit matmuls are slow there)."
     )
+    dequantize: bool | Literal["auto"] = Field(
+        "auto", description="Quantized models (mlx-community's 4- and 8-bit ones), target and"
+        " draft: auto dequantizes them at load on a CPU device, where quantized matmuls run"
+        " ~3x slower, when their float weights fit in half of the memory this process may use"
+        " (its cgroup limit, else the machine's); on Metal and CUDA they stay quantized. true"
+        " or false forces it. /v1/models and /health say what was done.",
+    )
     model_roots: list[str] | None = Field(
         None,
         description="Folders the admin endpoints may load from; default: the start-up models'"
@@ -252,11 +260,19 @@ class EngineSettings(BaseModel):
     )
     cost_model: bool = Field(
         True,
-        description="Time the models' forwards (rows x tokens) at start-up, cached per model"
-        " and machine under ~/.cache/mlx-spec-server (measured again when a spot check at"
-        " start finds the stored times measured while the machine was busy), and let those"
-        " times and each row's acceptance choose how many tokens each row drafts per round."
+        description="Let the models' forward times (rows x tokens) and each row's acceptance"
+        " choose how many tokens each row drafts per round. The server is ready at once, with"
+        " prior times (a stored table of this model, else of a model of similar size, else a"
+        " formula from its parameters and the device), and measures the times in idle moments"
+        " (cost_model_budget_s), stored per model and machine under ~/.cache/mlx-spec-server."
         " Off: every row drafts up to the caps.",
+    )
+    cost_model_budget_s: float = Field(
+        DEFAULT_BUDGET_S, ge=0.0, le=3600.0,
+        description="Machine time the forward-time measurement may take per start, one forward"
+        " at a time while no request waits or runs (a request that arrives waits for one"
+        " forward at most); larger row counts than it pays for are extrapolated. 0: never"
+        " measure (the prior, corrected by real rounds).",
     )
     drain_timeout_s: float = Field(
         10.0, ge=0.0, le=600.0,
@@ -392,7 +408,7 @@ def engine_config(settings: Settings, *, draft: str | None,
         model_aliases=tuple(m.model_aliases), adapter_path=m.adapter_path,
         chat_template=m.chat_template, chat_template_kwargs=dict(m.chat_template_kwargs),
         embedding_model=m.embedding_model, embedding_pooling=m.embedding_pooling,
-        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
+        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype, dequantize=m.dequantize,
         scheduler=SchedulerConfig(
             max_batch_size=e.max_batch_size, max_queue_size=settings.server.max_queue_size,
             prefill_chunk=e.prefill_chunk, idle_prefill_chunk=e.idle_prefill_chunk),
@@ -400,6 +416,7 @@ def engine_config(settings: Settings, *, draft: str | None,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
         fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9), cost_model=e.cost_model,
+        cost_model_budget_s=e.cost_model_budget_s,
         more_targets=tuple(more_targets),
         distributed=None if layout is None else DistributedConfig(
             layout, settings.distributed.timeout_s, settings.distributed.heartbeat_s))

@@ -174,6 +174,8 @@ def test_a_quantized_draft_runs_dequantized_in_float32_on_cpu(tiny_pair, tmp_pat
     quantized.set_dtype(mx.float32)
     np.testing.assert_allclose(np.array(served(tokens)), np.array(quantized(tokens)),
                                rtol=1e-4, atol=1e-4)
-    # A target keeps its quantization: only drafts are small enough to dequantize.
-    target = load_model(str(draft)).model
-    assert {type(m) for _, m in target.named_modules()} & {nn.QuantizedLinear}
+    # models.dequantize: false keeps a draft quantized (auto dequantizes targets too, when
+    # they fit: tests/engine/models/test_quantization.py).
+    kit = ModelKit(load_model(str(tiny_pair[0])), dequantize=False)
+    kept = kit.load_draft(str(draft)).model
+    assert {type(m) for _, m in kept.named_modules()} & {nn.QuantizedLinear}

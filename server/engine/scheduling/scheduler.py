@@ -30,16 +30,16 @@ from server.engine.params import DraftSource, GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
 from server.engine.scheduling.sequence import Phase, Sequence, Sink
 from server.engine.speculation.cost_model import (
-    DEFAULT_CACHE_DIR,
     DrafterRates,
     DraftingShare,
     RowOption,
     StepCosts,
     decision_rate,
     drafting_saving,
-    kit_costs,
     prefill_repaid,
 )
+from server.engine.speculation.forward_source import DEFAULT_BUDGET_S, CostSource
+from server.engine.speculation.forward_store import DEFAULT_CACHE_DIR
 from server.engine.speculation.policy import SpeculationPolicy, speculates_at_own_k
 
 log = logging.getLogger(__name__)
@@ -161,10 +161,10 @@ class Scheduler:
         self.prefilling: deque[Sequence] = deque()
         self.target = ModelBatch(kit.target.model)
         self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
-        self.costs: StepCosts | None = None  # measured forward times: the k per row and round
+        self.costs: StepCosts | None = None  # forward times: the k per row and round
+        self.cost_source: CostSource | None = None  # where they come from (`use_cost_model`)
         self.rates = DrafterRates()
         self.drafting_share = DraftingShare()
-        self._costs_dir: Path | None = DEFAULT_CACHE_DIR
 
     # -- any thread ---------------------------------------------------------------------------
     @property
@@ -260,7 +260,7 @@ class Scheduler:
             did = self._decode_step() or did
         if did and self.prefix_cache is not None:
             self.prefix_cache.give_way(self.kv_bytes())
-        return did
+        return did or self._measure_when_idle()
 
     def kv_bytes(self) -> int:
         """The bytes the running requests' KV caches hold: the batches' buffers (both models),
@@ -568,11 +568,32 @@ class Scheduler:
         for i in joining:
             group[i].phase = Phase.DECODE
 
-    def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> None:
-        """Let measured forward times choose each row's k (`cost_model`); tables are kept in
-        `cache_dir` per model and machine (None: measured every time)."""
-        self._costs_dir = cache_dir
-        self.costs = kit_costs(self.kit, cache_dir)
+    def use_cost_model(self, cache_dir: Path | None = DEFAULT_CACHE_DIR,
+                       budget_s: float | None = DEFAULT_BUDGET_S) -> None:
+        """Let forward times choose each row's k (`cost_model`): a prior from now on, the
+        tables measured in idle moments (`_measure_when_idle`, `budget_s` of machine time at
+        most; None: no bound) when they are ready. Tables are kept in `cache_dir` per model
+        and machine (None: measured every time)."""
+        self.cost_source = CostSource(self.kit, cache_dir, budget_s)
+        self.costs = self.cost_source.costs()
+
+    def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR,
+                      budget_s: float | None = None) -> None:
+        """`use_cost_model` with the measurement run to its end now (benchmarks)."""
+        self.use_cost_model(cache_dir, budget_s)
+        self.cost_source.finish()
+        self.costs = self.cost_source.costs()
+
+    def _measure_when_idle(self) -> bool:
+        """One forward of the forward-time measurement, when no request waits or runs (one
+        that arrives meanwhile waits for this forward alone); True if it ran."""
+        source = self.cost_source
+        if source is None or not source.pending or self.has_work() or self._waiting_count \
+                or self._draining:
+            return False
+        if source.step():
+            self.costs = source.costs()  # a measured table: the prior's calibration goes too
+        return True
 
     def _draft_batch(self) -> ModelBatch:
         if self.draft is None:
@@ -768,7 +789,10 @@ class Scheduler:
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
         self.rates = DrafterRates()
         self.drafting_share = DraftingShare()
-        if self.costs is not None:
-            self.measure_costs(self._costs_dir)
+        if self.cost_source is not None:  # the target's times stay when only the draft changed
+            source = self.cost_source
+            self.cost_source = CostSource(self.kit, source.cache_dir, source.budget.seconds,
+                                          previous=source)
+            self.costs = self.cost_source.costs()
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

@@ -176,12 +176,19 @@ async def health(request: Request, response: Response) -> Health:
     if engine.draining:
         response.status_code = 503
     # `distributed` only when the target is sharded: one process answers the shape it did.
-    layout = {"distributed": engine.distributed} if engine.distributed is not None else {}
+    more = {"distributed": engine.distributed} if engine.distributed is not None else {}
+    quantized = {role: {**model.quantization, "dequantized": model.dequantized}
+                 for role, model in (("target", engine.target), ("draft", engine.draft))
+                 if model is not None and model.quantization}
+    if quantized:
+        more["quantization"] = quantized
+    if engine.cost_model_status is not None:
+        more["cost_model"] = engine.cost_model_status
     return Health(status="draining" if engine.draining else "ok", target=engine.model_name,
                   draft=draft, queue_depth=engine.queue_depth, batch_size=engine.batch_size,
                   cache_entries=cache["entries"], cache_bytes=cache["bytes"],
                   disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"],
-                  **layout)
+                  **more)
 
 
 def _speaks_anthropic(request: Request) -> bool:
