@@ -41,6 +41,7 @@ from server.engine.speculation.cost_model import (
 from server.engine.speculation.forward_source import DEFAULT_BUDGET_S, CostSource
 from server.engine.speculation.forward_store import DEFAULT_CACHE_DIR
 from server.engine.speculation.policy import SpeculationPolicy, speculates_at_own_k
+from server.engine.speculation.yield_learner import YieldLearner, learned_path
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ class Scheduler:
         self.target = ModelBatch(kit.target.model)
         self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
         self.costs: StepCosts | None = None  # forward times: the k per row and round
+        # what each round shape measurably yields; the tables are its prior (`use_cost_model`)
+        self.learner: YieldLearner | None = None
         self.cost_source: CostSource | None = None  # where they come from (`use_cost_model`)
         self.rates = DrafterRates()
         self.drafting_share = DraftingShare()
@@ -276,6 +279,8 @@ class Scheduler:
         try:
             self._loop(stop)
         finally:
+            if self.learner is not None:
+                self.learner.save()
             self.begin_drain()
             self._take_incoming()
             self._fail_all(ShuttingDown("the server stopped"))
@@ -576,6 +581,7 @@ class Scheduler:
         and machine (None: measured every time)."""
         self.cost_source = CostSource(self.kit, cache_dir, budget_s)
         self.costs = self.cost_source.costs()
+        self.learner = YieldLearner(learned_path(self.kit, cache_dir))
 
     def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR,
                       budget_s: float | None = None) -> None:
@@ -607,7 +613,7 @@ class Scheduler:
         options, joining = self._able_to_draft(
             self.policy.round_options(rows, self.batch_size, self.rates))
         draft_rows = (len(self.draft) if self.draft is not None else 0) + len(joining)
-        ks = self.policy.choose(options, len(rows), draft_rows, self.costs)
+        ks = self.policy.choose(options, len(rows), draft_rows, self.costs, self.learner)
         model_rows = [seq for seq in rows if seq.uses_draft_model]
         if model_rows:
             self.drafting_share.record(len(rows), any(
@@ -617,11 +623,17 @@ class Scheduler:
         start = time.perf_counter()
         results = decode_round(self.target, draft, ks, self.rates)
         if self.costs is not None:
-            self._calibrate(rows, ks, len(draft) if draft is not None else 0,
-                            time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self._calibrate(rows, ks, len(draft) if draft is not None else 0, seconds)
+            self._learn(results, seconds)
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
+
+    def _learn(self, results: dict[int, RoundResult], seconds: float) -> None:
+        """What the round's shape yielded: the tokens it committed in the seconds it took."""
+        if self.learner is not None:
+            self.learner.round_done(sum(r.accepted + 1 for r in results.values()), seconds)
 
     def _calibrate(self, rows: list[Sequence], ks: dict[int, int], draft_rows: int,
                    seconds: float) -> None:
@@ -794,5 +806,7 @@ class Scheduler:
             self.cost_source = CostSource(self.kit, source.cache_dir, source.budget.seconds,
                                           previous=source)
             self.costs = self.cost_source.costs()
+            self.learner.save()  # what the old pair taught; the new pair learns its own
+            self.learner = YieldLearner(learned_path(self.kit, source.cache_dir))
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from server.engine.speculation.forward_times import ForwardTimes
+
+if TYPE_CHECKING:
+    from server.engine.speculation.yield_learner import YieldLearner
 
 # A row whose drafter has not been seen yet is expected to accept at this rate, weighted as
 # this many trials, until its own rounds say otherwise.
@@ -149,6 +153,7 @@ class RowOption:
     acceptance: float
     by_model: bool  # drafts with the draft model (else prompt lookup: no draft forward)
     forced: bool = False  # drafts exactly `cap` whatever the cost (seeded sampling)
+    fixed: bool = False  # drafts exactly `cap` in every round that drafts ("adaptive": false)
     requested: int = 0  # its cap before prompt lookup's match length limited it
 
 
@@ -163,42 +168,75 @@ MARGIN_FROM_ROWS = 8
 
 
 def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: int,
-                         costs: StepCosts) -> dict[int, int]:
+                         costs: StepCosts, learner: YieldLearner | None = None
+                         ) -> dict[int, int]:
     """Each row's k (keyed by `RowOption.key`): the (K, M) with the most expected tokens per
     second, where lookup rows draft min(K, cap), model rows min(M, cap) and forced rows their
-    cap. `batch_rows` rows take part in the target forward, `draft_rows` in the draft's.
+    cap (fixed rows theirs, when the round drafts). `batch_rows` rows take part in the target
+    forward, `draft_rows` in the draft's. With a `learner`, the expected tokens per second are
+    its estimates (what each round shape measurably yielded), the tables' only its prior.
 
     In a batch of `MARGIN_FROM_ROWS` or more, drafting must beat plain decoding by
     `BATCH_DRAFT_MARGIN`: it has costs a round's time does not show (the draft's prefill and
     catch-ups, its cache), and the calibrated round times are themselves a few percent off on
     a busy machine."""
-    chosen, _, _ = _best_round(options, batch_rows, draft_rows, costs)
+    shapes = _round_shapes(options, batch_rows, draft_rows, costs)
+    if learner is None:
+        arm = max(shapes, key=lambda a: shapes[a][1])
+    else:
+        kind = "model" if any(o.by_model for o in options) else "lookup"
+        arm = learner.choose(batch_bucket(batch_rows), kind,
+                             {a: score for a, (_, score) in shapes.items()})
+    chosen = shapes[arm][0]
     return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
+
+
+def round_shape(options: list[RowOption], ks: list[int]) -> tuple[int, int, int]:
+    """A round's shape (an arm of `YieldLearner`): the width K and draft-model length M of the
+    rows whose k is chosen (not forced or fixed), and whether any row drafts at all."""
+    free = [(o, k) for o, k in zip(options, ks, strict=True) if not (o.forced or o.fixed)]
+    return (max((k for _, k in free), default=0),
+            max((k for o, k in free if o.by_model), default=0), int(any(ks)))
+
+
+def _round_shapes(options: list[RowOption], batch_rows: int, draft_rows: int,
+                  costs: StepCosts) -> dict[tuple[int, int, int], tuple[list[int], float]]:
+    """Every distinct round the options allow (its shape -> each row's k, and its expected
+    tokens per second from the tables, plain decoding's raised by the batch margin)."""
+    gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
+    most = max((o.cap for o in options), default=0)
+    shapes = {}
+    for width in range(most + 1):
+        for model_k in range(width + 1):
+            ks = _lengths(options, width, model_k)
+            shape = round_shape(options, ks)
+            if shape in shapes:
+                continue
+            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
+            if shape == (0, 0, 0) and batch_rows >= MARGIN_FROM_ROWS:
+                rate *= 1 + BATCH_DRAFT_MARGIN
+            shapes[shape] = (ks, rate)
+    return shapes
 
 
 def _best_round(options: list[RowOption], batch_rows: int, draft_rows: int,
                 costs: StepCosts) -> tuple[list[int], float, float]:
-    """`choose_draft_lengths`' choice as each row's k, with its expected tokens per second and
-    those of the round with width 0 (plain decoding, but for forced rows)."""
-    gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
-    most = max((o.cap for o in options), default=0)
-    best, best_rate, best_score, plain = [], 0.0, -1.0, 0.0
-    for width in range(most + 1):
-        for model_k in range(width + 1):
-            ks = _lengths(options, width, model_k)
-            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
-            score = rate
-            if width == 0:
-                plain = rate
-                if batch_rows >= MARGIN_FROM_ROWS:
-                    score *= 1 + BATCH_DRAFT_MARGIN
-            if score > best_score + 1e-12:
-                best, best_rate, best_score = ks, rate, score
-    return best, best_rate, plain
+    """The tables' choice as each row's k, with its expected tokens per second and those of
+    plain decoding (but for forced rows)."""
+    shapes = _round_shapes(options, batch_rows, draft_rows, costs)
+    plain_ks = _lengths(options, 0, 0)
+    plain = shapes[round_shape(options, plain_ks)][1]
+    if batch_rows >= MARGIN_FROM_ROWS:
+        plain /= 1 + BATCH_DRAFT_MARGIN
+    best = max(shapes.values(), key=lambda v: v[1])
+    rate = best[1] / (1 + BATCH_DRAFT_MARGIN) if best[0] == plain_ks and \
+        batch_rows >= MARGIN_FROM_ROWS else best[1]
+    return best[0], rate, plain
 
 
 def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
-    return [o.cap if o.forced else min(model_k if o.by_model else width, o.cap) for o in options]
+    return [o.cap if o.forced or (o.fixed and width > 0)
+            else min(model_k if o.by_model else width, o.cap) for o in options]
 
 
 def _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs: StepCosts) -> float:
