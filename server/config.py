@@ -55,6 +55,13 @@ class ServerSettings(BaseModel):
         " in memory, and in state_dir) for GET /v1/responses/{id} and previous_response_id,"
         " and as many conversations (/v1/conversations); 0 keeps none.",
     )
+    max_body_mb: float = Field(
+        8.0, gt=0,
+        description="The largest request body in MB (10^6 bytes): a 413, in the API's error"
+        " shape, before a larger one is read (by its Content-Length, or as its bytes arrive)."
+        " 8 MB holds a 1M-token context's text. A batch's requests (POST /v1/files,"
+        " POST /v1/messages/batches) are bounded by files_max_gb instead.",
+    )
     files_max_gb: float = Field(
         1.0, ge=0,
         description="Files API: bytes of uploaded files (a batch's requests) kept until"
