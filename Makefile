@@ -11,7 +11,9 @@ CHROMIUM := /usr/bin/chromium
 # Test processes (pytest-xdist), one test file each at a time: module-scoped servers start once.
 TEST_WORKERS ?= 2
 
-.PHONY: serve test lint bench-smoke openblas chromium clean
+.PHONY: install serve test lint bench-smoke openblas chromium clean
+
+install: $(STAMP) openblas
 
 # Ctrl-C at a terminal interrupts make with the server, whatever the server's exit status. So
 # there `set -m` runs the server as a job of its own in the terminal's foreground: Ctrl-C reaches
