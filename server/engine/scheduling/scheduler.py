@@ -24,6 +24,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from server.engine.errors import InvalidRequest, ModelReplaced, QueueFull, ShuttingDown
 from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
+from server.engine.kv.layers import arrays_of, covered
 from server.engine.models.model_kit import ModelKit
 from server.engine.params import DraftSource, GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
@@ -561,7 +562,7 @@ class Scheduler:
             evaluate.append(self.draft)
         for batch in evaluate:
             for c in batch.cache:
-                mx.eval(c.keys, c.values)
+                mx.eval(arrays_of([c]))
         for i in drafting:
             group[i].draft_pending = [group[i].output[-1]]
         for i in joining:
@@ -660,10 +661,15 @@ class Scheduler:
             return
         for seq in done:
             if self._caching(seq) and seq.error is None:
+                # The target's cache holds the context but its last token; the draft's what
+                # it was fed (its pending tokens not yet).
                 caches = [self.target.extract(seq)]
+                lengths = [covered(caches[0], len(seq.context) - 1)]
                 if self.draft is not None and seq in self.draft:
                     caches.append(self.draft.extract(seq))
-                self.prefix_cache.store(self._cache_key(seq), seq.context, caches)
+                    lengths.append(covered(caches[1],
+                                           len(seq.context) - len(seq.draft_pending)))
+                self.prefix_cache.store(self._cache_key(seq), seq.context, caches, lengths)
         self.target.remove(done)
         if self.draft is not None:
             self.draft.remove(done)
