@@ -64,6 +64,7 @@ def test_ctrl_c_at_a_terminal_drains_and_make_exits_0(tiny_pair):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     reader.join(5)
+    os.close(fd)
     text = output.decode(errors="replace")
     assert os.waitstatus_to_exitcode(status[0]) == 0, text[-3000:]
     assert "shutting down" in text and "Interrupt" not in text and "Error" not in text, text
