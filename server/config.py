@@ -56,6 +56,13 @@ class ServerSettings(BaseModel):
         " in memory, and in state_dir) for GET /v1/responses/{id} and previous_response_id,"
         " and as many conversations (/v1/conversations); 0 keeps none.",
     )
+    max_body_mb: float = Field(
+        8.0, gt=0,
+        description="The largest request body in MB (10^6 bytes): a 413, in the API's error"
+        " shape, before a larger one is read (by its Content-Length, or as its bytes arrive)."
+        " 8 MB holds a 1M-token context's text. A batch's requests (POST /v1/files,"
+        " POST /v1/messages/batches) are bounded by files_max_gb instead.",
+    )
     files_max_gb: float = Field(
         1.0, ge=0,
         description="Files API: bytes of uploaded files (a batch's requests) kept until"
@@ -135,7 +142,10 @@ class ModelSettings(BaseModel):
         "models/demo/target", description="Target model: local mlx_lm folder or hub id."
     )
     model_name: str | None = Field(
-        None, description="Name clients use in `model`; defaults to the `model` path or id."
+        None, description="Name clients use in `model` (the path works too), such as"
+        " smollm2-135m-instruct: agents (the OpenAI Agents SDK) refuse a path's prefix; defaults"
+        " to the `model` path or id. A config file's name is dropped when a flag or the"
+        " environment gives another model without one."
     )
     draft_model: str | None = Field(
         "models/demo/draft", description="Draft model path or hub id; null or 'none' for none;"
@@ -381,6 +391,7 @@ class Settings(BaseSettings):
         data: dict = {}
         if path is not None:
             data = yaml.safe_load(Path(path).read_text()) or {}
+        _name_follows_model(data, overrides)
         for section, values in list(data.items()):
             if isinstance(values, dict):  # a key set in the environment is left to it
                 data[section] = {k: v for k, v in values.items()
@@ -388,6 +399,20 @@ class Settings(BaseSettings):
         for section, values in overrides.items():
             data.setdefault(section, {}).update(values)
         return cls(**data)
+
+
+def _name_follows_model(data: dict, overrides: dict) -> None:
+    """The file's `models.model_name` names the file's `models.model`: a model another source
+    gives (a flag, the environment) is served under its own path, unless a name comes with it
+    (`python -m server --config config.yaml --model M` does not serve M as SmolLM2)."""
+    models = data.get("models")
+    if not isinstance(models, dict) or "model_name" not in models:
+        return
+    given = overrides.get("models", {})
+    elsewhere = {key for key in ("model", "model_name")
+                 if key in given or _env_name("models", key) in os.environ}
+    if elsewhere == {"model"}:
+        data["models"] = {k: v for k, v in models.items() if k != "model_name"}
 
 
 def _env_name(section: str, key: str) -> str:

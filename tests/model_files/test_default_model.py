@@ -103,9 +103,12 @@ def test_server_falls_back_to_the_demo_pair_without_the_registry(monkeypatch, ca
 
     monkeypatch.setattr(bundled, "ensure_default_target", unavailable)
     monkeypatch.setattr(bundled, "ensure_demo_or_synthetic", lambda s: s)
-    got = bundled.ensure_default_models(default_settings())
+    got = bundled.ensure_default_models(default_settings(model_name="smollm2-135m-instruct"))
     assert (got.models.model, got.models.draft_model) == ("models/demo/target",
                                                           "models/demo/draft")
+    # Served under its own path; clients that send SmolLM2's name still reach it.
+    assert got.models.model_name is None
+    assert got.models.model_aliases == ["smollm2-135m-instruct"]
     assert "offline" in caplog.text and "demo pair" in caplog.text
     no_draft = bundled.ensure_default_models(default_settings(draft_model="none"))
     assert no_draft.models.draft_model == "none"

@@ -29,13 +29,15 @@ from server.http.admin.draft_candidates import draft_candidates
 from server.http.admin.model_access import local_model_path, weights_problem
 from server.http.common import paging
 from server.http.common.auth import require_admin_key, require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.errors import APIError, redact_paths, shape_of
 from server.http.common.served_models import find_served, served_models
 from server.http.common.timestamps import rfc3339
 from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
-health_router = APIRouter(tags=["health"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"],
+                   route_class=OffLoopJson)
+health_router = APIRouter(tags=["health"], route_class=OffLoopJson)
 admin = [Depends(require_admin_key)]
 
 
