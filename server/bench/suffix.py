@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import time
 import tracemalloc
 
 import httpx
@@ -95,7 +96,14 @@ async def conversation(client, drafter: str, max_tokens: int, turns: int) -> dic
     accepted = sum(r["stats"]["draft_tokens_accepted"] for r in answers)
     return {"tokens": tokens, "tps": tokens / sum(map(decode_seconds, answers)),
             "from_draft": accepted / tokens,
-            "texts": [str(m.get("content") or m.get("tool_calls")) for m in messages]}
+            "texts": [_said(m) for m in messages]}
+
+
+def _said(message: dict) -> str:
+    """What a message says: its text, or its calls' names and arguments (not their ids)."""
+    calls = [(c["function"]["name"], c["function"]["arguments"])
+             for c in message.get("tool_calls") or []]
+    return str(calls) if calls else message.get("content") or ""
 
 
 def _called(message: dict, result: str) -> list[dict]:
@@ -202,6 +210,17 @@ def table(rows: list[dict]) -> list[list[str]]:
     return lines
 
 
+async def measured(client, timeout_s: float = 600.0) -> None:
+    """Wait while the server measures its forward times (in idle moments after it is ready):
+    every drafter is then measured with the same cost model."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        health = (await client.get("/health")).json()
+        if not (health.get("cost_model") or {}).get("measuring"):
+            return
+        await asyncio.sleep(0.2)
+
+
 async def run(args, settings: Settings, drafters: list[str]) -> list[dict]:
     engine = build_engine(settings)
     engine.start()
@@ -209,6 +228,7 @@ async def run(args, settings: Settings, drafters: list[str]) -> list[dict]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(
                 settings, engine)), base_url="http://bench", timeout=600) as client:
             await complete(client, user(P["repeat"]), "plain", 8)  # warm-up
+            await measured(client)
             return await measure(client, drafters, args)
     finally:
         engine.stop()

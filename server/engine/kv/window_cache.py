@@ -11,7 +11,8 @@ about `window + slack + COMPACT_EVERY` long whatever the context: a round can al
 `slack` tokens and still see a whole window.
 
 With `keep` (attention sinks, `RotatingKVCache(keep=...)`) the first `keep` tokens stay visible
-to every later one; such a cache is never compacted.
+to every later one, beside the last `window - keep` (what `mlx_lm`'s rotating buffer of `window`
+slots holds); such a cache is never compacted.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ class WindowKVCache(RaggedKVCache):
         count = np.cumsum(valid, axis=1)  # tokens up to each slot, itself included
         query = count[:, self._idx:]  # (B, N)
         distance = query[:, :, None] - count[:, None, :]  # tokens from each key to each query
-        visible = valid[:, None, :] & (distance < (window_size or self.window))
+        # With sinks, `mlx_lm`'s buffer of `window` slots holds the `keep` first tokens and the
+        # `window - keep` last ones.
+        recent = (window_size or self.window) - self.keep
+        visible = valid[:, None, :] & (distance < recent)
         if self.keep:
             visible |= valid[:, None, :] & (count[:, None, :] <= self.keep)
         return mask & mx.array(visible)[:, None]

@@ -206,10 +206,10 @@ def test_a_window_cache_sees_the_last_window_tokens_through_holes():
 
 
 def test_a_window_cache_with_sinks_keeps_its_first_tokens_visible():
-    cache = WindowKVCache([0], window=3, keep=2)
+    cache = WindowKVCache([0], window=5, keep=2)  # 2 sinks and the 3 last tokens
     keys = mx.zeros((1, 1, 8, 4))
     cache.update_and_fetch(keys, keys)
-    mask = np.array(cache.make_mask(1, window_size=3))[0, 0, 0]
+    mask = np.array(cache.make_mask(1, window_size=5))[0, 0, 0]
     assert mask.tolist() == [True, True, False, False, False, False, True, True, True]
 
 
@@ -292,3 +292,27 @@ def test_a_state_entry_is_never_cut_to_a_shorter_prompt(kits):
     got, stats = run_to_end(scheduler, p)
     assert stats.cached_tokens == 0
     check(kit, "qwen3_5", p, got)
+
+
+@pytest.mark.parametrize("keep", [0, 4])
+def test_a_window_with_and_without_sinks_equals_mlx_lms_past_its_size(zoo, monkeypatch, keep):
+    """A model whose layers all use `RotatingKVCache(max_size=16, keep=...)` (what
+    `make_prompt_cache(max_kv_size=...)` builds): a short prompt, then decoding well past the
+    window, alone and batched with drafts, gives mlx_lm's tokens (the first `keep` tokens stay
+    visible, as in mlx_lm's rotating buffer)."""
+    from mlx_lm.models import llama
+
+    monkeypatch.setattr(llama.Model, "make_cache", lambda self: [
+        RotatingKVCache(max_size=16, keep=keep) for _ in self.layers], raising=False)
+    kit = ModelKit(load_model(str(zoo["llama"][0])))
+    kit.load_draft(str(zoo["llama"][1]))
+    requests = [GenerationParams(tuple(kit.target.tokenizer.encode(text))[:10], 40,
+                                 speculation=SpeculationParams(num_draft_tokens=k))
+                for text in TEXTS[:2] for k in (0, 3)]
+    events, _ = run_batch(kit, requests, batch_draft_tokens=3)
+    for p, ev in zip(requests, events, strict=True):
+        expected = mlx_lm_tokens(kit, list(p.prompt_tokens), p.max_tokens)
+        assert_same_or_near_tie(kit, p, tokens_of(ev), expected)
+    alone = tokens_of(list(generate_events(kit, requests[1])))
+    assert_same_or_near_tie(kit, requests[1], alone,
+                            mlx_lm_tokens(kit, list(requests[1].prompt_tokens), 40))
