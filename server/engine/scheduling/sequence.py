@@ -133,10 +133,10 @@ class Sequence:
         """Choose this round's drafter, and what a host drafter proposes (as many tokens as k
         can be; the round proposes its first k): the tokens the constraint forces, when there
         are any; the prediction's, when the request has one and it continues the answer
-        (whatever the drafter); else its drafter's, and for a hybrid row the candidate with the
-        most expected accepted tokens (`candidates.best_candidate`) among prompt lookup (where
-        the context's last `hybrid_min_match` tokens occurred before), suffix drafting (when
-        the server keeps an index) and the draft model. `rates` (`cost_model.DrafterRates`):
+        (whatever the drafter); else its drafter's, and for a hybrid row the candidate expected
+        to emit the most tokens per unit of round time (`candidates.best_candidate`) among
+        prompt lookup (where the context's last `hybrid_min_match` tokens occurred before),
+        suffix drafting (when the server keeps an index) and the draft model. `rates` (`cost_model.DrafterRates`):
         the engine-wide acceptance each drafter starts a row from; `draft_cost`: a draft
         forward's time over the target's (0: unknown). `candidate` is the chosen drafter's
         offer (its expected accepted tokens per k), whatever the drafter.
