@@ -136,10 +136,10 @@ class Sequence:
         (whatever the drafter); else its drafter's, and for a hybrid row the candidate expected
         to emit the most tokens per unit of round time (`candidates.best_candidate`) among
         prompt lookup (where the context's last `hybrid_min_match` tokens occurred before),
-        suffix drafting (when the server keeps an index) and the draft model. `rates` (`cost_model.DrafterRates`):
-        the engine-wide acceptance each drafter starts a row from; `draft_cost`: a draft
-        forward's time over the target's (0: unknown). `candidate` is the chosen drafter's
-        offer (its expected accepted tokens per k), whatever the drafter.
+        suffix drafting (when the server keeps an index) and the draft model. `rates`
+        (`cost_model.DrafterRates`): the engine-wide acceptance each drafter starts a row from;
+        `draft_cost`: a draft forward's time over the target's (0: unknown). `candidate` is
+        the chosen drafter's offer (its expected accepted tokens per k), whatever the drafter.
 
         A seeded sampled row's drafts decide how its randomness is drawn, so they come from
         its own text and rounds only (no other request's answers, acceptance or timing): its
