@@ -5,7 +5,7 @@ extensions are accepted as in the other APIs."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from api_schemas.openai import EngineExtensions, RequestModel
 
@@ -39,3 +39,22 @@ class InfillRequest(_LlamaCppGeneration):
         default_factory=list, max_length=256,
         description="More context, each {text, filename}: other files, recent edits.")
     prompt: str = Field("", description="Text added after the prefix (the line so far).")
+
+
+class LlamaCppAnswer(BaseModel):
+    """What `/completion` and `/infill` answer: one object, or with `"stream": true` one SSE
+    event per piece of text (`stop: false`), then the whole object (`stop: true`, empty
+    `content`, the counts and timings); no `[DONE]`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int = 0
+    content: str
+    stop: bool
+    from_draft: bool | None = Field(None, description="A streamed piece: whether the draft"
+                                    " proposed it.")
+    model: str | None = None
+    tokens_predicted: int | None = None
+    tokens_evaluated: int | None = None
+    stop_type: str | None = Field(None, description="`eos`, `word` or `limit`.")
+    timings: dict | None = None

@@ -11,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from api_schemas.anthropic import AnthropicError, Message, MessageStreamEvent
+from api_schemas.llama_cpp import LlamaCppAnswer
 from api_schemas.ollama import OllamaAnswer, OllamaError
 from api_schemas.openai import (
     ChatCompletionChunk,
@@ -102,6 +103,8 @@ STREAMED = {
     "/v1/completions": (CompletionResponse, CompletionResponse),
     "/v1/responses": (ResponseObject, ResponseStreamEvent),
     "/v1/messages": (Message, MessageStreamEvent),
+    "/completion": (LlamaCppAnswer, LlamaCppAnswer),
+    "/infill": (LlamaCppAnswer, LlamaCppAnswer),
 }
 # Read operations that stream with `?stream=true` (as the operation named streams).
 STREAMED_READS = {"/v1/responses/{response_id}": "/v1/responses"}
@@ -110,6 +113,8 @@ STREAM_ENDS = {
     "/v1/responses": "named events (`event:` = the data's `type`), the last response.completed"
                      " or response.incomplete (response.failed: a background response)",
     "/v1/messages": "named events (`event:` = the data's `type`), the last message_stop",
+    "/completion": "the last the whole answer with `stop: true` (no `[DONE]`)",
+    "/infill": "the last the whole answer with `stop: true` (no `[DONE]`)",
 }
 
 
@@ -132,7 +137,7 @@ def describe(schema: dict, shapes: list[ErrorShape]) -> None:
     extra = [(m, "serialization") for m in
              (ErrorResponse, AnthropicError, ChatCompletionResponse, ChatCompletionChunk,
               CompletionResponse, ResponseObject, ResponseStreamEvent, Message,
-              MessageStreamEvent, OllamaError, OllamaAnswer)]
+              MessageStreamEvent, OllamaError, OllamaAnswer, LlamaCppAnswer)]
     refs, defs = models_json_schema(extra, ref_template=REF)
     for name, definition in defs.get("$defs", {}).items():
         components.setdefault(name, definition)
