@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from server.engine.config import DistributedConfig, EngineConfig
 from server.engine.distributed.service import launched_layout
 from server.engine.kv.disk_cache import DEFAULT_DISK_MAX_GB
-from server.engine.kv.prefix_cache import cache_budget_bytes
+from server.engine.kv.prefix_cache import DEFAULT_PREFIX_CACHE_SHARE, cache_budget_bytes
 from server.engine.params import HYBRID_MIN_MATCH, Acceptance, DraftSource
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS
 from server.engine.scheduling.scheduler import (
@@ -267,6 +267,23 @@ class EngineSettings(BaseModel):
         description="Stack each layer's q/k/v and gate/up projections into one matmul at load"
         " (target and draft). Same output; faster on some machines, not on others.",
     )
+    memory_budget_gb: float | None = Field(
+        None, gt=0.0,
+        description="GB the KV caches (the running requests' of target and draft, and the"
+        " prefix cache's) may hold together. A request joins the batch only when its KV fits"
+        " beside the running rows' (else it waits in the queue); rows that outgrow it are"
+        " paused, newest first, and resume later with the same text; a request whose prompt"
+        " and max_tokens could never fit is a 400. Default (null): detected at start, the"
+        " memory limit (the cgroup's, else physical memory, on Linux; Metal's recommended"
+        " working set; a CUDA device's memory) less what the process holds once its models"
+        " are loaded, less memory_margin_gb. /health shows it.",
+    )
+    memory_margin_gb: float | None = Field(
+        None, ge=0.0,
+        description="GB of the detected memory limit kept free for what a forward allocates"
+        " for a moment (activations, attention scores); default (null): 10% of the limit."
+        " Ignored when memory_budget_gb is set.",
+    )
 
 
 class CacheSettings(BaseModel):
@@ -275,8 +292,13 @@ class CacheSettings(BaseModel):
     max_gb: float | None = Field(
         None, ge=0.0,
         description="Byte budget in GB (0 disables), shared with the running requests' KV:"
-        " the cache keeps at most what they leave of it; default: 1/8 of the machine's memory,"
-        " at most 8 GB.",
+        " the cache keeps at most what they leave of it and of the memory budget"
+        " (engine.memory_budget_gb), so it gives way before any request is paused; default:"
+        " memory_share of the memory budget.",
+    )
+    memory_share: float = Field(
+        DEFAULT_PREFIX_CACHE_SHARE, ge=0.0, le=1.0,
+        description="The default max_gb: this share of the memory budget for KV caches.",
     )
     disk_dir: str | None = Field(
         None,
@@ -374,6 +396,10 @@ class Settings(BaseSettings):
         return cls(**data)
 
 
+def _bytes(gb: float | None) -> int | None:
+    return None if gb is None else int(gb * 1e9)
+
+
 def _env_name(section: str, key: str) -> str:
     return f"{ENV_PREFIX}{section}__{key}".upper()
 
@@ -398,6 +424,9 @@ def engine_config(settings: Settings, *, draft: str | None,
             prefill_chunk=e.prefill_chunk, idle_prefill_chunk=e.idle_prefill_chunk),
         spec_max_batch=e.spec_max_batch, spec_batch_draft_tokens=e.spec_batch_draft_tokens,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
+        prefix_cache_share=settings.cache.memory_share,
+        memory_budget_bytes=_bytes(e.memory_budget_gb),
+        memory_margin_bytes=_bytes(e.memory_margin_gb),
         fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9), cost_model=e.cost_model,
         more_targets=tuple(more_targets),
