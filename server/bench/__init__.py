@@ -17,6 +17,7 @@ SUBCOMMANDS = {  # name: (the module, whose `main` it runs, or module:function; 
     "prediction": ("server.bench.prediction", "a guess of the answer (OpenAI's prediction)"),
     "restart": ("server.bench.chat:restart_main", "TTFT after a restart, from the disk cache"),
     "distributed": ("server.bench.load:distributed_main", "a sharded target vs one process"),
+    "flood": ("server.bench.flood", "long prompts at once in a memory cgroup, vs mlx_lm.server"),
     "report": ("server.bench.results:report_main", "docs/benchmarks.md from its manifest"),
 }
 

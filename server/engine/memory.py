@@ -102,23 +102,49 @@ def physical_memory() -> int:
         return 8 * 2**30
 
 
+@dataclass(frozen=True)
+class MemoryCgroup:
+    """This process's cgroup in a hierarchy that can limit memory: `mount / path`."""
+
+    version: int  # 1: v1's memory controller; 2: the unified hierarchy
+    mount: Path
+    path: str  # as /proc/self/cgroup names it, under the mount
+
+    @property
+    def folder(self) -> Path:
+        return self.mount / self.path.strip("/")
+
+    @property
+    def limit_file(self) -> str:
+        return "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+
+
+def memory_cgroups(proc_cgroup: str | Path = "/proc/self/cgroup",
+                   root: str | Path = "/sys/fs/cgroup") -> list[MemoryCgroup]:
+    """This process's cgroups that can hold a memory limit: v1's memory controller, and v2's
+    unified hierarchy (alone at `root`, or beside v1 at `root/unified`: a hybrid)."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return []
+    root, found = Path(root), []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":
+            found += [MemoryCgroup(2, mount, path) for mount in (root, root / "unified")
+                      if (mount / "cgroup.controllers").exists()]
+        elif "memory" in controllers.split(","):
+            found.append(MemoryCgroup(1, root / "memory", path))
+    return found
+
+
 def cgroup_limit(proc_cgroup: str | Path = "/proc/self/cgroup",
                  root: str | Path = "/sys/fs/cgroup") -> MemoryLimit | None:
     """The lowest memory limit of this process's cgroup and its ancestors (cgroup v2's
     `memory.max`, v1's `memory.limit_in_bytes`); None when there is none or no cgroup."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
-    root = Path(root)
-    found: list[MemoryLimit] = []
-    for line in lines:
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if hierarchy == "0" and controllers == "":  # v2: unified, alone or beside v1 (hybrid)
-            for mount in (root, root / "unified"):
-                found += _lowest(mount, path, "memory.max", "cgroup v2")
-        elif "memory" in controllers.split(","):
-            found += _lowest(root / "memory", path, "memory.limit_in_bytes", "cgroup v1")
+    found = [limit for group in memory_cgroups(proc_cgroup, root)
+             for limit in _lowest(group.mount, group.path, group.limit_file,
+                                  f"cgroup v{group.version}")]
     return min(found, key=lambda limit: limit.bytes, default=None)
 
 

@@ -189,9 +189,11 @@ class InferenceEngine:
         threading.Event().wait()
 
     def on_failure(self, callback: Callable[[EngineFailed], None]) -> None:
-        """Call `callback(error)` (from the MLX thread) if the worker dies: `python -m server`
-        exits then, so that its supervisor starts it again."""
+        """Call `callback(error)` (from the MLX thread) if the worker dies (at once if it has
+        died): `python -m server` exits then, so that its supervisor starts it again."""
         self._failure_callbacks.append(callback)
+        if self.failed is not None:
+            callback(self.failed)
 
     def _died(self, error: EngineFailed) -> None:
         for callback in self._failure_callbacks:
@@ -364,6 +366,13 @@ class InferenceEngine:
         return {**memory.budget.as_dict(), "kv_bytes": scheduler.kv_in_use,
                 "max_request_tokens": memory.room(), "preemptions": scheduler.preemptions,
                 "paused": scheduler.paused_count}
+
+    def check_memory(self, prompt_tokens: int, max_tokens: int, **names: str) -> None:
+        """MemoryBudgetExceeded (naming the limit, and the fields by `names`) for a request
+        that could never fit the memory budget; nothing without a budget."""
+        memory = self.scheduler.memory if self.scheduler is not None else None
+        if memory is not None:
+            memory.check(prompt_tokens, max_tokens, **names)
 
     def memory_room(self) -> int | None:
         """The most tokens (prompt and output) one request may hold in the memory budget; None

@@ -22,7 +22,7 @@ def tree(tmp_path, files: dict[str, str], proc: str):
 
 
 def test_cgroup_v2_takes_the_lowest_limit_up_the_tree(tmp_path):
-    proc, root = tree(tmp_path, {"memory.max": "max",
+    proc, root = tree(tmp_path, {"memory.max": "max", "cgroup.controllers": "cpu memory",
                                  "app.slice/memory.max": "3000000000",
                                  "app.slice/server/memory.max": "max"},
                       "0::/app.slice/server\n")
@@ -32,12 +32,14 @@ def test_cgroup_v2_takes_the_lowest_limit_up_the_tree(tmp_path):
 
 
 def test_cgroup_v2_in_a_container_sees_its_own_cgroup_as_the_root(tmp_path):
-    proc, root = tree(tmp_path, {"memory.max": "2147483648"}, "0::/\n")
+    proc, root = tree(tmp_path, {"memory.max": "2147483648", "cgroup.controllers": "memory"},
+                      "0::/\n")
     assert cgroup_limit(proc, root).bytes == 2147483648
 
 
 def test_cgroup_v2_without_a_limit_is_none(tmp_path):
-    proc, root = tree(tmp_path, {"memory.max": "max", "a/memory.max": "max"}, "0::/a\n")
+    proc, root = tree(tmp_path, {"memory.max": "max", "a/memory.max": "max",
+                                 "cgroup.controllers": "memory"}, "0::/a\n")
     assert cgroup_limit(proc, root) is None
 
 

@@ -60,9 +60,10 @@ class MemoryGate:
         within the whole budget (its draft drafts only where memory allows)."""
         return self._room
 
-    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+    def check(self, prompt_tokens: int, max_tokens: int, *, prompt_name: str = "prompt",
+              max_tokens_name: str = "max_tokens") -> None:
         """MemoryBudgetExceeded for a request that could never run: its prompt and
-        `max_tokens` need more KV than the whole budget."""
+        `max_tokens` need more KV than the whole budget (the fields by the caller's names)."""
         room = self.room()
         if prompt_tokens + max_tokens <= room:
             return
@@ -72,11 +73,11 @@ class MemoryGate:
         if prompt_tokens >= room:
             raise MemoryBudgetExceeded(
                 f"the prompt has {prompt_tokens} tokens, whose KV cache alone does not fit: "
-                f"{limit}; shorten the prompt", "prompt")
+                f"{limit}; shorten the {prompt_name}", prompt_name)
         raise MemoryBudgetExceeded(
-            f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) need "
-            f"{need / GB:.3g} GB of KV cache: {limit}, so max_tokens may be at most "
-            f"{room - prompt_tokens}", "max_tokens")
+            f"the prompt ({prompt_tokens} tokens) and {max_tokens_name} ({max_tokens}) need "
+            f"{need / GB:.3g} GB of KV cache: {limit}, so {max_tokens_name} may be at most "
+            f"{room - prompt_tokens}", max_tokens_name)
 
     def _source(self) -> str:
         limit = self.budget.limit

@@ -382,7 +382,7 @@ class Scheduler:
             while self.waiting:
                 seq = self.waiting.popleft()
                 self._left_queue()
-                seq.error = ShuttingDown("the server is shutting down")
+                seq.error = self.failure or ShuttingDown("the server is shutting down")
                 seq.finish()
 
     @staticmethod
