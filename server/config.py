@@ -281,7 +281,8 @@ class EngineSettings(BaseModel):
     memory_margin_gb: float | None = Field(
         None, ge=0.0,
         description="GB of the detected memory limit kept free for what a forward allocates"
-        " for a moment (activations, attention scores); default (null): 10% of the limit."
+        " for a moment (activations, attention scores: on a CPU they grow with the context,"
+        " idle_prefill_chunk x context x heads x 4 bytes); default (null): 10% of the limit."
         " Ignored when memory_budget_gb is set.",
     )
 
