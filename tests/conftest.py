@@ -55,6 +55,19 @@ def thinking_pair(tiny_pair, model_dir) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def zoo(model_dir) -> dict:
+    """Tiny random models of `mlx_lm`'s own architectures (`support.models.ZOO`): each one's
+    (target, draft) folders, the draft its first 2 layers, all sharing one tokenizer."""
+    from support.models import ZOO
+
+    from server.model_files.architectures import build
+    from server.model_files.tokenizer_builder import train_tokenizer
+
+    tokenizer = train_tokenizer(512, max_bytes=400_000)
+    return {arch: build(model_dir / "zoo" / arch, arch, tokenizer=tokenizer) for arch in ZOO}
+
+
+@pytest.fixture(scope="session")
 def loaded_pair(tiny_pair):
     """(target_model, tokenizer, draft_model) loaded with mlx_lm.load."""
     from mlx_lm import load

@@ -201,11 +201,11 @@ def forward_clock(scheduler: Scheduler) -> Iterator[ForwardClock]:
     clock = ForwardClock()
     forward, drafting = ModelBatch.forward, decoder._draft_with_model
 
-    def timed_forward(batch: ModelBatch, inputs: mx.array) -> mx.array:
+    def timed_forward(batch: ModelBatch, inputs: mx.array, **kwargs) -> mx.array:
         if batch.model is not scheduler.kit.target.model:
-            return forward(batch, inputs)
+            return forward(batch, inputs, **kwargs)
         start = time.perf_counter()
-        logits = forward(batch, inputs)
+        logits = forward(batch, inputs, **kwargs)
         mx.eval(logits)
         clock.target_s += time.perf_counter() - start
         clock.target_table_s += scheduler.costs.target.at(*inputs.shape)

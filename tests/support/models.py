@@ -36,3 +36,9 @@ def mlx_lm_greedy(target, prompt: str, max_tokens: int) -> dict[str, str]:
     model, tokenizer = load(str(target))
     return {"chat": mlx_lm_chat(target, prompt, max_tokens),
             "text": generate(model, tokenizer, prompt, max_tokens=max_tokens)}
+
+
+# The architectures the model-family tests build (`zoo` in conftest): llama as the control,
+# then hybrid (Gated DeltaNet, Mamba-2, short convolutions + attention) and sliding-window ones.
+ZOO = ["llama", "qwen3_5", "qwen3_next", "gemma3_text", "gpt_oss", "lfm2", "nemotron_h",
+       "granitemoehybrid"]

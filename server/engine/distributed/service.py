@@ -137,8 +137,13 @@ def load_sharded(path: str, layout: DistributedLayout, *, dtype: str = "auto",
         # Every rank keeps one cache per layer it runs; rank 0 names them for all ranks.
         raise ModelLoadError(f"cannot serve {path} pipeline parallel: its {layers} layers do"
                              f" not split evenly over {layout.world_size} ranks")
-    if any(not isinstance(c, KVCache) for c in make_prompt_cache(model)):
-        raise ModelLoadError(f"cannot serve {path}: only plain KV caches are supported")
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)
+                    if not isinstance(c, KVCache)})
+    if kinds:  # the followers mirror rank 0's KV operations, not window or state rollbacks
+        raise ModelLoadError(
+            f"cannot serve {path} sharded: its layers use {', '.join(kinds)} (sliding windows"
+            " or recurrent states), which the ranks cannot keep in step yet; serve it in one"
+            " process")
     target_dtype = resolve_dtype(dtype)
     if target_dtype is not None:
         model.set_dtype(target_dtype)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from mlx_lm.models.cache import KVCache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 from server.engine.kv.prompt_cache_file import (
     FORMAT,
@@ -132,16 +132,21 @@ class DiskPromptCache:
                         len(stale), path)
 
     # -- the MLX thread ------------------------------------------------------------------------
-    def best(self, key: tuple[str, ...], tokens: list[int]) -> tuple[DiskEntry | None, int]:
-        """The entry sharing the longest prefix with `tokens` (the shortest such file), and
-        the length of that prefix."""
+    def best(self, key: tuple[str, ...], tokens: list[int],
+             limit: int | None = None) -> tuple[DiskEntry | None, int]:
+        """The entry sharing the longest prefix with `tokens`, at most `limit` of them (the
+        shortest such file), and the length of that prefix. An entry that cannot be cut
+        (`DiskEntry.trimmable`) counts only when all its tokens are that prefix."""
         key, wanted = key_string(key), np.asarray(tokens, dtype=np.int64)
+        limit = len(tokens) if limit is None else limit
         best, length = None, MIN_TOKENS - 1
         with self._lock:
             for entry in self._entries.values():
                 if entry.key != key:
                     continue
-                n = common_prefix(entry.tokens, wanted)
+                n = min(common_prefix(entry.tokens, wanted), limit)
+                if not entry.trimmable and n < len(entry.tokens):
+                    continue
                 if n < MIN_USED_FRACTION * len(entry.tokens):
                     continue
                 if n > length or (n == length and best and len(entry.tokens) < len(best.tokens)):
@@ -177,11 +182,13 @@ class DiskPromptCache:
             return
         key_s, ids = key_string(key), np.asarray(tokens, dtype=np.int64)
         name = entry_name(key_s, ids)
+        trimmable = can_trim_prompt_cache(caches)
         with self._lock:
             if any(j.name == name for j in self._pending) or any(
                     e.key == key_s and common_prefix(e.tokens, ids) == len(ids)
+                    and (e.trimmable or len(e.tokens) == len(ids))
                     for e in self._entries.values()):
-                return  # already on disk, or a prefix of an entry that is
+                return  # already on disk, or a prefix of an entry that serves it too
             pending = sum(j.nbytes for j in self._pending)
         if pending and pending + sum(c.nbytes for c in caches) > MAX_PENDING_BYTES:
             log.debug("prefix cache on disk: writer behind, entry skipped")
@@ -192,8 +199,9 @@ class DiskPromptCache:
         arrays, metadata = prompt_cache_layout(caches, meta)
         job = _Job(name, key_s, ids, arrays, metadata, paths)
         with self._wake:
-            # An entry extending a queued one of the same key makes that one useless.
-            for old in [j for j in self._pending if j.key == key_s and
+            # An entry extending a queued one of the same key makes that one useless (unless
+            # they cannot be cut: then each serves its own prefix).
+            for old in [j for j in self._pending if j.key == key_s and trimmable and
                         common_prefix(j.tokens, ids) == len(j.tokens)]:
                 self._pending.remove(old)
             self._pending.append(job)
@@ -254,8 +262,9 @@ class DiskPromptCache:
 
     def _write(self, job: _Job, generation: int) -> None:
         tmp, final = write_temp_file(self.directory, job.name, job.arrays, job.metadata)
+        trimmable = job.metadata.get("0.trimmable", "1") == "1"
         entry = DiskEntry(final, job.key, job.tokens, tmp.stat().st_size, time.time(),
-                          job.paths)
+                          job.paths, trimmable)
         with self._lock:
             if generation != self._generation:  # cleared while it was being written
                 tmp.unlink(missing_ok=True)
@@ -263,7 +272,7 @@ class DiskPromptCache:
             os.replace(tmp, final)
             self._entries[job.name] = entry
             superseded = [n for n, e in self._entries.items() if e.key == job.key
-                          and len(e.tokens) < len(job.tokens)
+                          and trimmable and e.trimmable and len(e.tokens) < len(job.tokens)
                           and common_prefix(e.tokens, job.tokens) == len(e.tokens)]
             doomed = [self._entries.pop(n) for n in superseded]
             while self._total() > self.max_bytes and self._entries:

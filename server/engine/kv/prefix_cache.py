@@ -20,9 +20,10 @@ from __future__ import annotations
 import copy
 
 import mlx.core as mx
-from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from server.engine.kv.disk_cache import DiskPromptCache
+from server.engine.kv.layers import arrays_of
 
 # The default budget: this share of the engine's memory budget for KV caches (the running
 # requests' KV takes precedence: `give_way`). An eighth, as the machine's eighth it was before
@@ -61,10 +62,15 @@ class PrefixCache:
         if not tokens:
             return None, 0
         cache, rest = self._lru.fetch_nearest_cache(key, tokens)
+        if cache is not None and not rest and not can_trim_prompt_cache(cache):
+            # A recurrent state (or a full window) covers exactly its tokens: the request
+            # needs one token to prefill, so it takes an entry one token shorter or less.
+            cache, rest = self._lru.fetch_nearest_cache(key, tokens[:-1])
+            rest = rest + tokens[-1:]
         hit = len(tokens) - len(rest) if cache is not None else 0
         if self.disk is not None:
-            entry, length = self.disk.best(key, tokens)
-            length = min(length, len(tokens) - 1)  # as memory: one token left to prefill
+            # as memory: one token left to prefill
+            entry, length = self.disk.best(key, tokens, len(tokens) - 1)
             if entry is not None and length > hit:
                 loaded = self.disk.load(entry, length)
                 if loaded is not None:
@@ -75,24 +81,32 @@ class PrefixCache:
             return None, 0
         return cache, hit
 
-    def store(self, key: tuple[str, ...], tokens: list[int], caches: list[list]) -> None:
-        """Store `caches` (target's, then draft's) cut to a common length over `tokens`."""
-        caches = [c for c in caches if c]
-        length = min([len(tokens)] + [c[0].offset for c in caches])
+    def store(self, key: tuple[str, ...], tokens: list[int], caches: list[list],
+              lengths: list[int] | None = None) -> None:
+        """Store `caches` (target's, then draft's, covering the first `lengths[i]` of
+        `tokens`; default: all of them) cut to a common length. A part that cannot be cut (a
+        recurrent state, a full window) is not: the target's part is then stored alone, at its
+        own length, under the target's key (`key[:1]`)."""
+        parts = [(list(c), n) for c, n in zip(caches, lengths or [len(tokens)] * len(caches),
+                                               strict=True) if c]
+        if not parts:
+            return
+        length = min([len(tokens)] + [n for _, n in parts])
+        if any(n > length and not can_trim_prompt_cache(c) for c, n in parts):
+            parts, key = parts[:1], key[:1]
+            length = min(parts[0][1], len(tokens))
+        entry = []
+        for part, n in parts:
+            if n > length:
+                part = copy.deepcopy(part)
+                trim_prompt_cache(part, n - length)
+            entry.extend(part)
         if length <= 0:
             return
-        entry = []
-        for part in caches:
-            part = list(part)
-            excess = part[0].offset - length
-            if excess > 0:
-                part = copy.deepcopy(part)
-                trim_prompt_cache(part, excess)
-            entry.extend(part)
-        # The extracted rows are lazy slices of the batch's whole KV buffers: evaluated now,
-        # they become copies of their own and the batch's buffers can be freed (unevaluated, each
+        # The extracted rows are lazy slices of the batch's whole buffers: evaluated now, they
+        # become copies of their own and the batch's buffers can be freed (unevaluated, each
         # entry kept a batch's worth of KV alive: 6x mlx_lm.server's peak memory at 32 streams).
-        mx.eval([a for c in entry for a in (c.keys, c.values)])
+        mx.eval(arrays_of(entry))
         if self.disk is not None:
             self.disk.store(key, tokens[:length], entry)
         if sum(c.nbytes for c in entry) > self.max_bytes:

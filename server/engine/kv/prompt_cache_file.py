@@ -20,7 +20,15 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache, load_prompt_cache
+from mlx_lm.models.cache import (
+    CacheList,
+    KVCache,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+    load_prompt_cache,
+)
+
+from server.engine.kv.layers import arrays_of, leaves
 
 FORMAT = "mlx-spec-server/prefix-cache/1"
 NAME = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{8})\.safetensors$")
@@ -35,6 +43,9 @@ class DiskEntry:
     nbytes: int
     used: float  # last written or read (the file's modification time)
     paths: dict[str, str] = field(default_factory=dict)  # fingerprint -> model path
+    # Whether its caches can be cut to a shorter prefix (not a recurrent state, nor a window
+    # once full): only then may a prompt that shares part of its tokens use it.
+    trimmable: bool = True
 
 
 def entry_name(key: str, tokens: np.ndarray) -> str:
@@ -43,20 +54,47 @@ def entry_name(key: str, tokens: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
-def prompt_cache_layout(caches: list[KVCache], meta: dict[str, str]):
+def prompt_cache_layout(caches: list, meta: dict[str, str]):
     """What `save_prompt_cache(caches, meta)` would write - its tensors (as host copies) and
-    its header metadata - for caches cut to their offsets (their buffers run longer)."""
-    states = [(c.keys[..., : c.offset, :], c.values[..., : c.offset, :], c.offset)
-              for c in caches]
+    its header metadata - for caches cut to what they hold (their buffers run longer)."""
+    caches = [_held(c) for c in caches]
     scalars: list = [""]
     arrays = []
-    for path, value in tree_flatten(states):
-        if isinstance(value, int):  # as save_prompt_cache's map_data stores scalars
-            scalars.append((path, "scalar"))
-            value = mx.array(value)
+    for path, value in tree_flatten([c.state for c in caches]):
+        if not isinstance(value, mx.array):  # as save_prompt_cache's map_data stores them
+            value, kind = _scalar(value)
+            scalars.append((path, kind))
         arrays.append((path, *_host_copy(value)))
     classes = [type(c).__name__ for c in caches]
+    meta = {**meta, "trimmable": "1" if can_trim_prompt_cache(caches) else "0"}
     return arrays, dict(tree_flatten([meta, classes, scalars]))
+
+
+def _held(cache):
+    """A request's cache with its buffers cut to the tokens it holds, in order."""
+    if isinstance(cache, KVCache):
+        held = KVCache()
+        held.keys, held.values = (a[..., : cache.offset, :] for a in (cache.keys, cache.values))
+        held.offset = cache.offset
+        return held
+    if isinstance(cache, RotatingKVCache):
+        held = RotatingKVCache(cache.max_size, cache.keep)
+        count = min(cache.offset, cache.keys.shape[2])
+        held.keys, held.values = (cache._temporal_order(a)[..., -count:, :]
+                                  for a in (cache.keys, cache.values))
+        held.offset, held._idx = cache.offset, count
+        return held
+    if isinstance(cache, CacheList):
+        return CacheList(*(_held(c) for c in cache.caches))
+    return cache  # a recurrent state: its arrays are what it holds
+
+
+def _scalar(value) -> tuple[mx.array, str]:
+    if isinstance(value, str):
+        return mx.array([ord(c) for c in value]), "string"
+    if value is None:
+        return mx.array([]), "none"
+    return mx.array(value), "scalar"
 
 
 def _host_copy(array: mx.array) -> tuple[str, tuple[int, ...], np.ndarray]:
@@ -121,7 +159,8 @@ def read_entry(path: Path) -> DiskEntry | None:
         raise ValueError(f"{st.st_size} bytes, its header says {size}")
     tokens = np.array([int(t) for t in meta["0.tokens"].split(",")], dtype=np.int64)
     paths = json.loads(meta.get("0.paths", "{}"))
-    return DiskEntry(path, meta["0.key"], tokens, st.st_size, st.st_mtime, paths)
+    return DiskEntry(path, meta["0.key"], tokens, st.st_size, st.st_mtime, paths,
+                     meta.get("0.trimmable", "1") == "1")
 
 
 def load_checked(entry: DiskEntry) -> list[KVCache]:
@@ -135,7 +174,7 @@ def load_checked(entry: DiskEntry) -> list[KVCache]:
     tokens = np.array([int(t) for t in meta["tokens"].split(",")], dtype=np.int64)
     if meta.get("key") != entry.key or not np.array_equal(tokens, entry.tokens):
         raise ValueError("key or tokens differ from the index")
-    if any(type(c) is not KVCache or c.offset != len(tokens) for c in cache):
+    if any(getattr(c, "offset", len(tokens)) != len(tokens) for c in leaves(cache)):
         raise ValueError("caches do not cover the entry's tokens")
-    mx.eval([c.state for c in cache])
+    mx.eval(arrays_of(cache))
     return cache

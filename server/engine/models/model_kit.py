@@ -18,12 +18,18 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_load
-from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model, load_tokenizer
 
-from server.engine.errors import AdapterError, IncompatibleDraft, ModelLoadError, ModelNotFound
+from server.engine.errors import (
+    AdapterError,
+    IncompatibleDraft,
+    ModelLoadError,
+    ModelNotFound,
+    UnsupportedCache,
+)
 from server.engine.fim import FimFormat
+from server.engine.kv.layers import check_cache_kinds
 from server.engine.models.adapters import adapter_identity, apply_adapters
 from server.engine.models.draft_vocab import wrap_if_sub_vocab
 from server.engine.models.fused import fuse_projections
@@ -142,13 +148,11 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
             model = wrap_if_sub_vocab(model, local)
         except (ValueError, KeyError, TypeError) as e:
             raise ModelLoadError(f"cannot load {path}: {e}") from e
-    unsupported = sorted({type(c).__name__ for c in make_prompt_cache(model)
-                          if type(c) is not KVCache})
-    if unsupported:
-        # The scheduler batches, trims and reuses plain KV caches; rotating or recurrent
-        # (SSM) caches cannot be trimmed back after a rejected draft: refuse, never guess.
-        raise ModelLoadError(f"cannot serve {path}: its cache kinds {unsupported} cannot be"
-                             " batched and trimmed (only plain KV caches are supported)")
+    try:
+        check_cache_kinds(model)
+    except UnsupportedCache as e:
+        raise ModelLoadError(f"cannot serve {path} (model_type"
+                             f" {config.get('model_type', '?')}): {e}") from e
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())

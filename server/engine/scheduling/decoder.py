@@ -113,10 +113,9 @@ def _draft_with_model(draft: ModelBatch, ks: dict[int, int]) -> tuple[dict[int, 
     steps = max(ks.values())
     fed = [p[:width] for p in pending]
     inputs = mx.array([f + [0] * (width - len(f)) for f in fed], mx.uint32)
-    logits = draft.forward(inputs)
+    logits = draft.forward(inputs, valid=[len(f) for f in fed])  # kept whole: not drafts
     last = mx.array([len(f) - 1 for f in fed])
     logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # (B, V)
-    draft.drop_tail([width - len(f) for f in fed])
     for r, f in zip(rows, fed, strict=True):
         r.draft_pending = r.draft_pending[len(f):]
 

@@ -30,6 +30,7 @@ from server.engine.errors import (
     ShuttingDown,
 )
 from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
+from server.engine.kv.layers import arrays_of, covered
 from server.engine.models.model_kit import ModelKit
 from server.engine.params import DraftSource, GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
@@ -723,7 +724,7 @@ class Scheduler:
             evaluate.append(self.draft)
         for batch in evaluate:
             for c in batch.cache:
-                mx.eval(c.keys, c.values)
+                mx.eval(arrays_of([c]))
         for i in drafting:
             group[i].draft_pending = [group[i].output[-1]]
         for i in joining:
@@ -833,10 +834,15 @@ class Scheduler:
     def _keep_in_prefix_cache(self, seq: Sequence) -> None:
         """A decoding row's caches (both models', where it drafts) as an entry of its context."""
         if self._caching(seq) and seq.error is None:
+            # The target's cache holds the context but its last token; the draft's what
+            # it was fed (its pending tokens not yet).
             caches = [self.target.extract(seq)]
+            lengths = [covered(caches[0], len(seq.context) - 1)]
             if self.draft is not None and seq in self.draft:
                 caches.append(self.draft.extract(seq))
-            self.prefix_cache.store(self._cache_key(seq), seq.context, caches)
+                lengths.append(covered(caches[1],
+                                       len(seq.context) - len(seq.draft_pending)))
+            self.prefix_cache.store(self._cache_key(seq), seq.context, caches, lengths)
 
     def _keep_partial_prefill(self, seq: Sequence) -> None:
         """A request cancelled part way through a long prompt (its client timed out) leaves

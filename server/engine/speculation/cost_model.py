@@ -121,6 +121,7 @@ def time_forwards(model: nn.Module, rows, tokens, context: int = PROFILE_CONTEXT
     with other work slows some forwards down, and then slows every cell alike, not the ones
     measured while it was busy."""
     from server.engine.kv.batch import new_cache, prefill_rows
+    from server.engine.kv.layers import kv_leaves, state_leaves
 
     caches = {r: prefill_rows(model, [new_cache(model) for _ in range(r)],
                               [[1 + (i + n) % 7 for n in range(context)] for i in range(r)])[1]
@@ -130,11 +131,14 @@ def time_forwards(model: nn.Module, rows, tokens, context: int = PROFILE_CONTEXT
         for r in rows:
             for t in tokens:
                 x = mx.ones((r, t), mx.uint32)
+                states = [(c, c.snapshot()) for c in state_leaves(caches[r])]
                 start = time.perf_counter()
                 mx.eval(model(x, cache=caches[r]))
                 elapsed = time.perf_counter() - start
-                for c in caches[r]:
+                for c in kv_leaves(caches[r]):
                     c.trim(t)
+                for c, state in states:  # a recurrent state cannot be trimmed: put it back
+                    c.restore(state)
                 if rep:
                     best[r, t] = min(best[r, t], elapsed)
     table = [[best[r, t] for t in tokens] for r in rows]

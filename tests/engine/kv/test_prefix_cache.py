@@ -12,7 +12,6 @@ from support.servers import served
 from server.engine.events import TokenEvent
 from server.engine.generation import generate_events
 from server.engine.kv.prefix_cache import PrefixCache
-from server.engine.models.model_kit import load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
@@ -272,24 +271,6 @@ async def test_http_usage_health_and_admin_clear(tiny_pair, padded_draft):
         assert r.status_code == 200 and r.json()["entries"] >= 1
         assert (await client.get("/health")).json()["cache_bytes"] == 0
         await asyncio.sleep(0)
-
-
-def test_a_model_whose_cache_cannot_be_trimmed_is_refused_at_load(tiny_pair, tmp_path):
-    """Rotating (sliding-window) caches cannot drop rejected drafts: a clear load error."""
-    import json
-    import shutil
-
-    from server.engine.errors import ModelLoadError
-
-    folder = tmp_path / "windowed"
-    shutil.copytree(tiny_pair[0], folder)
-    config = json.loads((folder / "config.json").read_text())
-    layers = config["num_hidden_layers"]
-    kinds = ["full_attention"] + ["sliding_attention"] * (layers - 1)
-    config.update(sliding_window=8, layer_types=kinds)
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="RotatingKVCache"):
-        load_model(str(folder))
 
 
 def test_a_stored_row_does_not_keep_its_batchs_buffers_alive():

@@ -593,9 +593,9 @@ def test_a_row_the_draft_fell_behind_catches_up_a_few_tokens_per_round(kit, monk
 
     scheduler.policy = Paused()
     real_forward = ModelBatch.forward
-    monkeypatch.setattr(ModelBatch, "forward", lambda batch, inputs: (
+    monkeypatch.setattr(ModelBatch, "forward", lambda batch, inputs, **kw: (
         widths.append(inputs.shape[1]) if batch is scheduler.draft else None)
-        or real_forward(batch, inputs))
+        or real_forward(batch, inputs, **kw))
     requests = [params(kit, 0, k=2, max_tokens=80), params(kit, 1, k=2, max_tokens=25)]
     seqs = [scheduler.submit(p, lambda e: None) for p in requests]
     proposed = []
