@@ -2,10 +2,12 @@
 caches `mlx_lm` makes for it, so every cache kind is measured the same way.
 
 A probe feeds one token through a fresh `make_prompt_cache(model)` and reads each layer's
-cache: one that grows with the context (`KVCache`, `RotatingKVCache` up to its window,
-`QuantizedKVCache`) gives its bytes per allocated position and its allocation step; one of
+cache: one that grows with the context (`KVCache`, `QuantizedKVCache`, a sliding window's
+`RotatingKVCache`) gives its bytes per allocated position and its allocation step; one of
 constant size (`ArraysCache`: an SSM's state) gives its bytes per row. A `CacheList` is read
-layer by layer inside. The scheduler prices batches with it (`memory_gate`).
+layer by layer inside. A window grows no further than its batch cache keeps
+(`WindowKVCache`: the window, its slack and what waits to be compacted; with attention
+sinks, the whole context). The scheduler prices batches with it (`memory_gate`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
+
+from server.engine.kv.window_cache import COMPACT_EVERY, DEFAULT_SLACK
 
 NO_END = 1 << 40  # more positions than any context holds
 
@@ -77,8 +81,15 @@ def _layer_sizes(cache) -> list[LayerSize]:
     first = keys[0] if isinstance(keys, (list, tuple)) else keys  # quantized: (data, scales, ...)
     allocated = first.shape[2]
     return [LayerSize(bytes_per_token=_nbytes(cache) / allocated,
-                      step=getattr(cache, "step", 1) or 1,
-                      max_tokens=getattr(cache, "max_size", None))]
+                      step=getattr(cache, "step", 1) or 1, max_tokens=_window(cache))]
+
+
+def _window(cache) -> int | None:
+    """The most positions a window layer's batch cache holds; None: no bound."""
+    window = getattr(cache, "max_size", None)
+    if window is None or getattr(cache, "keep", 0):  # sinks: never compacted
+        return None
+    return window + DEFAULT_SLACK + COMPACT_EVERY
 
 
 def _nbytes(cache) -> int:

@@ -8,6 +8,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
 from server.engine.kv.kv_size import NO_END, KVLayout, LayerSize, _layer_sizes, kv_layout
+from server.engine.kv.window_cache import COMPACT_EVERY, DEFAULT_SLACK
 
 
 def filled(model, chunks: list[int], window: int | None = None) -> list:
@@ -41,15 +42,20 @@ def test_the_tiny_targets_layout_is_its_config(loaded_pair):
     assert layout.bytes(1) == 256 * 1024 and layout.bytes(10, rows=3) == 3 * 265 * 1024
 
 
-def test_a_rotating_cache_stops_at_its_window(loaded_pair):
+def test_a_window_stops_where_its_batch_cache_does(loaded_pair):
+    """A window layer's batch cache (`WindowKVCache`) keeps the window, its slack and what
+    waits to be compacted: no more, whatever the context; with attention sinks, all of it."""
     target = loaded_pair[0]
     cache = filled(target, [40], window=64)
     assert isinstance(cache[0], RotatingKVCache)
     layout = KVLayout(tuple(size for c in cache for size in _layer_sizes(c)))
-    assert layout.layers[0].max_tokens == 64
-    real = sum(c.nbytes for c in filled(target, [40, 100, 1, 1], window=64))
-    assert layout.bytes(142) == layout.bytes(10_000) == real
-    assert layout.max_tokens(layout.bytes(64)) == NO_END
+    most = 64 + DEFAULT_SLACK + COMPACT_EVERY
+    assert layout.layers[0].max_tokens == most
+    assert layout.bytes(10_000) == layout.bytes(most) == 4 * most * 256
+    assert layout.max_tokens(layout.bytes(most)) == NO_END
+    sinks = [RotatingKVCache(max_size=64, keep=4) for _ in target.layers]
+    target(mx.array([[5, 6]], mx.uint32), cache=sinks)
+    assert _layer_sizes(sinks[0])[0].max_tokens is None
 
 
 def test_a_state_cache_has_a_constant_size():
@@ -69,3 +75,19 @@ def test_max_tokens_is_the_most_that_fits(loaded_pair):
             assert layout.bytes(1) > budget
         else:
             assert layout.bytes(n) <= budget < layout.bytes(n + 1)
+
+
+def test_every_cache_kind_of_the_zoo_is_bounded(zoo):
+    """Full attention, windows, recurrent states and layers with several caches (`mlx_lm`'s
+    own architectures as tiny models): the layout bounds what a prompt's caches allocate,
+    within a step of every growing layer."""
+    from mlx_lm import load
+
+    for arch, (target, _) in zoo.items():
+        model, _ = load(str(target))
+        layout = kv_layout(model)
+        for chunks in ([300], [100, 1, 257]):
+            real = sum(c.nbytes for c in filled(model, chunks))
+            predicted = layout.bytes(sum(chunks))
+            per_step = layout.bytes(256 + 1) - layout.bytes(1)
+            assert real <= predicted <= real + per_step, (arch, chunks, real, predicted)
