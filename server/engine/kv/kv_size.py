@@ -32,11 +32,12 @@ class LayerSize:
     max_tokens: int | None = None  # a window (RotatingKVCache): it grows no further
 
     def bytes(self, tokens: int) -> int:
-        """At most the bytes of one row holding `tokens` positions: a cache grows a step at
-        a time from wherever it stands, so it has allocated fewer than `step` more."""
-        allocated = tokens + self.step - 1 if tokens > 0 else 0
+        """At most the bytes of one row holding `tokens` positions (a window: at most
+        `max_tokens` of them): a cache grows a step at a time from wherever it stands, so it
+        has allocated fewer than `step` more."""
         if self.max_tokens is not None:
-            allocated = min(allocated, self.max_tokens)
+            tokens = min(tokens, self.max_tokens)
+        allocated = tokens + self.step - 1 if tokens > 0 else 0
         return self.fixed_bytes + int(allocated * self.bytes_per_token)
 
 

@@ -151,3 +151,23 @@ def test_the_prefix_cache_gives_way_to_running_rows(kit):
     scheduler = gated(kit, budget, cache=cache)
     run(scheduler, [request(kit, i, max_tokens) for i in range(6)])  # `run` checks the sum
     assert cache.info()["entries"] >= 1
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "qwen3_next", "nemotron_h"])
+def test_every_cache_kind_is_paused_and_resumed_within_the_budget(zoo, arch):
+    """Sliding windows, recurrent states and layers of several caches (tiny models of mlx_lm's
+    own architectures, drafting with their 2-layer drafts): the batch's caches stay within
+    the budget their layouts price, and the paused row's text is its text alone."""
+    from support.engine import pair_kit
+
+    kit = pair_kit(zoo[arch])
+    k = 3
+    lengths = [ADMISSION_GROWTH_TOKENS + 40, ADMISSION_GROWTH_TOKENS + 40,
+               2 * ADMISSION_GROWTH_TOKENS + 100]
+    budget = row_bytes(kit, PROMPT_TOKENS + ADMISSION_GROWTH_TOKENS + 1 + k, rows=3, draft=True)
+    requests = [request(kit, i, n, k) for i, n in enumerate(lengths)]
+    scheduler = gated(kit, budget)
+    events, _ = run(scheduler, requests)
+    assert scheduler.preemptions >= 1
+    for p, e in zip(requests, events, strict=True):
+        assert_same_or_near_tie(kit, p, tokens_of(e), alone(kit, p))
