@@ -76,9 +76,14 @@ def test_the_process_exits_non_zero_within_seconds(tiny_pair, tmp_path, kind):
     assert "exiting with status 70" in log.read_text()
 
 
+RESPONSE = {"input": "Write a long story", "max_output_tokens": 300, "temperature": 0,
+            "ignore_eos": True, "background": True}
+
+
 def test_with_a_state_dir_a_restart_finishes_the_batch(tiny_pair, tmp_path):
     """Two short requests finish before the fault; the four others fail with the worker and
-    keep no result, so the next start runs them."""
+    keep no result, so the next start runs them; a background response the fault cut short
+    runs again too."""
     config = tmp_path / "config.yaml"
     config.write_text(f"server:\n  state_dir: {tmp_path / 'state'}\n")
     lengths = [2, 2, 300, 300, 300, 300]
@@ -93,6 +98,8 @@ def test_with_a_state_dir_a_restart_finishes_the_batch(tiny_pair, tmp_path):
     try:
         source = httpx.post(f"{url}/v1/files", data={"purpose": "batch"},
                             files={"file": ("in.jsonl", data.encode())}).json()
+        background = httpx.post(f"{url}/v1/responses", json=RESPONSE).json()
+        assert background["status"] == "queued"
         batch = httpx.post(f"{url}/v1/batches", json={
             "input_file_id": source["id"], "endpoint": "/v1/chat/completions",
             "completion_window": "24h"}).json()
@@ -118,6 +125,15 @@ def test_with_a_state_dir_a_restart_finishes_the_batch(tiny_pair, tmp_path):
             alone = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
             assert line["response"]["body"]["choices"][0]["message"]["content"] == \
                 alone["choices"][0]["message"]["content"]
+        while (done := httpx.get(f"{url}/v1/responses/{background['id']}").json())["status"] \
+                in ("queued", "in_progress"):
+            assert time.monotonic() < deadline, done
+            time.sleep(0.1)
+        assert done["status"] == "incomplete" and done["usage"]["output_tokens"] == 300
+        alone = httpx.post(f"{url}/v1/responses", json={**RESPONSE, "background": False},
+                           timeout=60).json()
+        assert done["output"][0]["content"][0]["text"] == \
+            alone["output"][0]["content"][0]["text"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
