@@ -3,9 +3,11 @@
 Each server (ours, then `mlx_lm.server` with the same models) starts inside a fresh memory
 cgroup limited to `--limit-gb` (v1's memory controller or v2's; root or a delegated cgroup);
 `--requests` greedy text completions of about `--prompt-tokens` tokens each then arrive at
-once. A row per server: the limit, the requests, how many were answered (200), whether the
-server still answers afterwards (or its exit status), the cgroup's peak memory and OOM kills,
-the wall time, and ours' preemptions from /metrics. `--check-alone` then sends each request
+once. A row per server: the limit, what the flood's KV needs (every request's, target and
+draft, priced by the models' layouts) and ours' budget (derived from the limit), the
+requests, how many were answered (200), whether the server still answers afterwards (or its
+exit status), the cgroup's peak memory and OOM kills, the wall time, and ours' preemptions
+from /metrics. `--check-alone` then sends each request
 alone to the same server and counts the answers whose text is the flood's (greedy: all).
 """
 
@@ -23,6 +25,7 @@ import httpx
 
 from server.bench import results
 from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
+from server.engine.kv.kv_size import kv_layout
 from server.model_files.bundled import demo_or_generated_pair
 
 WORDS = ("the lighthouse keeper counted ships at dawn and wrote each name in a ledger that "
@@ -36,6 +39,17 @@ class Answer:
     status: int  # 0: no HTTP answer (the connection failed or timed out)
     text: str | None = None
     error: str | None = None
+
+
+def kv_need(target: str, draft: str | None, tokenizer, prompts: list[str],
+            max_tokens: int) -> int:
+    """The bytes of every request's KV caches (target and draft) at its end, priced by the
+    models' layouts (`kv_size`): what the flood would hold if all ran at once."""
+    from mlx_lm import load
+
+    layouts = [kv_layout(load(path)[0]) for path in (target, draft) if path]
+    return sum(layout.bytes(len(tokenizer.encode(p)) + max_tokens)
+               for p in prompts for layout in layouts)
 
 
 def flood_prompts(tokenizer, count: int, tokens: int) -> list[str]:
@@ -130,17 +144,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def flood_row(name: str, args, prompts: list[str], log_dir: Path) -> dict:
-    """One server's flood in a fresh cgroup limited to `args.limit_gb`."""
+def flood_row(name: str, args, prompts: list[str], log_dir: Path, need: int) -> dict:
+    """One server's flood in a fresh cgroup limited to `args.limit_gb` (`need`: the flood's
+    KV bytes)."""
     port = free_port()
     cgroup = Cgroup.create(unique_name(f"flood-{name}"), int(args.limit_gb * GB))
     row = {"server": name, "limit_gb": args.limit_gb, "requests": len(prompts),
-           "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
+           "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+           "kv_need_gb": round(need / GB, 3)}
     proc = None
     try:
         proc, url = start_in(cgroup, server_argv(name, args, port), log_dir / f"{name}.log",
                              port)
         cgroup.reset_peak()
+        if name == "ours":  # what it derived from the cgroup's limit
+            row["budget_gb"] = round(httpx.get(f"{url}/health").json()["memory"]
+                                     ["budget_bytes"] / GB, 3)
         start = time.perf_counter()
         answers = asyncio.run(send_all(url, prompts, args.max_tokens, args.timeout))
         row["wall_s"] = round(time.perf_counter() - start, 3)
@@ -172,9 +191,10 @@ def flood_row(name: str, args, prompts: list[str], log_dir: Path) -> dict:
 
 
 def table(rows: list[dict]) -> list[list[str]]:
-    head = ["server", "limit GB", "requests", "answered", "alive", "peak GB", "OOM kills",
-            "wall s", "preemptions", "equal alone"]
-    return [head] + [[r["server"], f"{r['limit_gb']:g}", str(r["requests"]),
+    head = ["server", "limit GB", "KV need GB", "budget GB", "requests", "answered", "alive",
+            "peak GB", "OOM kills", "wall s", "preemptions", "equal alone"]
+    return [head] + [[r["server"], f"{r['limit_gb']:g}", results.num(r.get("kv_need_gb"), ".3f"),
+                      results.num(r.get("budget_gb"), ".3f"), str(r["requests"]),
                       str(r["answered"]), str(r["alive"]), results.num(r.get("peak_gb"), ".3f"),
                       str(r.get("oom_kills")), results.num(r.get("wall_s"), ".1f"),
                       results.num(r.get("preemptions"), ".0f"),
@@ -207,11 +227,12 @@ def main(argv: list[str]) -> int:
         args.draft_model = None
     from mlx_lm.utils import load_tokenizer
 
-    prompts = flood_prompts(load_tokenizer(Path(args.target_model)), args.requests,
-                            args.prompt_tokens)
+    tokenizer = load_tokenizer(Path(args.target_model))
+    prompts = flood_prompts(tokenizer, args.requests, args.prompt_tokens)
+    need = kv_need(args.target_model, args.draft_model, tokenizer, prompts, args.max_tokens)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     try:
-        rows = [flood_row(name, args, prompts, args.results_dir) for name in names]
+        rows = [flood_row(name, args, prompts, args.results_dir, need) for name in names]
     except CgroupUnavailable as e:
         print(f"error: no memory cgroup can be made here (root, or a delegated cgroup v2, is"
               f" needed): {e}", file=sys.stderr)

@@ -61,4 +61,8 @@ def test_flood_runs_both_servers_on_the_tiny_pair(cgroups, tiny_pair, tmp_path, 
             (3, True, 0, 3), row
         assert 0 < row["peak_gb"] <= 4 and row["wall_s"] > 0
     assert ours["preemptions"] == 0 and theirs["preemptions"] is None  # no such metric
-    assert table(doc["rows"])[1][:4] == ["ours", "4", "3", "3"]
+    assert ours["budget_gb"] > 0 and "budget_gb" not in theirs
+    # 3 prompts of 64 tokens and 4 more: (68 + 255) positions of 1 KiB (target) and 0.5 KiB
+    assert ours["kv_need_gb"] == theirs["kv_need_gb"] == round(3 * 323 * 1536 / 1e9, 3)
+    assert table(doc["rows"])[1][:6] == ["ours", "4", "0.001", f"{ours['budget_gb']:.3f}",
+                                         "3", "3"]

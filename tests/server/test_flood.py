@@ -16,8 +16,15 @@ import pytest
 from support.servers import served
 
 from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
-from server.bench.flood import alive, flood_prompts, free_port, metric, send_all, start_in
-from server.engine.kv.kv_size import kv_layout
+from server.bench.flood import (
+    alive,
+    flood_prompts,
+    free_port,
+    kv_need,
+    metric,
+    send_all,
+    start_in,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +36,9 @@ MAX_TOKENS = 16
 MARGIN_GB = 0.2
 
 
-def flood_need(loaded_pair, prompts: list[str]) -> int:
+def flood_need(tiny_pair, tokenizer, prompts: list[str]) -> int:
     """The bytes of every request's KV (target and draft) at its end."""
-    target, tokenizer, draft = loaded_pair
-    return sum(layout.bytes(len(tokenizer.encode(p)) + MAX_TOKENS)
-               for p in prompts for layout in (kv_layout(target), kv_layout(draft)))
+    return kv_need(str(tiny_pair[0]), str(tiny_pair[1]), tokenizer, prompts, MAX_TOKENS)
 
 
 def assert_equal_alone(url: str, prompts: list[str], answers) -> None:
@@ -47,7 +52,7 @@ async def test_a_flood_against_a_configured_budget(tiny_pair, loaded_pair):
     """12 requests whose KV is twice the budget (`engine.memory_budget_gb`), in process: the
     caches (running and prefix) never outgrow it."""
     prompts = flood_prompts(loaded_pair[1], 12, PROMPT_TOKENS)
-    budget = flood_need(loaded_pair, prompts) // 2
+    budget = flood_need(tiny_pair, loaded_pair[1], prompts) // 2
     async with served(*tiny_pair, engine={"memory_budget_gb": budget / 1e9}) as (client, engine):
         scheduler, peak = engine.scheduler, []
         step = scheduler.step
@@ -62,7 +67,7 @@ async def test_a_flood_against_a_configured_budget(tiny_pair, loaded_pair):
         answers = await asyncio.gather(*(client.post("/v1/completions", json={
             "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0}) for p in prompts))
         assert [a.status_code for a in answers] == [200] * len(prompts)
-        assert max(peak) <= budget < flood_need(loaded_pair, prompts)
+        assert max(peak) <= budget < flood_need(tiny_pair, loaded_pair[1], prompts)
         assert (await client.get("/health")).status_code == 200
         for prompt, answer in zip(prompts, answers, strict=True):
             single = await client.post("/v1/completions", json={
@@ -85,7 +90,7 @@ def test_a_flood_in_a_memory_cgroup(tiny_pair, loaded_pair, cgroup, tmp_path):
     limit: the limit is set to what the server holds once loaded, the margin, and half the
     flood's KV."""
     prompts = flood_prompts(loaded_pair[1], 32, PROMPT_TOKENS)
-    need = flood_need(loaded_pair, prompts)
+    need = flood_need(tiny_pair, loaded_pair[1], prompts)
     env = {**os.environ, "MLX_SPEC_ENGINE__COST_MODEL": "false"}
 
     def start(log: Path):
