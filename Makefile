@@ -11,10 +11,22 @@ CHROMIUM := /usr/bin/chromium
 # Test processes (pytest-xdist), one test file each at a time: module-scoped servers start once.
 TEST_WORKERS ?= 2
 
-.PHONY: serve test lint bench-smoke openblas chromium clean
+.PHONY: install serve test lint bench-smoke openblas chromium clean
 
+install: $(STAMP) openblas
+
+# Ctrl-C at a terminal interrupts make with the server, whatever the server's exit status. So
+# there `set -m` runs the server as a job of its own in the terminal's foreground: Ctrl-C reaches
+# it alone, it drains and exits 0, and make with it. Elsewhere (a service, CI, `make serve &`)
+# the recipe's shell becomes the server, so the signals make gets (and forwards) reach it.
+SERVE := $(PY) -m server --config config.yaml
+FOREGROUND := [ -t 0 ] && [ "$$(ps -o tpgid= -p $$$$)" -eq "$$(ps -o pgid= -p $$$$)" ]
+
+serve: SHELL := /bin/bash
 serve: $(STAMP) openblas
-	$(PRELOAD) $(PY) -m server --config config.yaml
+	@echo "$(SERVE)"
+	@if $(FOREGROUND) 2>/dev/null; then set -m; $(PRELOAD) $(SERVE); status=$$?; exit $$status; \
+	else $(PRELOAD) exec $(SERVE); fi
 
 test: $(STAMP) openblas chromium
 	$(PRELOAD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile

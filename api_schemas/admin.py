@@ -9,6 +9,14 @@ from pydantic import Field
 from api_schemas.openai import OpenAIBaseModel, RequestModel
 
 
+class Quantization(OpenAIBaseModel):
+    """A model folder's quantization, as `mlx_lm.convert -q` writes it in config.json."""
+
+    bits: int
+    group_size: int | None = None
+    mode: str | None = None
+
+
 class ModelEntry(OpenAIBaseModel):
     """OpenAI's model object, plus our `role` and `path`."""
 
@@ -24,6 +32,13 @@ class ModelEntry(OpenAIBaseModel):
                                      description="The target's fine-tuned adapters, if any.")
     max_model_len: int | None = Field(None, description="vLLM's name: its context length in"
                                       " tokens (prompt and output together).")
+    quantization: Quantization | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="The quantization of its weight files; absent for float weights.")
+    dequantized: bool | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="A loaded quantized model: whether its weights were dequantized at load"
+        " (models.dequantize).")
 
 
 class ModelList(OpenAIBaseModel):
@@ -115,6 +130,25 @@ class MemoryStatus(OpenAIBaseModel):
     paused: int = Field(description="Requests paused now, waiting for memory to resume.")
 
 
+class QuantizedModel(Quantization):
+    dequantized: bool = Field(description="Its weights were dequantized at load"
+                              " (models.dequantize).")
+
+
+class CostModelStatus(OpenAIBaseModel):
+    """Where the forward times that choose each row's k come from (engine.cost_model)."""
+
+    target: Literal["formula", "similar", "stored", "measured"] = Field(
+        description="formula: from its parameters and the device; similar: a stored table of a"
+        " model of similar size, scaled; stored: its own table from an earlier start;"
+        " measured: by this process.")
+    draft: Literal["formula", "similar", "stored", "measured"] | None = None
+    measuring: bool = Field(description="A measurement (or a stored table's spot check) is"
+                            " still to run, in idle moments.")
+    measured_s: float = Field(description="Machine time measuring took so far.")
+    budget_s: float | None = Field(description="engine.cost_model_budget_s.")
+
+
 class Health(OpenAIBaseModel):
     status: Literal["ok", "draining", "failed"] = Field(
         "ok", description='"draining" (with HTTP 503) once shutdown began: send no new'
@@ -131,6 +165,11 @@ class Health(OpenAIBaseModel):
     distributed: DistributedLayout | None = Field(
         None, description="The layout of a target sharded with `mlx.launch`; absent in one"
         " process.")
+    quantization: dict[Literal["target", "draft"], QuantizedModel] | None = Field(
+        None, description="The quantized models among the target and the draft, and whether"
+        " each was dequantized; absent when neither is quantized.")
+    cost_model: CostModelStatus | None = Field(
+        None, description="Absent with engine.cost_model off.")
     memory: MemoryStatus | None = Field(
         None, description="The memory budget that admits and pauses requests; absent without"
         " one (a sharded target).")

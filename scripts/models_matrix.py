@@ -293,8 +293,8 @@ def render(rows: list[dict]) -> str:
     for r in served:
         cells = [_cell(r.get(c, "no")) for c in COLUMNS]
         lines.append(f"| `{r['arch']}` | {r.get('caches', '')} | " + " | ".join(cells) + " |")
-    lines += ["", "Not tried (no small config of their `ModelArgs` builds a model; most are "
-              "vision or multimodal wrappers): " +
+    lines += ["", "Not tried (no small config of theirs builds a model; most are vision or "
+              "multimodal wrappers): " +
               ", ".join(f"`{r['arch']}`" for r in unbuilt) + ".", ""]
     return "\n".join(lines)
 

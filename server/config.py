@@ -27,6 +27,7 @@ from server.engine.scheduling.scheduler import (
     SchedulerConfig,
 )
 from server.engine.scheduling.switching import TargetEntry
+from server.engine.speculation.forward_source import DEFAULT_BUDGET_S
 from server.engine.speculation.policy import (
     DEFAULT_BATCH_DRAFT_TOKENS,
     DEFAULT_NUM_DRAFT_TOKENS,
@@ -54,6 +55,13 @@ class ServerSettings(BaseModel):
         description="Responses API: finished responses kept (least recently used out first;"
         " in memory, and in state_dir) for GET /v1/responses/{id} and previous_response_id,"
         " and as many conversations (/v1/conversations); 0 keeps none.",
+    )
+    max_body_mb: float = Field(
+        8.0, gt=0,
+        description="The largest request body in MB (10^6 bytes): a 413, in the API's error"
+        " shape, before a larger one is read (by its Content-Length, or as its bytes arrive)."
+        " 8 MB holds a 1M-token context's text. A batch's requests (POST /v1/files,"
+        " POST /v1/messages/batches) are bounded by files_max_gb instead.",
     )
     files_max_gb: float = Field(
         1.0, ge=0,
@@ -134,7 +142,10 @@ class ModelSettings(BaseModel):
         "models/demo/target", description="Target model: local mlx_lm folder or hub id."
     )
     model_name: str | None = Field(
-        None, description="Name clients use in `model`; defaults to the `model` path or id."
+        None, description="Name clients use in `model` (the path works too), such as"
+        " smollm2-135m-instruct: agents (the OpenAI Agents SDK) refuse a path's prefix; defaults"
+        " to the `model` path or id. A config file's name is dropped when a flag or the"
+        " environment gives another model without one."
     )
     draft_model: str | None = Field(
         "models/demo/draft", description="Draft model path or hub id; null or 'none' for none;"
@@ -185,6 +196,13 @@ class ModelSettings(BaseModel):
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU (16-bit matmuls are slow there)."
+    )
+    dequantize: bool | Literal["auto"] = Field(
+        "auto", description="Quantized models (mlx-community's 4- and 8-bit ones), target and"
+        " draft: auto dequantizes them at load on a CPU device, where quantized matmuls run"
+        " ~3x slower, when their float weights fit in half of the memory this process may use"
+        " (its cgroup limit, else the machine's); on Metal and CUDA they stay quantized. true"
+        " or false forces it. /v1/models and /health say what was done.",
     )
     model_roots: list[str] | None = Field(
         None,
@@ -252,11 +270,19 @@ class EngineSettings(BaseModel):
     )
     cost_model: bool = Field(
         True,
-        description="Time the models' forwards (rows x tokens) at start-up, cached per model"
-        " and machine under ~/.cache/mlx-spec-server (measured again when a spot check at"
-        " start finds the stored times measured while the machine was busy), and let those"
-        " times and each row's acceptance choose how many tokens each row drafts per round."
+        description="Let the models' forward times (rows x tokens) and each row's acceptance"
+        " choose how many tokens each row drafts per round. The server is ready at once, with"
+        " prior times (a stored table of this model, else of a model of similar size, else a"
+        " formula from its parameters and the device), and measures the times in idle moments"
+        " (cost_model_budget_s), stored per model and machine under ~/.cache/mlx-spec-server."
         " Off: every row drafts up to the caps.",
+    )
+    cost_model_budget_s: float = Field(
+        DEFAULT_BUDGET_S, ge=0.0, le=3600.0,
+        description="Machine time the forward-time measurement may take per start, one forward"
+        " at a time while no request waits or runs (a request that arrives waits for one"
+        " forward at most); larger row counts than it pays for are extrapolated. 0: never"
+        " measure (the prior, corrected by real rounds).",
     )
     drain_timeout_s: float = Field(
         10.0, ge=0.0, le=600.0,
@@ -388,6 +414,7 @@ class Settings(BaseSettings):
         data: dict = {}
         if path is not None:
             data = yaml.safe_load(Path(path).read_text()) or {}
+        _name_follows_model(data, overrides)
         for section, values in list(data.items()):
             if isinstance(values, dict):  # a key set in the environment is left to it
                 data[section] = {k: v for k, v in values.items()
@@ -399,6 +426,20 @@ class Settings(BaseSettings):
 
 def _bytes(gb: float | None) -> int | None:
     return None if gb is None else int(gb * 1e9)
+
+
+def _name_follows_model(data: dict, overrides: dict) -> None:
+    """The file's `models.model_name` names the file's `models.model`: a model another source
+    gives (a flag, the environment) is served under its own path, unless a name comes with it
+    (`python -m server --config config.yaml --model M` does not serve M as SmolLM2)."""
+    models = data.get("models")
+    if not isinstance(models, dict) or "model_name" not in models:
+        return
+    given = overrides.get("models", {})
+    elsewhere = {key for key in ("model", "model_name")
+                 if key in given or _env_name("models", key) in os.environ}
+    if elsewhere == {"model"}:
+        data["models"] = {k: v for k, v in models.items() if k != "model_name"}
 
 
 def _env_name(section: str, key: str) -> str:
@@ -419,7 +460,7 @@ def engine_config(settings: Settings, *, draft: str | None,
         model_aliases=tuple(m.model_aliases), adapter_path=m.adapter_path,
         chat_template=m.chat_template, chat_template_kwargs=dict(m.chat_template_kwargs),
         embedding_model=m.embedding_model, embedding_pooling=m.embedding_pooling,
-        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype,
+        num_draft_tokens=m.num_draft_tokens, dtype=m.dtype, dequantize=m.dequantize,
         scheduler=SchedulerConfig(
             max_batch_size=e.max_batch_size, max_queue_size=settings.server.max_queue_size,
             prefill_chunk=e.prefill_chunk, idle_prefill_chunk=e.idle_prefill_chunk),
@@ -430,6 +471,7 @@ def engine_config(settings: Settings, *, draft: str | None,
         memory_margin_bytes=_bytes(e.memory_margin_gb),
         fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9), cost_model=e.cost_model,
+        cost_model_budget_s=e.cost_model_budget_s,
         more_targets=tuple(more_targets),
         distributed=None if layout is None else DistributedConfig(
             layout, settings.distributed.timeout_s, settings.distributed.heartbeat_s))

@@ -34,6 +34,14 @@ def tiny_pair(model_dir) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def quantized_pairs(tiny_pair, model_dir) -> dict[int, tuple[Path, Path]]:
+    """The tiny pair quantized as mlx-community's models are: {4: (target, draft), 8: ...}."""
+    from support.models import quantized_pair
+
+    return {bits: quantized_pair(tiny_pair, model_dir / f"q{bits}", bits) for bits in (4, 8)}
+
+
+@pytest.fixture(scope="session")
 def padded_draft(model_dir) -> Path:
     """Same tokenizer as `tiny_pair`, a larger embedding (like Qwen2.5-0.5B vs 7B)."""
     _, draft = build_pair(model_dir / "padded", "tiny", draft_vocab_pad=64)

@@ -42,7 +42,7 @@ from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling import decoder
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
-from server.engine.speculation.cost_model import measure_forward_times
+from server.engine.speculation.forward_times import time_forwards
 from server.model_files.bundled import generated_pair
 
 _TASKS, _SUBJECTS, _CONTEXT = (results.PROMPTS["load"][k] for k in ("tasks", "subjects",
@@ -409,7 +409,7 @@ def layout_figures(args: argparse.Namespace, layout=None) -> dict:
                                        for _ in range(args.reps))
                for name, draft_k in [("plain", 0)] + ([("draft", k)] if engine.draft else [])}
         timed: Future = Future()  # on the engine's MLX thread, where every collective runs
-        engine.scheduler.call(lambda: measure_forward_times(
+        engine.scheduler.call(lambda: time_forwards(
             engine.kit.target.model, rows=(1,), tokens=(1, k + 1), context=args.context,
             reps=args.reps * 3), lambda times, error: timed.set_exception(error) if error
             else timed.set_result(times))

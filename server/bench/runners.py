@@ -20,7 +20,7 @@ from server.engine.events import Finished
 from server.engine.generation import generate_events
 from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
-from server.engine.speculation.cost_model import measure_forward_times
+from server.engine.speculation.forward_times import time_forwards
 
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
              "messages": "/v1/messages"}
@@ -236,7 +236,7 @@ class EngineRunner:
         """c: a draft forward's time over the target's (one token, the fastest of 32)."""
         if self.kit.draft is None:
             return None
-        target, draft = (measure_forward_times(m.model, rows=(1,), tokens=(1,), reps=32)
+        target, draft = (time_forwards(m.model, rows=(1,), tokens=(1,), reps=32)
                          for m in (self.kit.target, self.kit.draft))
         return draft.seconds[0][0] / target.seconds[0][0]
 

@@ -37,6 +37,7 @@ class EngineConfig:
     embedding_pooling: str = "last"
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     dtype: str = "auto"
+    dequantize: bool | str = "auto"  # quantized weights dequantized at load: auto, True, False
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec_max_batch: int | None = None  # None: the policy's default
     spec_batch_draft_tokens: int | None = None
@@ -50,6 +51,7 @@ class EngineConfig:
     fuse_projections: bool = False
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 0
-    cost_model: bool = False  # measured forward times choose each row's k per round
+    cost_model: bool = False  # forward times (a prior, then measured) choose each row's k
+    cost_model_budget_s: float | None = None  # machine time measuring them; None: the default
     more_targets: tuple[TargetEntry, ...] = ()  # configured targets to switch to by name
     distributed: DistributedConfig | None = None

@@ -50,6 +50,7 @@ from server.engine.scheduling.scheduler import (
 from server.engine.scheduling.sequence import Sequence
 from server.engine.scheduling.switching import TargetEntry, TargetSwitcher
 from server.engine.scoring import PromptLogprobs, PromptScorer
+from server.engine.speculation.forward_source import DEFAULT_BUDGET_S
 from server.engine.speculation.policy import SpeculationPolicy
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ class ModelCard:
     created: int  # when it was loaded (Unix seconds)
     num_draft_tokens: int | None = None
     max_model_len: int | None = None  # its context length
+    quantization: dict | None = None  # its folder's ({"bits", "group_size", "mode"})
+    dequantized: bool | None = None  # a quantized model: dequantized at load (None: float)
 
 
 class RequestHandle:
@@ -127,7 +130,10 @@ class InferenceEngine:
         self.model_aliases = frozenset(config.model_aliases)  # more names for the target
         self.dtype = config.dtype
         self.fuse_projections = config.fuse_projections
-        self.cost_model = config.cost_model  # measured forward times choose each row's k
+        self.dequantize = config.dequantize  # quantized weights: "auto", True or False
+        self.cost_model = config.cost_model  # forward times choose each row's k
+        self.cost_model_budget_s = (DEFAULT_BUDGET_S if config.cost_model_budget_s is None
+                                    else config.cost_model_budget_s)
         k = config.num_draft_tokens
         policy = {"spec_max_batch": config.spec_max_batch,
                   "batch_draft_tokens": config.spec_batch_draft_tokens}
@@ -203,11 +209,13 @@ class InferenceEngine:
                 log.exception("a failure callback failed")
 
     def _load_initial(self) -> None:
+        start = time.perf_counter()
         log.info("loading target model %s", self._target_path)
         target = load_model(self._target_path, dtype=self.dtype, name=self.model_name,
-                            fuse=self.fuse_projections, adapter_path=self._adapter_path,
-                            chat_template=self._chat_template)
-        self.kit = ModelKit(target, dtype=self.dtype, fuse=self.fuse_projections)
+                            fuse=self.fuse_projections, dequantize=self.dequantize,
+                            adapter_path=self._adapter_path, chat_template=self._chat_template)
+        self.kit = ModelKit(target, dtype=self.dtype, fuse=self.fuse_projections,
+                            dequantize=self.dequantize)
         if self._draft_path:
             log.info("loading draft model %s", self._draft_path)
             self.kit.load_draft(self._draft_path)
@@ -217,12 +225,13 @@ class InferenceEngine:
                                      self._embedding[1])
         self._check_more_targets()
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
-        if self.cost_model:
-            self.scheduler.measure_costs()  # measured once per model and machine, then cached
+        if self.cost_model:  # a prior now; measured in idle moments, never before ready
+            self.scheduler.use_cost_model(budget_s=self.cost_model_budget_s)
         self._price_memory()
         if self.caches_prompts:
             self.scheduler.prefix_cache = self._prefix_cache()
             self._register_on_disk(self.kit.target, self.kit.draft)
+        log.info("models loaded in %.1f s", time.perf_counter() - start)
 
     def _price_memory(self) -> None:
         """Measure the memory budget and the models' KV layouts (at start and after every model
@@ -391,6 +400,14 @@ class InferenceEngine:
         (`server.engine.distributed.service`); None in one process."""
         return None
 
+    @property
+    def cost_model_status(self) -> dict | None:
+        """Where the forward times the cost model reads come from now, per model, and whether
+        they are being measured (`forward_source.CostSource.status`); None without it."""
+        scheduler = self.scheduler
+        source = scheduler.cost_source if scheduler is not None else None
+        return source.status() if source is not None else None
+
     def cache_info(self) -> dict:
         cache = self.scheduler.prefix_cache if self.scheduler is not None else None
         if cache is None:
@@ -403,7 +420,8 @@ class InferenceEngine:
             id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
             memory_gb=model.nbytes() / 1e9, created=model.loaded_at,
             num_draft_tokens=self.num_draft_tokens if role == "draft" else None,
-            max_model_len=model.context_length,
+            max_model_len=model.context_length, quantization=model.quantization,
+            dequantized=model.dequantized if model.quantization else None,
         )
 
     # -- requests -----------------------------------------------------------------------------
@@ -524,8 +542,8 @@ class InferenceEngine:
         """Load `entry`'s target and draft, then serve them (MLX thread): what ran on the
         previous target ends with ModelReplaced. `configured`: the switcher's entry it is."""
         target = load_model(entry.path, dtype=self.dtype, name=entry.name,
-                            fuse=self.fuse_projections, adapter_path=entry.adapter_path,
-                            chat_template=entry.chat_template)
+                            fuse=self.fuse_projections, dequantize=self.dequantize,
+                            adapter_path=entry.adapter_path, chat_template=entry.chat_template)
         new_draft = self.kit.draft_for(target, entry.draft)
         self.kit.install(target, new_draft)
         self.model_name = target.name

@@ -21,6 +21,7 @@ from server.http.anthropic import errors as anthropic_errors
 from server.http.anthropic import routes as messages
 from server.http.anthropic.batches import MessageBatches
 from server.http.common.auth import log_exposure
+from server.http.common.bodies import install_body_limits
 from server.http.common.errors import install_error_handlers
 from server.http.common.request_ids import RequestIds
 from server.http.jobs.runner import BatchRunner
@@ -47,6 +48,8 @@ LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 ERROR_SHAPES = [ollama_errors.SHAPE, anthropic_errors.SHAPE]
 # The admin endpoints (model and cache changes) never answer another origin's page.
 ADMIN_PATHS = ("/v1/models/draft", "/v1/models/target", "/v1/cache")
+# The POST routes that take a batch's requests: bounded by the Files budget, not the body bound.
+UPLOAD_PATHS = ("/v1/files", "/v1/messages/batches")
 
 
 def build_engine(settings: Settings) -> InferenceEngine:
@@ -135,6 +138,7 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     engine.add_observer(app.state.metrics)
     install_error_handlers(app, ERROR_SHAPES)
     install_openapi(app, ERROR_SHAPES)
+    install_bounds(app, settings.server)
     install_cors(app, settings.server.cors_origins)
     app.add_middleware(HeadAsGet)
     app.add_middleware(RequestIds)
@@ -154,6 +158,15 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     if settings.server.ui:
         app.include_router(ui.router)
     return app
+
+
+def install_bounds(app: FastAPI, server) -> None:
+    """`server.max_body_mb` for every body; the Files budget (plus an ordinary body for the
+    form around the file) for a batch's requests."""
+    limit = int(server.max_body_mb * 1e6)
+    upload = (int(server.files_max_gb * 1e9) + limit, "server.files_max_gb")
+    install_body_limits(app, limit=limit, setting="server.max_body_mb",
+                        larger=dict.fromkeys(UPLOAD_PATHS, upload))
 
 
 class HeadAsGet:

@@ -30,13 +30,14 @@ ERROR_DESCRIPTIONS = {
     404: "No such model, path, loaded draft, stored response, conversation, file or batch.",
     409: "The draft's tokenizer does not match the target's; a batch that is not running"
          " cannot be cancelled.",
-    413: "The upload does not fit in the server's file budget (`server.files_max_gb`).",
+    413: "The body is larger than `server.max_body_mb`, or a batch's requests do not fit in"
+         " the file budget (`server.files_max_gb`).",
     503: "The request queue is full; retry after `Retry-After` seconds.",
     529: "Overloaded (Anthropic's status): the request queue is full; retry after"
          " `Retry-After` seconds.",
 }
-# What each operation can answer besides 200. An operation missing here (a newer route) gets
-# 400 when it takes a body and 401 under /v1.
+# What each operation can answer besides 200, and 413 when it takes a body. An operation
+# missing here (a newer route) gets 400 when it takes a body and 401 under /v1.
 ROUTE_ERRORS = {
     ("/v1/chat/completions", "post"): (400, 401, 404, 503),
     ("/v1/completions", "post"): (400, 401, 404, 503),
@@ -73,7 +74,7 @@ ROUTE_ERRORS = {
     ("/v1/messages/batches/{batch_id}", "delete"): (400, 401, 404),
     ("/v1/messages/batches/{batch_id}/cancel", "post"): (400, 401, 404),
     ("/v1/messages/batches/{batch_id}/results", "get"): (400, 401, 404),
-    ("/v1/files", "post"): (400, 401, 413),
+    ("/v1/files", "post"): (400, 401),
     ("/v1/files", "get"): (400, 401),
     ("/v1/files/{file_id}", "get"): (401, 404),
     ("/v1/files/{file_id}", "delete"): (401, 404),
@@ -169,11 +170,13 @@ def _json_lines_ok(answer_ref: dict) -> dict:
                         "application/x-ndjson": {"schema": answer_ref}}}
 
 
-def _errors_of(path: str, method: str, operation: dict) -> tuple[int, ...]:
-    if (path, method) in ROUTE_ERRORS:
-        return ROUTE_ERRORS[(path, method)]
-    codes = [400] if "requestBody" in operation else []
-    return tuple(codes + ([401] if path.startswith("/v1") else []))
+def _errors_of(path: str, method: str, operation: dict) -> list[int]:
+    body = "requestBody" in operation
+    codes = set(ROUTE_ERRORS.get((path, method), ()))
+    if (path, method) not in ROUTE_ERRORS:
+        codes |= {400} if body else set()
+        codes |= {401} if path.startswith("/v1") else set()
+    return sorted(codes | {413} if body else codes)  # server.max_body_mb
 
 
 def _error_response(code: int, error_ref: dict) -> dict:

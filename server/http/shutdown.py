@@ -3,19 +3,24 @@
 uvicorn stops accepting connections and waits for open ones; streams would hold it for as long
 as they run. So on the first signal the engine stops admitting (new and queued requests get
 503), running streams get `drain_timeout_s` to finish, then end with an in-band error chunk
-and `[DONE]`; uvicorn's own graceful timeout is a backstop a little later.
+and `[DONE]`; uvicorn's own graceful timeout is a backstop a little later. A drained server
+returns, so the process exits 0 (`make serve` too); a second signal exits at once, by it. A
+dead engine ends the process with status 70 instead (`EXIT_ENGINE_FAILED`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
+from contextlib import contextmanager
 
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import LOGGING_CONFIG
+from uvicorn.server import HANDLED_SIGNALS
 
 log = logging.getLogger(__name__)
 BACKSTOP_S = 5.0
@@ -41,6 +46,7 @@ class DrainingServer(uvicorn.Server):
         self.app = app
         self.drain_timeout_s = drain_timeout_s
         self._draining = False
+        self._forced: int | None = None  # the second signal, which cut the drain short
         self.engine_failed = False
         app.state.engine.on_failure(self._engine_failed)
 
@@ -57,6 +63,8 @@ class DrainingServer(uvicorn.Server):
         # is told only after the drain: streams end first, with their final chunk or error.
         engine = self.app.state.engine
         if self._draining or engine.scheduler is None:
+            if self._draining:
+                self._forced = sig
             super().handle_exit(sig, frame)  # a second signal: exit now
             return
         self._draining = True
@@ -64,6 +72,23 @@ class DrainingServer(uvicorn.Server):
                  self.drain_timeout_s)
         threading.Thread(target=self._drain_then_exit, args=(engine, sig, frame),
                          name="drain", daemon=True).start()
+
+    @contextmanager
+    def capture_signals(self):
+        """uvicorn's, less raising the signal again once the server has shut down (which ends
+        the process by the signal: exit status 143 or 130, make's "Error 143"): after a clean
+        drain `serve` returns and the process exits 0. A second signal is raised again."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+        if self._forced is not None:
+            signal.raise_signal(self._forced)
 
     def _engine_failed(self, error: BaseException) -> None:
         """The MLX worker died (called on its thread): every request got the error; stop

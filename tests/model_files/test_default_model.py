@@ -103,9 +103,12 @@ def test_server_falls_back_to_the_demo_pair_without_the_registry(monkeypatch, ca
 
     monkeypatch.setattr(bundled, "ensure_default_target", unavailable)
     monkeypatch.setattr(bundled, "ensure_demo_or_synthetic", lambda s: s)
-    got = bundled.ensure_default_models(default_settings())
+    got = bundled.ensure_default_models(default_settings(model_name="smollm2-135m-instruct"))
     assert (got.models.model, got.models.draft_model) == ("models/demo/target",
                                                           "models/demo/draft")
+    # Served under its own path; clients that send SmolLM2's name still reach it.
+    assert got.models.model_name is None
+    assert got.models.model_aliases == ["smollm2-135m-instruct"]
     assert "offline" in caplog.text and "demo pair" in caplog.text
     no_draft = bundled.ensure_default_models(default_settings(draft_model="none"))
     assert no_draft.models.draft_model == "none"
@@ -174,6 +177,8 @@ def test_a_quantized_draft_runs_dequantized_in_float32_on_cpu(tiny_pair, tmp_pat
     quantized.set_dtype(mx.float32)
     np.testing.assert_allclose(np.array(served(tokens)), np.array(quantized(tokens)),
                                rtol=1e-4, atol=1e-4)
-    # A target keeps its quantization: only drafts are small enough to dequantize.
-    target = load_model(str(draft)).model
-    assert {type(m) for _, m in target.named_modules()} & {nn.QuantizedLinear}
+    # models.dequantize: false keeps a draft quantized (auto dequantizes targets too, when
+    # they fit: tests/engine/models/test_quantization.py).
+    kit = ModelKit(load_model(str(tiny_pair[0])), dequantize=False)
+    kept = kit.load_draft(str(draft)).model
+    assert {type(m) for _, m in kept.named_modules()} & {nn.QuantizedLinear}

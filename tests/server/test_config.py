@@ -61,7 +61,8 @@ def test_the_shipped_config_yaml_keeps_the_defaults_but_the_models_and_drafter(m
         monkeypatch.delenv(name)
     shipped = yaml.safe_load((ROOT / "config.yaml").read_text())
     defaults = Settings().model_dump()
-    chosen = {("models", "model"), ("models", "draft_model"), ("defaults", "draft")}
+    chosen = {("models", "model"), ("models", "model_name"), ("models", "draft_model"),
+              ("defaults", "draft")}
     differ = [(section, key, value) for section, values in shipped.items()
               for key, value in values.items()
               if (section, key) not in chosen and defaults[section][key] != value]
@@ -112,3 +113,20 @@ def test_every_setting_has_a_flag_that_reads_its_type():
     for section, key, _ in settings():  # each flag reaches its own key
         args = parse_args([flag(section, key), "x"])
         assert getattr(args, f"{section}.{key}") == "x"
+
+
+def test_the_files_model_name_names_the_files_model_only(tmp_path, monkeypatch):
+    """config.yaml serves SmolLM2 as `smollm2-135m-instruct`; a model given by a flag or the
+    environment is served under its own path, not under SmolLM2's name, unless a name comes
+    with it."""
+    for name in [k for k in os.environ if k.startswith("MLX_SPEC_")]:
+        monkeypatch.delenv(name)
+    shipped = Settings.load(ROOT / "config.yaml").models
+    assert shipped.model_name == "smollm2-135m-instruct"
+    assert Settings.load(ROOT / "config.yaml", models={"model": "m"}).models.model_name is None
+    named = Settings.load(ROOT / "config.yaml", models={"model": "m", "model_name": "mine"})
+    assert named.models.model_name == "mine"
+    monkeypatch.setenv("MLX_SPEC_MODELS__MODEL", "m")
+    assert Settings.load(ROOT / "config.yaml").models.model_name is None
+    monkeypatch.setenv("MLX_SPEC_MODELS__MODEL_NAME", "env-name")
+    assert Settings.load(ROOT / "config.yaml").models.model_name == "env-name"

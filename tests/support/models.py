@@ -14,6 +14,19 @@ def corrupt_copy(model: Path, folder: Path) -> Path:
     return folder
 
 
+def quantized_pair(pair: tuple[Path, Path], folder: Path, bits: int) -> tuple[Path, Path]:
+    """`pair` (target, draft) as `mlx_lm.convert -q --q-bits BITS` writes it (mlx-community's
+    conversions: group size 64, affine), into `folder` once."""
+    from mlx_lm import convert
+
+    out = []
+    for name, source in zip(("target", "draft"), pair, strict=True):
+        if not (folder / name).exists():
+            convert(str(source), str(folder / name), quantize=True, q_bits=bits)
+        out.append(folder / name)
+    return out[0], out[1]
+
+
 def mlx_lm_chat(target, chat: str | list[dict], max_tokens: int, *, adapter_path=None,
                 draft=None, num_draft_tokens: int = 2) -> str:
     """`mlx_lm.generate`'s greedy reply to `chat` (messages, or one user turn's text), with

@@ -33,6 +33,11 @@ from server.engine.kv.layers import check_cache_kinds
 from server.engine.models.adapters import adapter_identity, apply_adapters
 from server.engine.models.draft_vocab import wrap_if_sub_vocab
 from server.engine.models.fused import fuse_projections
+from server.engine.models.quantization import (
+    logical_parameters,
+    quantization_of,
+    should_dequantize,
+)
 from server.engine.prompts import chat_template_text, check_chat_template
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,8 @@ class LoadedModel:
     # What its KV states depend on (`model_fingerprint`): the disk prefix cache's key.
     fingerprint: str = ""
     adapter_path: str | None = None  # fine-tuned adapters applied at load (`adapters`)
+    quantization: dict | None = None  # the folder's ({"bits", "group_size", "mode"}), if any
+    dequantized: bool = False  # its quantized weights were dequantized at load
     loaded_at: int = field(default_factory=lambda: int(time.time()))  # Unix seconds
 
     @cached_property
@@ -79,7 +86,8 @@ class LoadedModel:
         return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 
     def parameter_count(self) -> int:
-        return sum(v.size for _, v in tree_flatten(self.model.parameters()))
+        """Its parameters, a quantized weight counted by the values it stands for."""
+        return logical_parameters(self.model)
 
     def float_dtype(self) -> str:
         """The dtype of its floating-point weights ("float32", "bfloat16", ...)."""
@@ -115,19 +123,18 @@ def resolve_dtype(name: str) -> mx.Dtype | None:
 
 
 def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
-               fuse: bool = False, dequantize: bool = False,
+               fuse: bool = False, dequantize: bool | str = "auto",
                adapter_path: str | None = None,
                chat_template: str | None = None) -> LoadedModel:
     """Load an `mlx_lm` model folder (or hub id) in `dtype`; `fuse` stacks each layer's q/k/v
     and gate/up projections into one matmul (`server.engine.models.fused`,
-    `engine.fuse_projections`:
-    off unless asked, since it paid one day and cost the next). With `dequantize`, a
-    quantized model loaded in float32 (`auto` on the CPU) is dequantized in memory: drafts,
-    which are small, and on a CPU MLX's quantized matmuls run them ~1.5x slower than float32,
-    while a draft is only worth its cost when it is cheap. `adapter_path`: an `mlx_lm.lora`
-    adapter folder, folded into the weights (`server.engine.models.adapters`). `chat_template`: a
-    Jinja
-    template (or its file) used instead of the tokenizer's."""
+    `engine.fuse_projections`: off unless asked, since it paid one day and cost the next).
+    `dequantize` (`models.dequantize`: "auto", True, False): whether a quantized model is
+    dequantized in memory (`server.engine.models.quantization`: "auto" does on a CPU, where
+    quantized matmuls run ~3x slower than float32, when the float weights fit).
+    `adapter_path`: an `mlx_lm.lora` adapter folder, folded into the weights
+    (`server.engine.models.adapters`). `chat_template`: a Jinja template (or its file) used
+    instead of the tokenizer's."""
     local = Path(path).expanduser()
     if not is_hub_id(path) and not local.exists():
         raise ModelNotFound(f"model path not found: {path}")
@@ -141,7 +148,8 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
     check_template(tokenizer, chat_template)
     target_dtype = resolve_dtype(dtype)
-    if dequantize and target_dtype == mx.float32 and "quantization" in config:
+    dequantized = should_dequantize(dequantize, model, target_dtype, name or path)
+    if dequantized:
         model = dequantize_model(model)
     if local.exists():
         try:
@@ -165,10 +173,11 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
             raise ModelLoadError(f"cannot load {path} with adapters: {e}") from e
     if fuse:
         fuse_projections(model)
-    identity["dequantized"] = bool(dequantize and target_dtype == mx.float32)
+    identity["dequantized"] = dequantized
     return LoadedModel(name or path, path, model, tokenizer, config,
                        model_fingerprint(local if local.exists() else path, config, identity),
-                       adapter_path=adapter_path)
+                       adapter_path=adapter_path, quantization=quantization_of(config),
+                       dequantized=dequantized)
 
 
 def template_config(chat_template: str | None) -> dict:
@@ -255,11 +264,13 @@ def tokenizer_mismatch(target: TokenizerWrapper, draft: TokenizerWrapper) -> str
 class ModelKit:
     """Holds the target and the optional draft; swaps the draft at runtime."""
 
-    def __init__(self, target: LoadedModel, *, dtype: str = "auto", fuse: bool = False):
+    def __init__(self, target: LoadedModel, *, dtype: str = "auto", fuse: bool = False,
+                 dequantize: bool | str = "auto"):
         self.target = target
         self.draft: LoadedModel | None = None
         self.dtype = dtype
         self.fuse = fuse  # drafts are loaded as the target was: fused or not
+        self.dequantize = dequantize  # and dequantized by the same rule (`models.dequantize`)
 
     def check_draft(self, path: str) -> str | None:
         """The reason `path` cannot draft for the target, or None if it can."""
@@ -270,7 +281,8 @@ class ModelKit:
         reason = self.check_draft(path)
         if reason is not None:
             raise IncompatibleDraft(reason)
-        candidate = load_model(path, dtype=self.dtype, fuse=self.fuse, dequantize=True)
+        candidate = load_model(path, dtype=self.dtype, fuse=self.fuse,
+                               dequantize=self.dequantize)
         previous, self.draft = self.draft, candidate
         if previous is not None:
             del previous
@@ -291,7 +303,7 @@ class ModelKit:
         reason = tokenizer_mismatch(target.tokenizer, load_tokenizer_only(draft))
         if reason is not None:
             raise IncompatibleDraft(reason)
-        return load_model(draft, dtype=self.dtype, fuse=self.fuse, dequantize=True)
+        return load_model(draft, dtype=self.dtype, fuse=self.fuse, dequantize=self.dequantize)
 
     def install(self, target: LoadedModel, draft: LoadedModel | None) -> None:
         """Serve `target` and `draft` from now on; the models they replace are freed."""

@@ -37,17 +37,18 @@ from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode
 from server.engine.scheduling.memory_gate import ADMISSION_GROWTH_TOKENS, MemoryGate
 from server.engine.scheduling.sequence import Phase, Sequence, Sink
 from server.engine.speculation.cost_model import (
-    DEFAULT_CACHE_DIR,
     DrafterRates,
     DraftingShare,
     RowOption,
     StepCosts,
     decision_rate,
     drafting_saving,
-    kit_costs,
     prefill_repaid,
 )
+from server.engine.speculation.forward_source import DEFAULT_BUDGET_S, CostSource
+from server.engine.speculation.forward_store import DEFAULT_CACHE_DIR
 from server.engine.speculation.policy import SpeculationPolicy, speculates_at_own_k
+from server.engine.speculation.yield_learner import YieldLearner, learned_path
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +187,12 @@ class Scheduler:
         self._admissions = 0
         self.target = ModelBatch(kit.target.model)
         self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
-        self.costs: StepCosts | None = None  # measured forward times: the k per row and round
+        self.costs: StepCosts | None = None  # forward times: the k per row and round
+        # what each round shape measurably yields; the tables are its prior (`use_cost_model`)
+        self.learner: YieldLearner | None = None
+        self.cost_source: CostSource | None = None  # where they come from (`use_cost_model`)
         self.rates = DrafterRates()
         self.drafting_share = DraftingShare()
-        self._costs_dir: Path | None = DEFAULT_CACHE_DIR
 
     # -- any thread ---------------------------------------------------------------------------
     @property
@@ -304,7 +307,7 @@ class Scheduler:
         if did:
             self.kv_in_use = self.kv_bytes()
             self._give_way(self.kv_in_use)
-        return did
+        return did or self._measure_when_idle()
 
     def _give_way(self, running_bytes: int) -> None:
         """The prefix cache keeps what the running requests leave of its budget (and of the
@@ -331,6 +334,8 @@ class Scheduler:
         except BaseException as e:
             self.fail(e)
             raise
+        if self.learner is not None:
+            self.learner.save()
         self.begin_drain()
         self._take_incoming()
         self._fail_all(ShuttingDown("the server stopped"))
@@ -730,11 +735,33 @@ class Scheduler:
         for i in joining:
             group[i].phase = Phase.DECODE
 
-    def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> None:
-        """Let measured forward times choose each row's k (`cost_model`); tables are kept in
-        `cache_dir` per model and machine (None: measured every time)."""
-        self._costs_dir = cache_dir
-        self.costs = kit_costs(self.kit, cache_dir)
+    def use_cost_model(self, cache_dir: Path | None = DEFAULT_CACHE_DIR,
+                       budget_s: float | None = DEFAULT_BUDGET_S) -> None:
+        """Let forward times choose each row's k (`cost_model`): a prior from now on, the
+        tables measured in idle moments (`_measure_when_idle`, `budget_s` of machine time at
+        most; None: no bound) when they are ready. Tables are kept in `cache_dir` per model
+        and machine (None: measured every time)."""
+        self.cost_source = CostSource(self.kit, cache_dir, budget_s)
+        self.costs = self.cost_source.costs()
+        self.learner = YieldLearner(learned_path(self.kit, cache_dir))
+
+    def measure_costs(self, cache_dir: Path | None = DEFAULT_CACHE_DIR,
+                      budget_s: float | None = None) -> None:
+        """`use_cost_model` with the measurement run to its end now (benchmarks)."""
+        self.use_cost_model(cache_dir, budget_s)
+        self.cost_source.finish()
+        self.costs = self.cost_source.costs()
+
+    def _measure_when_idle(self) -> bool:
+        """One forward of the forward-time measurement, when no request waits or runs (one
+        that arrives meanwhile waits for this forward alone); True if it ran."""
+        source = self.cost_source
+        if source is None or not source.pending or self.has_work() or self._waiting_count \
+                or self._draining:
+            return False
+        if source.step():
+            self.costs = source.costs()  # a measured table: the prior's calibration goes too
+        return True
 
     def _draft_batch(self) -> ModelBatch:
         if self.draft is None:
@@ -748,7 +775,7 @@ class Scheduler:
         options, joining = self._able_to_draft(
             self.policy.round_options(rows, self.batch_size, self.rates))
         draft_rows = (len(self.draft) if self.draft is not None else 0) + len(joining)
-        ks = self.policy.choose(options, len(rows), draft_rows, self.costs)
+        ks = self.policy.choose(options, len(rows), draft_rows, self.costs, self.learner)
         model_rows = [seq for seq in rows if seq.uses_draft_model]
         if model_rows:
             self.drafting_share.record(len(rows), any(
@@ -758,11 +785,17 @@ class Scheduler:
         start = time.perf_counter()
         results = decode_round(self.target, draft, ks, self.rates)
         if self.costs is not None:
-            self._calibrate(rows, ks, len(draft) if draft is not None else 0,
-                            time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self._calibrate(rows, ks, len(draft) if draft is not None else 0, seconds)
+            self._learn(results, seconds)
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
+
+    def _learn(self, results: dict[int, RoundResult], seconds: float) -> None:
+        """What the round's shape yielded: the tokens it committed in the seconds it took."""
+        if self.learner is not None:
+            self.learner.round_done(sum(r.accepted + 1 for r in results.values()), seconds)
 
     def _calibrate(self, rows: list[Sequence], ks: dict[int, int], draft_rows: int,
                    seconds: float) -> None:
@@ -939,7 +972,12 @@ class Scheduler:
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
         self.rates = DrafterRates()
         self.drafting_share = DraftingShare()
-        if self.costs is not None:
-            self.measure_costs(self._costs_dir)
+        if self.cost_source is not None:  # the target's times stay when only the draft changed
+            source = self.cost_source
+            self.cost_source = CostSource(self.kit, source.cache_dir, source.budget.seconds,
+                                          previous=source)
+            self.costs = self.cost_source.costs()
+            self.learner.save()  # what the old pair taught; the new pair learns its own
+            self.learner = YieldLearner(learned_path(self.kit, source.cache_dir))
         if self.prefix_cache is not None:
             self.prefix_cache.clear()

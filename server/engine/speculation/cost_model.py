@@ -1,11 +1,9 @@
 """What a decoding round costs on this machine, and how many tokens each row should draft.
 
 A round feeds the target (rows, 1 + K): every row its last token plus K positions, padded to the
-longest draft. Its time depends on rows x tokens and on the machine (a 2-core CPU's matmuls grow
-with every token fed; a GPU's barely do until the batch is large), so it is measured, not
-guessed: `measure_forward_times` times the target's forward on a small grid of (rows, tokens)
-(`ForwardTimes.at` interpolates between grid points), once per model and machine, and
-`cached_forward_times` keeps the table in a file.
+longest draft. Its time is read from the target's and the draft's forward times as a function
+of rows x tokens (`forward_times.ForwardTimes`): a prior at start, then the tables measured in
+idle moments, once per model and machine (`forward_source`).
 
 `choose_draft_lengths` then picks the round's draft lengths: for each candidate width K (and
 draft-model length M <= K) each row drafts min(K, its cap) (min(M, cap) with the draft model),
@@ -19,182 +17,19 @@ any batch size when the target's extra positions are cheap enough.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import math
-import os
-import platform
-import time
-from bisect import bisect_right
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlx.core as mx
-import mlx.nn as nn
+from server.engine.speculation.forward_times import ForwardTimes
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from server.engine.speculation.yield_learner import YieldLearner
 
-PROFILE_ROWS = (1, 2, 4, 8, 16, 32)
-PROFILE_TOKENS = (1, 2, 3, 5)
-PROFILE_CONTEXT = 64  # tokens already in each row's cache while timing
-PROFILE_REPS = 3  # timed forwards per cell (after one warm-up); the fastest is kept
-# A stored table is checked at start on these cells (`measured_busy`), and measured again when
-# all of them now take less than BUSY_RATIO of its times.
-SPOT_CHECK_ROWS = (1, 8)
-SPOT_CHECK_TOKENS = (1, 2)
-BUSY_RATIO = 0.75
 # A row whose drafter has not been seen yet is expected to accept at this rate, weighted as
 # this many trials, until its own rounds say otherwise.
 PRIOR_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 2.0
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) \
-    / "mlx-spec-server" / "forward-times"
-
-
-@dataclass(frozen=True)
-class ForwardTimes:
-    """Seconds of one forward of (rows, tokens) inputs, measured on a grid and interpolated
-    (bilinearly; linearly past the last grid point, flat below the first)."""
-
-    rows: tuple[int, ...]
-    tokens: tuple[int, ...]
-    seconds: tuple[tuple[float, ...], ...]  # seconds[i][j]: rows[i] x tokens[j]
-
-    def at(self, rows: int, tokens: int) -> float:
-        i, u = _segment(self.rows, rows)
-        j, v = _segment(self.tokens, tokens)
-        s = self.seconds
-        top = s[i][j] + (s[i][j + 1] - s[i][j]) * v
-        bottom = s[i + 1][j] + (s[i + 1][j + 1] - s[i + 1][j]) * v
-        return max(top + (bottom - top) * u, 0.0)
-
-    def per_token(self) -> float:
-        """Seconds per token of the largest forward measured: about what prefill costs per token
-        (larger prefill forwards cost a little less per token)."""
-        return self.seconds[-1][-1] / (self.rows[-1] * self.tokens[-1])
-
-    def to_json(self) -> dict:
-        return {"rows": list(self.rows), "tokens": list(self.tokens),
-                "seconds": [list(r) for r in self.seconds]}
-
-    @classmethod
-    def from_json(cls, data: dict) -> ForwardTimes:
-        return cls(tuple(data["rows"]), tuple(data["tokens"]),
-                   tuple(tuple(float(x) for x in r) for r in data["seconds"]))
-
-
-def _segment(grid: tuple[int, ...], x: int) -> tuple[int, float]:
-    """(i, t): x lies at fraction t between grid[i] and grid[i + 1] (t > 1 past the end; t = 0
-    before the start)."""
-    if len(grid) == 1:
-        raise ValueError("a forward-time grid needs at least two points per axis")
-    i = min(max(bisect_right(grid, x) - 1, 0), len(grid) - 2)
-    t = (x - grid[i]) / (grid[i + 1] - grid[i])
-    return i, max(t, 0.0)
-
-
-def monotone(seconds: list[list[float]]) -> list[list[float]]:
-    """The table made non-decreasing along both axes (more rows or tokens never cost less; a
-    noisy machine sometimes measures so)."""
-    out = [list(r) for r in seconds]
-    for i, row in enumerate(out):
-        for j in range(len(row)):
-            if j:
-                row[j] = max(row[j], row[j - 1])
-            if i:
-                row[j] = max(row[j], out[i - 1][j])
-    return out
-
-
-def measure_forward_times(model: nn.Module, rows=PROFILE_ROWS, tokens=PROFILE_TOKENS,
-                          context: int = PROFILE_CONTEXT, reps: int = PROFILE_REPS) -> ForwardTimes:
-    """The table of `model`'s forward times (`time_forwards`)."""
-    return time_forwards(model, rows, tokens, context, reps)
-
-
-def time_forwards(model: nn.Module, rows, tokens, context: int = PROFILE_CONTEXT,
-                  reps: int = PROFILE_REPS) -> ForwardTimes:
-    """Time `model`'s forward of (r, t) inputs after `context` cached tokens, for every r, t.
-
-    The cells take turns, rep after rep, and each keeps its fastest time: a machine shared
-    with other work slows some forwards down, and then slows every cell alike, not the ones
-    measured while it was busy."""
-    from server.engine.kv.batch import new_cache, prefill_rows
-    from server.engine.kv.layers import kv_leaves, state_leaves
-
-    caches = {r: prefill_rows(model, [new_cache(model) for _ in range(r)],
-                              [[1 + (i + n) % 7 for n in range(context)] for i in range(r)])[1]
-              for r in rows}
-    best = {(r, t): float("inf") for r in rows for t in tokens}
-    for rep in range(reps + 1):  # the first is a warm-up
-        for r in rows:
-            for t in tokens:
-                x = mx.ones((r, t), mx.uint32)
-                states = [(c, c.snapshot()) for c in state_leaves(caches[r])]
-                start = time.perf_counter()
-                mx.eval(model(x, cache=caches[r]))
-                elapsed = time.perf_counter() - start
-                for c in kv_leaves(caches[r]):
-                    c.trim(t)
-                for c, state in states:  # a recurrent state cannot be trimmed: put it back
-                    c.restore(state)
-                if rep:
-                    best[r, t] = min(best[r, t], elapsed)
-    table = [[best[r, t] for t in tokens] for r in rows]
-    return ForwardTimes(tuple(rows), tuple(tokens), tuple(map(tuple, monotone(table))))
-
-
-def measured_busy(model: nn.Module, table: ForwardTimes) -> bool:
-    """Whether `table` was measured while the machine was busy: a spot check of a few of its
-    cells now (`SPOT_CHECK_ROWS` x `SPOT_CHECK_TOKENS`) is faster in every one by more than
-    `BUSY_RATIO`. A table measured beside two busy processes put forwards at 2-7x their time
-    and made extra positions look nearly free: the server drafted in batches of 16 and 32 rows
-    where that made 0.8x the tokens per second of not drafting. A check slower than the table
-    keeps it (the machine is busy now; the table is the better measurement)."""
-    check = time_forwards(model, SPOT_CHECK_ROWS, SPOT_CHECK_TOKENS, reps=2)
-    return all(check.at(r, t) < BUSY_RATIO * table.at(r, t)
-               for r in SPOT_CHECK_ROWS for t in SPOT_CHECK_TOKENS)
-
-
-def machine_key(model_path: str, variant: str = "") -> str:
-    """Which model (loaded how: `variant`) on which machine a table belongs to."""
-    facts = [str(Path(model_path).resolve()), variant, platform.node(), platform.machine(),
-             platform.processor(), str(os.cpu_count()), mx.__version__, str(mx.default_device())]
-    weights = Path(model_path) / "model.safetensors"
-    if weights.exists():
-        facts.append(str(weights.stat().st_mtime_ns))
-    return hashlib.sha256("|".join(facts).encode()).hexdigest()[:16]
-
-
-def cached_forward_times(model: nn.Module, model_path: str, variant: str = "",
-                         cache_dir: Path | None = DEFAULT_CACHE_DIR) -> ForwardTimes:
-    """The model's table from `cache_dir`, measured (and stored) when missing, or when a spot
-    check finds the stored one measured while the machine was busy (`measured_busy`)."""
-    key = machine_key(model_path, variant)
-    path = cache_dir / f"{key}.json" if cache_dir is not None else None
-    if path is not None and path.exists():
-        try:
-            cached = ForwardTimes.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring an unreadable forward-time table %s", path)
-        else:
-            if not measured_busy(model, cached):
-                return cached
-            log.info("%s's stored forward times are slower than the machine is now (measured"
-                     " while it was busy): measuring them again", model_path)
-    start = time.perf_counter()
-    times = measure_forward_times(model)
-    log.info("measured %s's forward times in %.1f s", model_path, time.perf_counter() - start)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.partial")  # readers never see half
-            partial.write_text(json.dumps(times.to_json()))
-            partial.replace(path)
-        except OSError:
-            log.warning("could not store the forward-time table in %s", path)
-    return times
 
 
 def batch_bucket(rows: int) -> int:
@@ -275,15 +110,6 @@ class StepCosts:
             self.calibration.factor(rows, width > 0)
 
 
-def kit_costs(kit, cache_dir: Path | None = DEFAULT_CACHE_DIR) -> StepCosts:
-    """The forward times of a `ModelKit`'s target and draft (cached per model and machine)."""
-    def times(loaded):
-        variant = f"{kit.dtype}|fused={kit.fuse}"
-        return cached_forward_times(loaded.model, loaded.path, variant, cache_dir)
-
-    return StepCosts(times(kit.target), times(kit.draft) if kit.draft is not None else None)
-
-
 # -- acceptance and the choice ---------------------------------------------------------------
 
 
@@ -327,6 +153,7 @@ class RowOption:
     acceptance: float
     by_model: bool  # drafts with the draft model (else prompt lookup: no draft forward)
     forced: bool = False  # drafts exactly `cap` whatever the cost (seeded sampling)
+    fixed: bool = False  # drafts exactly `cap` in every round that drafts ("adaptive": false)
     requested: int = 0  # its cap before prompt lookup's match length limited it
 
 
@@ -341,42 +168,75 @@ MARGIN_FROM_ROWS = 8
 
 
 def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: int,
-                         costs: StepCosts) -> dict[int, int]:
+                         costs: StepCosts, learner: YieldLearner | None = None
+                         ) -> dict[int, int]:
     """Each row's k (keyed by `RowOption.key`): the (K, M) with the most expected tokens per
     second, where lookup rows draft min(K, cap), model rows min(M, cap) and forced rows their
-    cap. `batch_rows` rows take part in the target forward, `draft_rows` in the draft's.
+    cap (fixed rows theirs, when the round drafts). `batch_rows` rows take part in the target
+    forward, `draft_rows` in the draft's. With a `learner`, the expected tokens per second are
+    its estimates (what each round shape measurably yielded), the tables' only its prior.
 
     In a batch of `MARGIN_FROM_ROWS` or more, drafting must beat plain decoding by
     `BATCH_DRAFT_MARGIN`: it has costs a round's time does not show (the draft's prefill and
     catch-ups, its cache), and the calibrated round times are themselves a few percent off on
     a busy machine."""
-    chosen, _, _ = _best_round(options, batch_rows, draft_rows, costs)
+    shapes = _round_shapes(options, batch_rows, draft_rows, costs)
+    if learner is None:
+        arm = max(shapes, key=lambda a: shapes[a][1])
+    else:
+        kind = "model" if any(o.by_model for o in options) else "lookup"
+        arm = learner.choose(batch_bucket(batch_rows), kind,
+                             {a: score for a, (_, score) in shapes.items()})
+    chosen = shapes[arm][0]
     return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
+
+
+def round_shape(options: list[RowOption], ks: list[int]) -> tuple[int, int, int]:
+    """A round's shape (an arm of `YieldLearner`): the width K and draft-model length M of the
+    rows whose k is chosen (not forced or fixed), and whether any row drafts at all."""
+    free = [(o, k) for o, k in zip(options, ks, strict=True) if not (o.forced or o.fixed)]
+    return (max((k for _, k in free), default=0),
+            max((k for o, k in free if o.by_model), default=0), int(any(ks)))
+
+
+def _round_shapes(options: list[RowOption], batch_rows: int, draft_rows: int,
+                  costs: StepCosts) -> dict[tuple[int, int, int], tuple[list[int], float]]:
+    """Every distinct round the options allow (its shape -> each row's k, and its expected
+    tokens per second from the tables, plain decoding's raised by the batch margin)."""
+    gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
+    most = max((o.cap for o in options), default=0)
+    shapes = {}
+    for width in range(most + 1):
+        for model_k in range(width + 1):
+            ks = _lengths(options, width, model_k)
+            shape = round_shape(options, ks)
+            if shape in shapes:
+                continue
+            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
+            if shape == (0, 0, 0) and batch_rows >= MARGIN_FROM_ROWS:
+                rate *= 1 + BATCH_DRAFT_MARGIN
+            shapes[shape] = (ks, rate)
+    return shapes
 
 
 def _best_round(options: list[RowOption], batch_rows: int, draft_rows: int,
                 costs: StepCosts) -> tuple[list[int], float, float]:
-    """`choose_draft_lengths`' choice as each row's k, with its expected tokens per second and
-    those of the round with width 0 (plain decoding, but for forced rows)."""
-    gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
-    most = max((o.cap for o in options), default=0)
-    best, best_rate, best_score, plain = [], 0.0, -1.0, 0.0
-    for width in range(most + 1):
-        for model_k in range(width + 1):
-            ks = _lengths(options, width, model_k)
-            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
-            score = rate
-            if width == 0:
-                plain = rate
-                if batch_rows >= MARGIN_FROM_ROWS:
-                    score *= 1 + BATCH_DRAFT_MARGIN
-            if score > best_score + 1e-12:
-                best, best_rate, best_score = ks, rate, score
-    return best, best_rate, plain
+    """The tables' choice as each row's k, with its expected tokens per second and those of
+    plain decoding (but for forced rows)."""
+    shapes = _round_shapes(options, batch_rows, draft_rows, costs)
+    plain_ks = _lengths(options, 0, 0)
+    plain = shapes[round_shape(options, plain_ks)][1]
+    if batch_rows >= MARGIN_FROM_ROWS:
+        plain /= 1 + BATCH_DRAFT_MARGIN
+    best = max(shapes.values(), key=lambda v: v[1])
+    rate = best[1] / (1 + BATCH_DRAFT_MARGIN) if best[0] == plain_ks and \
+        batch_rows >= MARGIN_FROM_ROWS else best[1]
+    return best[0], rate, plain
 
 
 def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
-    return [o.cap if o.forced else min(model_k if o.by_model else width, o.cap) for o in options]
+    return [o.cap if o.forced or (o.fixed and width > 0)
+            else min(model_k if o.by_model else width, o.cap) for o in options]
 
 
 def _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs: StepCosts) -> float:
@@ -468,30 +328,41 @@ def _print_table(name: str, times: ForwardTimes) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m server.engine.speculation.cost_model --model DIR [--draft-model DIR]
-    [--remeasure]`:
-    print the forward-time tables the server uses (measuring and caching them if needed)."""
+    [--dtype D] [--dequantize auto|true|false] [--budget-s S] [--remeasure]`: print the
+    forward-time tables the server uses, measuring (and storing) them now where none is
+    stored; a stored one is spot-checked as at a start."""
     import argparse
 
+    import yaml
+
     from server.engine.models.model_kit import ModelKit, load_model
+    from server.engine.speculation.forward_source import CostSource, kit_variant
+    from server.engine.speculation.forward_store import TableStore, machine_key
 
     p = argparse.ArgumentParser(prog="python -m server.engine.speculation.cost_model",
                                 description=main.__doc__)
     p.add_argument("--model", required=True)
     p.add_argument("--draft-model")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--dequantize", default="auto", type=yaml.safe_load,
+                   help="auto, true or false, as models.dequantize.")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="Machine time the measurement may take (default: no bound, the whole"
+                   " grid; the server's is engine.cost_model_budget_s).")
     p.add_argument("--remeasure", action="store_true", help="Measure again; replace the cache.")
     args = p.parse_args(argv)
-    kit = ModelKit(load_model(args.model, dtype=args.dtype), dtype=args.dtype)
+    kit = ModelKit(load_model(args.model, dtype=args.dtype, dequantize=args.dequantize),
+                   dtype=args.dtype, dequantize=args.dequantize)
     if args.draft_model:
         kit.load_draft(args.draft_model)
     if args.remeasure:
         for loaded in filter(None, (kit.target, kit.draft)):
-            key = machine_key(loaded.path, f"{kit.dtype}|fused={kit.fuse}")
-            (DEFAULT_CACHE_DIR / f"{key}.json").unlink(missing_ok=True)
-    costs = kit_costs(kit)
-    _print_table("target", costs.target)
-    if costs.draft is not None:
-        _print_table("draft", costs.draft)
+            path = TableStore().path(machine_key(loaded.path, kit_variant(kit, loaded)))
+            path.unlink(missing_ok=True)
+    source = CostSource(kit, budget_s=args.budget_s)
+    source.finish()
+    for times in source.models:
+        _print_table(f"{times.role} ({times.origin.value})", times.table)
 
 
 if __name__ == "__main__":

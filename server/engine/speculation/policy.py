@@ -8,6 +8,7 @@ scheduler drops in between the rows whose draft cannot keep up this round).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from server.engine.errors import InvalidRequest
 from server.engine.params import DraftSource, SpeculationParams
@@ -19,6 +20,9 @@ from server.engine.speculation.cost_model import (
     choose_draft_lengths,
     decision_rate,
 )
+
+if TYPE_CHECKING:
+    from server.engine.speculation.yield_learner import YieldLearner
 
 # The caps within which the cost model (`server.engine.speculation.cost_model`) chooses each row's
 # k per
@@ -91,18 +95,19 @@ class SpeculationPolicy:
 
     @staticmethod
     def choose(options: list[RowOption], batch_rows: int, draft_rows: int,
-               costs: StepCosts | None) -> dict[int, int]:
+               costs: StepCosts | None, learner: YieldLearner | None = None) -> dict[int, int]:
         """Draft length per row this round (keyed by id; rows that do not draft are absent),
         `batch_rows` rows in the target's forward and `draft_rows` in the draft model's. Within
-        the caps, `costs` (the measured forward times) choose the k with the most expected
-        tokens per second from each row's acceptance (`decision_rate`,
-        `choose_draft_lengths`); without `costs` every row drafts its cap."""
+        the caps, the round with the most tokens per second: as `learner` measured each round
+        shape to yield, from `costs` (the forward times) and each row's acceptance as its
+        prior (`decision_rate`, `choose_draft_lengths`); without `costs` every row drafts its
+        cap."""
         # A lookup row that found nothing still has its round counted (k > 0, nothing proposed).
         ks = {o.key: o.requested for o in options if o.cap == 0 and o.requested > 0}
         options = [o for o in options if o.cap > 0]
         if costs is None:
             return ks | {o.key: o.cap for o in options}
-        return ks | choose_draft_lengths(options, batch_rows, draft_rows, costs)
+        return ks | choose_draft_lengths(options, batch_rows, draft_rows, costs, learner)
 
     def _option(self, row, batch_size: int, rates: DrafterRates | None) -> RowOption:
         row.plan_round()
@@ -116,8 +121,9 @@ class SpeculationPolicy:
             cap = min(cap, len(row.looked_up))
         accepted, trials = row.tried[row.drafted_by]
         prior = rates.prior(row.drafted_by) if rates is not None else PRIOR_ACCEPTANCE
+        fixed = not row.params.speculation.adaptive
         return RowOption(id(row), cap, decision_rate(accepted, trials, prior, batch_size),
-                         by_model, forced, requested)
+                         by_model, forced=forced, requested=requested, fixed=fixed)
 
     def drafts(self, row, batch_size: int) -> bool:
         """Whether `row` may draft in a round of `batch_size` rows."""

@@ -6,8 +6,10 @@ from fastapi import APIRouter, Depends, Request
 
 from api_schemas.admin import CacheCleared
 from server.http.common.auth import require_admin_key, require_api_key
+from server.http.common.bodies import OffLoopJson
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["cache"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["cache"],
+                   route_class=OffLoopJson)
 
 
 @router.delete("/cache", dependencies=[Depends(require_admin_key)])

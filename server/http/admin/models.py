@@ -29,13 +29,15 @@ from server.http.admin.draft_candidates import draft_candidates
 from server.http.admin.model_access import local_model_path, weights_problem
 from server.http.common import paging
 from server.http.common.auth import require_admin_key, require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.errors import APIError, redact_paths, shape_of
 from server.http.common.served_models import find_served, served_models
 from server.http.common.timestamps import rfc3339
 from server.model_files.gguf import UnsupportedGGUF, resolve_model_path
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"])
-health_router = APIRouter(tags=["health"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["models"],
+                   route_class=OffLoopJson)
+health_router = APIRouter(tags=["health"], route_class=OffLoopJson)
 admin = [Depends(require_admin_key)]
 
 
@@ -179,15 +181,22 @@ async def health(request: Request, response: Response) -> Health:
     draft = engine.draft.name if engine.draft is not None else None
     cache = engine.cache_info()
     # `distributed` only when the target is sharded: one process answers the shape it did.
-    extra = {"distributed": engine.distributed} if engine.distributed is not None else {}
+    more = {"distributed": engine.distributed} if engine.distributed is not None else {}
+    quantized = {role: {**model.quantization, "dequantized": model.dequantized}
+                 for role, model in (("target", engine.target), ("draft", engine.draft))
+                 if model is not None and model.quantization}
+    if quantized:
+        more["quantization"] = quantized
+    if engine.cost_model_status is not None:
+        more["cost_model"] = engine.cost_model_status
     memory = engine.memory_info()
     if memory is not None:
-        extra["memory"] = memory
+        more["memory"] = memory
     return Health(status=status, target=engine.model_name,
                   draft=draft, queue_depth=engine.queue_depth, batch_size=engine.batch_size,
                   cache_entries=cache["entries"], cache_bytes=cache["bytes"],
                   disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"],
-                  **extra)
+                  **more)
 
 
 def _speaks_anthropic(request: Request) -> bool:

@@ -13,6 +13,7 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from server.http.common.bodies import OffLoopJson
 from server.http.common.errors import APIError
 
 UI_PACKAGE, UI_FOLDER = "server.http.admin", "ui"
@@ -29,7 +30,7 @@ CONTENT_SECURITY_POLICY = (
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=OffLoopJson)
 
 
 def asset(name: str) -> Response:

@@ -17,9 +17,10 @@ from api_schemas.anthropic import (
 )
 from server.http.common import paging
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 
 router = APIRouter(prefix="/v1/messages/batches", dependencies=[Depends(require_api_key)],
-                   tags=["messages"])
+                   tags=["messages"], route_class=OffLoopJson)
 BatchId = Annotated[str, Path(description="A message batch's id (msgbatch_...).")]
 
 

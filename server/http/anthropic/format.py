@@ -48,7 +48,7 @@ class MessageBuilder(BlockBuilder):
         return [{"type": "message_start", "message": json_dict(self.message)}, {"type": "ping"}]
 
     def close(self, done: Finished) -> list[dict]:
-        events = self._output(self.split.finish()) + self._close_block()
+        events = self._output(self.split.finish(done.finish_reason)) + self._close_block()
         m, stats = self.message, done.stats
         m.stop_reason = stop_reason(done, self.split.made_calls)
         m.stop_sequence = done.stop_sequence if m.stop_reason == "stop_sequence" else None

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request
 
 from api_schemas.anthropic import CountTokensRequest, MessagesRequest, TokenCount
 from server.http.anthropic.format import MessagesFormat
 from server.http.anthropic.mapping import RENAMES, chat_from_messages
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.chat_translation import renamed_params
 from server.http.common.completion import complete_chat
 from server.http.common.request_mapping import chat_prompt, serving
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["messages"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["messages"],
+                   route_class=OffLoopJson)
 
 
 @router.post("/messages")
@@ -31,4 +35,5 @@ async def create_message(body: MessagesRequest, request: Request):
 async def count_tokens(body: CountTokensRequest, request: Request):
     engine = request.app.state.engine
     async with serving(engine, body.model):
-        return TokenCount(input_tokens=len(chat_prompt(engine, chat_from_messages(body))))
+        prompt = await asyncio.to_thread(chat_prompt, engine, chat_from_messages(body))
+        return TokenCount(input_tokens=len(prompt))

@@ -6,6 +6,7 @@ completion request and come through here too, so there is one generation path.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
@@ -72,13 +73,20 @@ async def complete(request: Request, body, tokenize: Tokenize, formats: Formats,
                    fill_context: bool = False, ndjson: bool = False):
     """The steps every generation route shares: select the target `body.model` names (after
     a switch it waits for), read its fingerprint before anything is tokenized, tokenize
-    (into the chat or text completion request that runs), plan each prompt's
-    GenerationParams, build the formats, run."""
+    (into the chat or text completion request that runs) and plan each prompt's
+    GenerationParams (grammars compiled) in a worker thread, build the formats, run.
+    Neither step touches MLX, and the event loop runs meanwhile (a tokenizer releases the
+    GIL while it encodes; a template's Python yields it every few ms), so `/health` and
+    running streams are not held up by a multi-MB prompt."""
     engine = request.app.state.engine
+
+    def prepare(target: str):  # a multi-MB prompt takes seconds: off the event loop
+        body_, prompts = tokenize(engine)
+        return body_, prompts, plan(request, body_, prompts, target, fill_context=fill_context)
+
     async with serving(engine, body.model):
         target = engine.target.fingerprint  # before anything is tokenized
-        body, prompts = tokenize(engine)
-        params = plan(request, body, prompts, target, fill_context=fill_context)
+        body, prompts, params = await asyncio.to_thread(prepare, target)
         return await run(request, body, params, await formats(engine, body, prompts, target),
                          ndjson=ndjson)
 

@@ -3,6 +3,8 @@ Ollama's `/api/embed` share."""
 
 from __future__ import annotations
 
+import asyncio
+
 from server.http.common.errors import APIError
 from server.http.common.request_mapping import check_token_ids
 
@@ -21,7 +23,8 @@ async def embed_inputs(engine, model: str | None, inputs: list[str | list[int]],
     if dimensions is not None and dimensions > embedder.width:
         raise APIError(400, f"dimensions must be at most {embedder.width}, the model's",
                        param="dimensions", code="invalid_value")
-    tokens = [_tokens(embedder, i, truncate) for i in inputs]
+    tokens = await asyncio.to_thread(  # off the event loop: long inputs take seconds
+        lambda: [_tokens(embedder, i, truncate) for i in inputs])
     return await engine.embed(tokens, dimensions), sum(len(t) for t in tokens)
 
 

@@ -40,11 +40,13 @@ class OutputSplit:
         reasoning, answer = self._reasoning.feed(text) if self._reasoning else ("", text)
         return Output(reasoning, *self._answer(answer))
 
-    def finish(self) -> Output:
+    def finish(self, finish_reason: str) -> Output:
+        """The rest, once the output ended for `finish_reason`: a tool call that "length" cut
+        is dropped unless it parses (`ToolCallParser.finish`)."""
         reasoning, answer = self._reasoning.finish() if self._reasoning else ("", "")
         out = Output(reasoning, *self._answer(answer))
         if self._parser is not None:
-            out = out + Output("", *self._parser.finish())
+            out = out + Output("", *self._parser.finish(cut=finish_reason == "length"))
         return out
 
     def _answer(self, text: str) -> tuple[str, list[dict]]:

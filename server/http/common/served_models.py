@@ -15,7 +15,9 @@ def served_models(engine) -> list[ModelEntry]:
     if engine.embedder is not None:
         served.append((engine.embedder.model.name, "embedding", engine.embedder.model))
     loaded = [ModelEntry(id=name, role=role, path=model.path, created=model.loaded_at,
-                         adapter_path=model.adapter_path, max_model_len=model.context_length)
+                         adapter_path=model.adapter_path, max_model_len=model.context_length,
+                         quantization=model.quantization,
+                         dequantized=model.dequantized if model.quantization else None)
               for name, role, model in served]
     return loaded + [ModelEntry(id=e.name, role="standby", path=e.path, created=engine.started_at,
                                 adapter_path=e.adapter_path,

@@ -187,8 +187,10 @@ class ToolCallParser:
     held back;
     so is trailing whitespace, dropped at the end when the output made calls. The split does
     not depend on how the text was chunked, so a stream and a whole response agree. An
-    unterminated call at the end is parsed if it can be, else shown as text: nothing the model
-    wrote is lost.
+    unterminated call at the end (its end marker missing or cut) is parsed if it can be; else,
+    when the model ended the output there, it is shown as text (nothing the model wrote is
+    lost), and when the token limit cut it (`finish(cut=True)`), it is dropped, as is a call
+    marker cut part way: a cut call is never content.
     """
 
     def __init__(self, fmt: ToolCallFormat, tools: list[dict] | None):
@@ -227,16 +229,20 @@ class ToolCallParser:
                     calls.extend(parsed)
         return "".join(content), calls
 
-    def finish(self) -> tuple[str, list[dict]]:
+    def finish(self, *, cut: bool = False) -> tuple[str, list[dict]]:
+        """The rest; `cut`: the output ended at its token limit, not where the model ended it."""
         rest, calls = self._buffer, []
         self._buffer = ""
         if self._in_call:
             self._in_call = False
-            parsed = self._parse(rest)
-            if parsed is None:
-                rest = self.fmt.start + rest
-            else:
+            end = self.fmt.end
+            parsed = self._parse(rest[:len(rest) - _prefix_overlap(rest, end)] if end else rest)
+            if parsed is not None:
                 calls, rest = parsed, ""
+            else:
+                rest = "" if cut else self.fmt.start + rest
+        elif cut:  # held back as the start of a call marker: a call the limit cut
+            rest = rest[:len(rest) - _prefix_overlap(rest, self.fmt.start)]
         content = self._content(rest)
         if not self.calls:
             content, self._held = content + self._held, ""

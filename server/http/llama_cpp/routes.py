@@ -16,13 +16,15 @@ from api_schemas.llama_cpp import CompletionNativeRequest, InfillRequest
 from api_schemas.openai import CompletionRequest
 from server.engine import supported_markers, text_tokens
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.completion import complete, each_choice
 from server.http.common.errors import APIError
 from server.http.common.request_mapping import check_token_ids
 from server.http.llama_cpp.format import InfillFormat
 from server.http.llama_cpp.infill import infill_tokens
 
-router = APIRouter(dependencies=[Depends(require_api_key)], tags=["llama.cpp"])
+router = APIRouter(dependencies=[Depends(require_api_key)], tags=["llama.cpp"],
+                   route_class=OffLoopJson)
 UNKNOWN_CONTEXT = 4096  # a model whose config gives no context length
 
 

@@ -87,7 +87,7 @@ class OllamaFormat(ResponseFormat):
                                   **self._logprobs([event])))
 
     def stream_close(self, done: Finished, include_usage: bool) -> list[dict]:
-        return _line(self._final(self._stream.finish(), done, []))
+        return _line(self._final(self._stream.finish(done.finish_reason), done, []))
 
     def stream_error(self, error: APIError) -> list[dict]:
         return _line({"error": error.shown_message})
@@ -97,5 +97,5 @@ class OllamaFormat(ResponseFormat):
 
     def response(self, events: list[TokenEvent], done: Finished) -> dict:
         split = self._split()
-        out = split.feed("".join(e.text for e in events)) + split.finish()
+        out = split.feed("".join(e.text for e in events)) + split.finish(done.finish_reason)
         return self._final(out, done, events)

@@ -22,6 +22,7 @@ from api_schemas.ollama import (
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.engine import on_gpu
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.chat_translation import renamed_params
 from server.http.common.completion import complete, complete_chat, each_choice
 from server.http.common.embeddings import embed_inputs
@@ -37,7 +38,8 @@ from server.http.ollama.mapping import (
     generate_from_ollama,
 )
 
-router = APIRouter(prefix="/api", dependencies=[Depends(require_api_key)], tags=["ollama"])
+router = APIRouter(prefix="/api", dependencies=[Depends(require_api_key)], tags=["ollama"],
+                   route_class=OffLoopJson)
 
 
 @router.get("/version", summary="The Ollama API version this server follows")

@@ -6,11 +6,13 @@ from fastapi import APIRouter, Depends, Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.completion import complete, complete_chat
 from server.http.common.request_mapping import completion_prompt
 from server.http.openai.format import ChatFormat, Echo, TextFormat
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["completions"],
+                   route_class=OffLoopJson)
 
 
 @router.post("/chat/completions")

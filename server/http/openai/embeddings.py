@@ -8,9 +8,11 @@ from fastapi import APIRouter, Depends, Request
 
 from api_schemas.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.embeddings import embed_inputs
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["embeddings"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["embeddings"],
+                   route_class=OffLoopJson)
 
 
 @router.post("/embeddings")

@@ -146,7 +146,7 @@ class ChatFormat(ChunkFormat):
                                            logprobs=self.logprobs([event])))
 
     def final_chunk(self, done: Finished):
-        out = self._stream.finish()
+        out = self._stream.finish(done.finish_reason)
         delta = Delta() if self._plain else self._delta(out)
         reason = _tool_finish_reason(done.finish_reason, self._stream)
         return self._chunk(ChatChunkChoice(delta=delta, finish_reason=reason),
@@ -171,7 +171,7 @@ class ChatFormat(ChunkFormat):
 
     def choice(self, events: list[TokenEvent], done: Finished) -> ChatChoice:
         split = self._split()
-        out = split.feed("".join(e.text for e in events)) + split.finish()
+        out = split.feed("".join(e.text for e in events)) + split.finish(done.finish_reason)
         reasoning = out.reasoning or None
         content = out.content or None if out.calls or self._thinks else out.content
         message = AssistantMessage(content=content, reasoning=reasoning,

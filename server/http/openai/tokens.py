@@ -4,6 +4,8 @@ tools use the served model's own tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request
 
 from api_schemas.tokens import (
@@ -15,9 +17,11 @@ from api_schemas.tokens import (
 )
 from server.engine import text_tokens
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.request_mapping import chat_prompt, check_token_ids, serving
 
-router = APIRouter(dependencies=[Depends(require_api_key)], tags=["tokenizer"])
+router = APIRouter(dependencies=[Depends(require_api_key)], tags=["tokenizer"],
+                   route_class=OffLoopJson)
 
 
 @router.post("/tokenize", summary="Tokenize a prompt or a chat",
@@ -25,7 +29,8 @@ router = APIRouter(dependencies=[Depends(require_api_key)], tags=["tokenizer"])
              " (`messages`, `tools`) would prefill.")
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     engine = request.app.state.engine
-    async with serving(engine, body.model):
+
+    def tokenized() -> TokenizeResponse:  # in a worker thread: a long prompt takes seconds
         tokenizer = engine.tokenizer
         if body.messages is not None:
             tokens = chat_prompt(engine, body)
@@ -37,13 +42,17 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         return TokenizeResponse(count=len(tokens), max_model_len=engine.context_length,
                                 tokens=tokens, token_strs=strs)
 
+    async with serving(engine, body.model):
+        return await asyncio.to_thread(tokenized)
+
 
 @router.post("/detokenize", summary="Decode token ids")
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     engine = request.app.state.engine
     async with serving(engine, body.model):
         check_token_ids(engine.target.vocab_size, body.tokens, "tokens")
-        return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
+        return DetokenizeResponse(prompt=await asyncio.to_thread(engine.tokenizer.decode,
+                                                                 body.tokens))
 
 
 @router.get("/tokenizer_info", summary="The served tokenizer's special tokens and template")

@@ -31,7 +31,8 @@ from server.engine.models.model_kit import ModelKit
 from server.engine.params import GenerationParams, SamplingParams, SpeculationParams
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
-from server.engine.speculation.cost_model import DrafterRates, ForwardTimes, StepCosts
+from server.engine.speculation.cost_model import DrafterRates, StepCosts
+from server.engine.speculation.forward_times import ForwardTimes
 from server.engine.speculation.policy import SpeculationPolicy
 
 pytestmark = pytest.mark.anyio
@@ -866,3 +867,33 @@ def test_a_prompt_of_no_tokens_is_refused_before_it_can_fail_a_prefill_group(kit
     while seq.phase is not Phase.DONE:
         scheduler.step()
     assert tokens_of(events) == alone(kit, good)
+
+
+def test_forward_times_are_measured_only_while_no_request_waits_or_runs(tiny_pair, tmp_path,
+                                                                       monkeypatch):
+    """The cost model serves with a prior from the start; its measurement runs one step (one
+    forward) at a time while the scheduler is idle, pauses while a request waits or runs (a
+    request that arrives waits for one forward at most), resumes where it stopped, and swaps
+    the measured tables in when they are complete."""
+    kit = pair_kit(tiny_pair)
+    scheduler = Scheduler(kit)
+    scheduler.use_cost_model(tmp_path, budget_s=None)
+    source = scheduler.cost_source
+    prior = scheduler.costs
+    assert prior.target == source.target.table and source.status()["target"] == "formula"
+    steps = []
+    step = source.step
+    monkeypatch.setattr(source, "step", lambda: steps.append(source.target.levels) or step())
+    assert scheduler.step() and len(steps) == 1  # idle: one forward of the measurement
+    events = []
+    seq = scheduler.submit(params(kit, 0, max_tokens=8), events.append)
+    while seq.phase is not Phase.DONE:
+        scheduler.step()
+    assert len(steps) == 1 and scheduler.costs is prior  # nothing measured while it ran
+    while scheduler.step():
+        pass
+    assert not source.pending and len(steps) > 2
+    assert steps == sorted(steps)  # it went on where it stopped: never back to a level before
+    assert scheduler.costs is not prior and scheduler.costs.target == source.target.table
+    assert source.status()["target"] == source.status()["draft"] == "measured"
+    assert not scheduler.step()  # nothing left: the loop sleeps again

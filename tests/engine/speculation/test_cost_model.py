@@ -1,31 +1,26 @@
-"""The cost model: measured forward times, acceptance estimates and the per-row draft lengths
-they choose, checked against values computed by hand."""
+"""The cost model: acceptance estimates and the per-row draft lengths they choose from forward
+times, checked against values computed by hand."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from server.engine.models.model_kit import load_model
 from server.engine.speculation import cost_model
 from server.engine.speculation.cost_model import (
     DrafterRates,
     DraftingShare,
-    ForwardTimes,
     RoundCalibration,
     RowOption,
     StepCosts,
     acceptance_rate,
-    cached_forward_times,
     choose_draft_lengths,
     decision_rate,
     drafting_saving,
     expected_accepted,
     hopeful_rate,
-    monotone,
     prefill_repaid,
 )
+from server.engine.speculation.forward_times import ForwardTimes
 
 
 def table(rows, tokens, seconds) -> ForwardTimes:
@@ -35,20 +30,6 @@ def table(rows, tokens, seconds) -> ForwardTimes:
 # Rows 1 and 8, 1 to 3 tokens each: at 8 rows a second token costs 20% more, a third 100% more.
 TARGET = table((1, 8), (1, 2, 3), [[0.05, 0.05, 0.06], [0.10, 0.12, 0.24]])
 DRAFT = table((1, 8), (1, 2), [[0.001, 0.001], [0.002, 0.003]])
-
-
-def test_forward_times_interpolate_between_and_extrapolate_past_the_grid():
-    assert TARGET.at(1, 1) == 0.05 and TARGET.at(8, 3) == 0.24
-    assert TARGET.at(8, 2) == pytest.approx(0.12)
-    # 4 rows lie 3/7 of the way from 1 row to 8
-    assert TARGET.at(4, 1) == pytest.approx(0.05 + (0.10 - 0.05) * 3 / 7)
-    assert TARGET.at(15, 1) == pytest.approx(0.15)  # one more grid step of rows: +0.05
-    assert TARGET.at(8, 4) == pytest.approx(0.36)  # past 3 tokens: the last slope, +0.12
-    assert TARGET.at(0, 1) == 0.05  # below the grid: flat
-
-
-def test_a_noisy_table_is_made_non_decreasing():
-    assert monotone([[3, 2, 4], [1, 5, 4]]) == [[3, 3, 4], [3, 5, 5]]
 
 
 def test_expected_accepted_tokens_and_the_acceptance_estimate():
@@ -245,50 +226,6 @@ def test_a_forced_row_drafts_its_cap_and_the_others_ride_along():
     options = [RowOption(0, 2, 0.1, by_model=False, forced=True),
                *[RowOption(i, 4, 0.2, by_model=False) for i in range(1, 8)]]
     assert choose_draft_lengths(options, 8, 0, StepCosts(TARGET)) == {i: 2 for i in range(8)}
-
-
-def test_forward_times_are_measured_once_per_model_and_machine(tmp_path, tiny_pair, monkeypatch):
-    model = load_model(str(tiny_pair[0])).model
-    calls = []
-    measure = cost_model.measure_forward_times
-
-    def counted(m):
-        calls.append(m)
-        return measure(m, rows=(1, 2), tokens=(1, 2), context=8, reps=1)
-
-    monkeypatch.setattr(cost_model, "measure_forward_times", counted)
-    # This table is a quick one (8 tokens of context, one rep): the start's spot check of a
-    # stored table is the next test's.
-    monkeypatch.setattr(cost_model, "measured_busy", lambda model, table: False)
-    first = cached_forward_times(model, str(tiny_pair[0]), "auto", tmp_path)
-    second = cached_forward_times(model, str(tiny_pair[0]), "auto", tmp_path)
-    assert len(calls) == 1 and first == second
-    assert len(list(tmp_path.iterdir())) == 1
-    assert all(b >= a for row in first.seconds for a, b in zip(row, row[1:], strict=False))
-    cached_forward_times(model, str(tiny_pair[0]), "float16", tmp_path)  # another variant
-    assert len(calls) == 2
-
-
-def test_a_stored_table_measured_while_busy_is_measured_again(tmp_path, tiny_pair):
-    """A stored table at 10x the machine's times now (measured beside busy processes) fails
-    the spot check at start and is measured again and stored; one at a tenth of them (measured
-    when the machine was less busy than now) is kept."""
-    model = load_model(str(tiny_pair[0])).model
-    path = str(tiny_pair[0])
-    file = tmp_path / f"{cost_model.machine_key(path, 'auto')}.json"
-    now = cost_model.time_forwards(model, (1, 8), (1, 2), reps=2)
-
-    def stored(scale: float) -> ForwardTimes:
-        return ForwardTimes(now.rows, now.tokens,
-                            tuple(tuple(x * scale for x in r) for r in now.seconds))
-
-    file.write_text(json.dumps(stored(0.1).to_json()))
-    assert cached_forward_times(model, path, "auto", tmp_path) == stored(0.1)
-    file.write_text(json.dumps(stored(10.0).to_json()))
-    measured = cached_forward_times(model, path, "auto", tmp_path)
-    assert measured.rows == cost_model.PROFILE_ROWS
-    assert measured.at(8, 1) < stored(10.0).at(8, 1)
-    assert ForwardTimes.from_json(json.loads(file.read_text())) == measured
 
 
 def test_drafting_rounds_faster_than_the_table_make_plain_rounds_faster_too():

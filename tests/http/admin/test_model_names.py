@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anthropic
 import httpx
 import openai
 import pytest
-from support.servers import make_settings, uvicorn_thread
+from support.servers import make_settings, served_url, uvicorn_thread
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +64,40 @@ def test_the_star_alias_takes_any_name(aliased):
         assert r.status_code == 200 and r.json()["model"] == "served"
     finally:
         engine.model_aliases = aliases
+
+
+def test_openai_agents_runs_with_the_name_config_yaml_serves(tiny_pair):
+    """The Agents SDK reads a model string as `prefix/name` and refuses an unknown prefix
+    (`models/...` of a path): config.yaml's served name is one it takes; the path still
+    selects the target for the clients that send it."""
+    from typing import Literal
+
+    import agents
+    from pydantic import BaseModel
+    from support.paths import ROOT
+
+    from server.config import Settings
+
+    name = Settings.load(ROOT / "config.yaml").models.model_name
+
+    class Sky(BaseModel):
+        sky: Literal["sunny", "rainy"]
+
+    with served_url(*tiny_pair, models={"model_name": name}) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        agent = agents.Agent(name="sky", instructions="Answer briefly.", model=name,
+                             output_type=Sky, model_settings=agents.ModelSettings(
+                                 temperature=0, max_tokens=60))
+        config = agents.RunConfig(model_provider=agents.MultiProvider(openai_client=client),
+                                  tracing_disabled=True)
+
+        async def run():
+            async with client:
+                return await agents.Runner.run(agent, "Sunny?", run_config=config)
+
+        result = asyncio.run(run())
+        assert isinstance(result.final_output, Sky)
+        by_path = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": str(tiny_pair[0]), "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert by_path.status_code == 200 and by_path.json()["model"] == name

@@ -344,11 +344,12 @@ async def test_openapi_lists_real_statuses_and_event_streams(client):
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     error_ref = "#/components/schemas/ErrorResponse"
     expected = {
-        ("/v1/chat/completions", "post"): {"200", "400", "401", "404", "503"},
-        ("/v1/completions", "post"): {"200", "400", "401", "404", "503"},
-        ("/v1/models/draft", "post"): {"200", "400", "401", "403", "404", "409"},
+        ("/v1/chat/completions", "post"): {"200", "400", "401", "404", "413", "503"},
+        ("/v1/completions", "post"): {"200", "400", "401", "404", "413", "503"},
+        ("/v1/models/draft", "post"): {"200", "400", "401", "403", "404", "409", "413"},
         ("/v1/models/draft", "delete"): {"200", "401", "403", "404"},
-        ("/v1/models/draft/compatibility", "post"): {"200", "400", "401", "403", "404"},
+        ("/v1/models/draft/compatibility", "post"): {"200", "400", "401", "403", "404",
+                                                      "413"},
     }
     for (path, method), codes in expected.items():
         responses = doc["paths"][path][method]["responses"]

@@ -80,13 +80,14 @@ HISTORY = [
 ]
 
 
-def parse_all(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[dict]]:
+def parse_all(parser: ToolCallParser, pieces: list[str], *,
+              cut: bool = False) -> tuple[str, list[dict]]:
     content, calls = [], []
     for piece in pieces:
         text, done = parser.feed(piece)
         content.append(text)
         calls.extend(done)
-    text, done = parser.finish()
+    text, done = parser.finish(cut=cut)
     return "".join(content) + text, calls + done
 
 
@@ -120,6 +121,26 @@ def test_parser_splits_content_and_calls_at_any_chunking(text, content, names):
         pieces = [text[i:i + size] for i in range(0, len(text), size)]
         got = parse_all(ToolCallParser(HERMES, None), pieces)
         assert got[0] == content and without_ids(got[1]) == without_ids(whole[1])
+
+
+SECOND = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, content, names", [
+    ('<tool_call>\n{"name": "pi', "", []),
+    (CALL + "\n" + SECOND[:30], "", ["get_weather"]),  # the second call cut mid-JSON
+    (CALL + "\n" + SECOND[:-1], "", ["get_weather", "ping"]),  # cut in its end marker: parses
+    (CALL + "\n<tool_", "", ["get_weather"]),  # cut in its start marker
+    ("Let me check.\n<tool_ca", "Let me check.\n", []),
+    ("no call here", "no call here", []),
+])
+def test_a_call_the_token_limit_cut_is_never_content(text, content, names):
+    """`finish(cut=True)`: the output ended at max_tokens. Complete calls are returned, a cut
+    one only if it parses; no call markup is left in the content."""
+    for size in (1, 3, len(text)):
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        got, calls = parse_all(ToolCallParser(HERMES, None), pieces, cut=True)
+        assert got == content and [c["function"]["name"] for c in calls] == names
 
 
 def test_parsed_call_is_openai_shaped():
@@ -328,6 +349,41 @@ async def test_a_call_that_would_only_repeat_ends_the_turn(client, engine, paral
         '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>', add_special_tokens=False))
     calls_written = 1 if parallel is False else 2  # the repeat is written, then only EOS
     assert whole["usage"]["completion_tokens"] <= calls_written * (one_call + 1) + 1
+
+
+@pytest.mark.anyio
+async def test_forced_calls_cut_by_max_tokens_leave_no_markup(client):
+    """The model's own output, cut inside its first call and inside its second: the complete
+    calls are returned (the full answer's first ones), nothing of the cut one, finish_reason
+    "length", streamed and not."""
+    body = tools_body(tools=[WEATHER], tool_choice="required", parallel_tool_calls=True,
+                      max_tokens=400, logprobs=True)
+    full = (await client.post("/v1/chat/completions", json=body)).json()["choices"][0]
+    tokens = [t["token"] for t in full["logprobs"]["content"]]
+    text = "".join(tokens)
+    ends = [i for i in range(1, len(tokens)) if "".join(tokens[:i]).endswith("</tool_call>")]
+    assert len(ends) >= 2, text  # two calls written (the second repeats, so it is dropped)
+    for cut in (ends[0] // 2, (ends[0] + ends[1]) // 2):
+        complete = "".join(tokens[:cut]).count("</tool_call>")
+        want = [c["function"] for c in full["message"]["tool_calls"][:complete]]
+        whole, streamed = await calls_streamed_and_not(client, {**body, "max_tokens": cut})
+        choice = whole["choices"][0]
+        assert choice["finish_reason"] == "length"
+        assert not choice["message"]["content"], choice["message"]
+        assert [c["function"] for c in choice["message"].get("tool_calls") or []] == want
+        assert streamed == want
+        async with client.stream("POST", "/v1/chat/completions",
+                                 json={**body, "max_tokens": cut, "stream": True}) as r:
+            chunks = [c for c in await read_sse(r) if isinstance(c, dict)]
+        assert not "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        fn = WEATHER["function"]
+        message = (await client.post("/v1/messages", json={
+            "model": "", "max_tokens": cut, "temperature": 0, "messages": body["messages"],
+            "tools": [{"name": fn["name"], "description": fn["description"],
+                       "input_schema": fn["parameters"]}], "tool_choice": {"type": "any"},
+        })).json()
+        assert message["stop_reason"] == "max_tokens"
+        assert [b["type"] for b in message["content"]] == ["tool_use"] * complete, message
 
 
 DEFAULT_TARGET = Path("models/generated/SmolLM2-135M-Instruct")

@@ -19,9 +19,11 @@ from api_schemas.batches import (
 )
 from server.http.common import paging
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.errors import APIError
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["batches"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["batches"],
+                   route_class=OffLoopJson)
 
 # What `client.files.create` may send as `purpose`; only `batch` files are a batch's input.
 UploadPurpose = Literal["assistants", "batch", "fine-tune", "vision", "user_data", "evals"]

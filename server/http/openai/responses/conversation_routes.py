@@ -19,10 +19,11 @@ from api_schemas.responses import (
 )
 from server.http.common import paging
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.openai.responses.mapping import request_items
 
 router = APIRouter(prefix="/v1/conversations", dependencies=[Depends(require_api_key)],
-                   tags=["responses"])
+                   tags=["responses"], route_class=OffLoopJson)
 ConversationId = Annotated[str, Path(description="A conversation's id (conv_...).")]
 ItemId = Annotated[str, Path(description="An item's id.")]
 

@@ -65,7 +65,7 @@ class ResponseBuilder(BlockBuilder):
         return super().token(event)
 
     def close(self, done: Finished) -> list[dict]:
-        events = self._output(self.split.finish())
+        events = self._output(self.split.finish(done.finish_reason))
         complete = done.finish_reason == "stop"
         events += self._close_block(status="completed" if complete else "incomplete")
         r, stats = self.response, done.stats

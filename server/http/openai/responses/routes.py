@@ -3,6 +3,7 @@ GET /v1/responses/{id}/input_items and POST /v1/responses/input_tokens."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Literal
 
@@ -20,6 +21,7 @@ from api_schemas.responses import (
 )
 from server.http.common import paging
 from server.http.common.auth import require_api_key
+from server.http.common.bodies import OffLoopJson
 from server.http.common.chat_translation import renamed_params
 from server.http.common.completion import complete_chat
 from server.http.common.errors import APIError
@@ -39,7 +41,8 @@ from server.http.openai.responses.mapping import (
 from server.http.openai.responses.store import ResponseStore, StoredResponse
 from server.http.openai.responses.tools import ToolTable
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["responses"])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["responses"],
+                   route_class=OffLoopJson)
 
 
 @router.post("/responses")
@@ -79,7 +82,8 @@ async def count_input_tokens(body: InputTokensRequest, request: Request):
     async with serving(engine, body.model):
         with renamed_params(RENAMES):
             chat = chat_from_responses(body, _history(earlier, body), ToolTable(body.tools))
-            _, prompt = fit_to_context(engine, chat, truncate=body.truncation == "auto")
+            _, prompt = await asyncio.to_thread(fit_to_context, engine, chat,
+                                                truncate=body.truncation == "auto")
     return InputTokenCount(input_tokens=len(prompt))
 
 
