@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from server.engine.config import DistributedConfig, EngineConfig
 from server.engine.distributed.service import launched_layout
 from server.engine.kv.disk_cache import DEFAULT_DISK_MAX_GB
-from server.engine.kv.prefix_cache import DEFAULT_PREFIX_CACHE_SHARE, cache_budget_bytes
+from server.engine.kv.prefix_cache import cache_budget_bytes
 from server.engine.params import HYBRID_MIN_MATCH, Acceptance, DraftSource
 from server.engine.prompts import RESERVED_TEMPLATE_KWARGS
 from server.engine.scheduling.scheduler import (
@@ -321,11 +321,7 @@ class CacheSettings(BaseModel):
         description="Byte budget in GB (0 disables), shared with the running requests' KV:"
         " the cache keeps at most what they leave of it and of the memory budget"
         " (engine.memory_budget_gb), so it gives way before any request is paused; default:"
-        " memory_share of the memory budget.",
-    )
-    memory_share: float = Field(
-        DEFAULT_PREFIX_CACHE_SHARE, ge=0.0, le=1.0,
-        description="The default max_gb: this share of the memory budget for KV caches.",
+        " an eighth of the memory budget.",
     )
     disk_dir: str | None = Field(
         None,
@@ -466,7 +462,6 @@ def engine_config(settings: Settings, *, draft: str | None,
             prefill_chunk=e.prefill_chunk, idle_prefill_chunk=e.idle_prefill_chunk),
         spec_max_batch=e.spec_max_batch, spec_batch_draft_tokens=e.spec_batch_draft_tokens,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
-        prefix_cache_share=settings.cache.memory_share,
         memory_budget_bytes=_bytes(e.memory_budget_gb),
         memory_margin_bytes=_bytes(e.memory_margin_gb),
         fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,

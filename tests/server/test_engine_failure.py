@@ -93,16 +93,21 @@ def test_with_a_state_dir_a_restart_finishes_the_batch(tiny_pair, tmp_path):
                                "url": "/v1/chat/completions", "body": body}) + "\n"
                    for i, body in enumerate(bodies))
     args = pair_args(tiny_pair, "--config", str(config))
-    proc, url = start_server(args, tmp_path / "faulty.txt", env=fault_env(10, "mlx"),
+    # 30 rounds: the short ones' few, not the 60 and more (5 tokens a round at most) of 300
+    proc, url = start_server(args, tmp_path / "faulty.txt", env=fault_env(30, "mlx"),
                              module="support.faulty_server")
     try:
         source = httpx.post(f"{url}/v1/files", data={"purpose": "batch"},
                             files={"file": ("in.jsonl", data.encode())}).json()
-        background = httpx.post(f"{url}/v1/responses", json=RESPONSE).json()
-        assert background["status"] == "queued"
         batch = httpx.post(f"{url}/v1/batches", json={
             "input_file_id": source["id"], "endpoint": "/v1/chat/completions",
             "completion_window": "24h"}).json()
+        deadline = time.monotonic() + 60
+        while len(kept_results(tmp_path / "state")) < 2 and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        background = httpx.post(f"{url}/v1/responses", json=RESPONSE).json()
+        assert background["status"] == "queued"
         assert proc.wait(timeout=60) == EXIT_ENGINE_FAILED
     finally:
         if proc.poll() is None:
