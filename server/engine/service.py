@@ -28,7 +28,6 @@ from server.engine.errors import (
     ShuttingDown,
 )
 from server.engine.events import Finished
-from server.engine.kv.kv_size import kv_layout
 from server.engine.memory import MemoryBudget, memory_budget
 from server.engine.models.embeddings import Embedder, batches
 from server.engine.models.model_kit import (
@@ -41,7 +40,7 @@ from server.engine.models.model_kit import (
     tokenizer_mismatch,
 )
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
-from server.engine.scheduling.memory_gate import MemoryGate
+from server.engine.scheduling.memory_gate import gate_for
 from server.engine.scheduling.scheduler import (
     ObserverList,
     Scheduler,
@@ -239,8 +238,7 @@ class InferenceEngine:
         prefix cache's default budget is a share of it."""
         scheduler = self.scheduler
         budget = self._measure_budget()
-        draft = kv_layout(self.kit.draft.model) if self.kit.draft is not None else None
-        scheduler.memory = MemoryGate(budget, kv_layout(self.kit.target.model), draft)
+        scheduler.memory = gate_for(self.kit, budget)
         log.info("memory: %.3g GB for KV caches (%s); a request holds at most %d tokens",
                  budget.kv_bytes / 1e9, budget.as_dict()["limit_source"],
                  scheduler.memory.room())

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from server.engine.errors import MemoryBudgetExceeded
-from server.engine.kv.kv_size import KVLayout
+from server.engine.kv.kv_size import KVLayout, kv_layout
 from server.engine.memory import MemoryBudget
+from server.engine.models.model_kit import ModelKit
 
 # Admission leaves every row room to grow this many tokens (or what it has left) before the
 # budget pauses one: mlx_lm's KV caches grow 256 positions at a time.
@@ -86,3 +87,10 @@ class MemoryGate:
         held, margin = self.budget.reserved_bytes / GB, self.budget.margin_bytes / GB
         return f"{limit.source}: {limit.bytes / GB:.3g} GB, less {held:.3g} GB held by the" \
                f" models and {margin:.3g} GB of margin"
+
+
+def gate_for(kit: ModelKit, budget: MemoryBudget) -> MemoryGate:
+    """The gate of `kit`'s models within `budget` (their layouts probed now: the MLX
+    thread's work)."""
+    draft = kv_layout(kit.draft.model) if kit.draft is not None else None
+    return MemoryGate(budget, kv_layout(kit.target.model), draft)
