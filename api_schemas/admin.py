@@ -179,3 +179,5 @@ class CacheCleared(OpenAIBaseModel):
     entries: int = Field(description="Prefix-cache entries removed from memory.")
     disk_entries: int = Field(0, description="Prefix-cache files deleted from disk"
                               " (cache.disk_dir; 0 without one).")
+    suffix_answers: int = Field(0, description="Served answers suffix drafting forgot"
+                                " (engine.suffix_max_mb; 0 when off).")

@@ -272,10 +272,11 @@ class EngineExtensions(RequestModel):
         None, le=64, description="Draft tokens per round (the maximum when adaptive); 0 = off."
     )
     use_draft: bool | None = Field(None, description="Default: true when a drafter is loaded.")
-    draft: Literal["model", "prompt_lookup", "hybrid"] | None = Field(
-        None, description="Where drafts come from: the draft model, prompt lookup, or hybrid"
-        " (prompt lookup when it finds a match of hybrid_min_match tokens, the draft model when"
-        " it finds none)."
+    draft: Literal["model", "prompt_lookup", "hybrid", "suffix"] | None = Field(
+        None, description="Where drafts come from: the draft model, prompt lookup, suffix (what"
+        " this server served before, and the request's own text), or hybrid (each round the one"
+        " of prompt lookup (after a match of hybrid_min_match tokens), suffix and the draft"
+        " model expected to have the most tokens accepted)."
     )
     acceptance: Literal["exact", "rejection"] | None = Field(
         None, description="Acceptance rule at temperature > 0."

@@ -34,6 +34,7 @@ from server.engine.speculation.policy import (
     DEFAULT_SPEC_MAX_BATCH,
 )
 from server.engine.speculation.prompt_lookup import DEFAULT_MAX_NGRAM
+from server.engine.speculation.suffix import DEFAULT_SUFFIX_MAX_MB
 
 
 class ServerSettings(BaseModel):
@@ -268,6 +269,14 @@ class EngineSettings(BaseModel):
         description="A cap: the most tokens a request drafts per round while other requests"
         " decode too (alone, its own k). Within the caps the cost model decides.",
     )
+    suffix_max_mb: float = Field(
+        DEFAULT_SUFFIX_MAX_MB, ge=0.0, le=65536.0,
+        description="Suffix drafting (draft: suffix, and in hybrid): the answers this server"
+        " served (each with its prompt's last 32 tokens), kept in memory for the requests that"
+        " follow (a repeated request drafts its earlier answer), per API key when keys are set,"
+        " within this many MB (the oldest leave first; about 360 bytes per token); emptied"
+        " when the target changes. 0 turns suffix drafting off.",
+    )
     cost_model: bool = Field(
         True,
         description="Let the models' forward times (rows x tokens) and each row's acceptance"
@@ -374,8 +383,9 @@ class GenerationDefaults(BaseModel):
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Default min_p.")
     draft: DraftSource = Field(
         DraftSource.MODEL,
-        description="Default drafter: model, prompt_lookup or hybrid (prompt lookup when it"
-        " finds a match of hybrid_min_match tokens, the draft model when it finds none).")
+        description="Default drafter: model, prompt_lookup, suffix (what this server served"
+        " before, engine.suffix_max_mb) or hybrid (each round the one of prompt lookup, suffix"
+        " and the draft model expected to have the most tokens accepted).")
     acceptance: Acceptance = Field(
         "rejection", description="Default acceptance rule at temperature > 0."
     )
@@ -467,6 +477,7 @@ def engine_config(settings: Settings, *, draft: str | None,
         fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9), cost_model=e.cost_model,
         cost_model_budget_s=e.cost_model_budget_s,
+        suffix_max_bytes=int(e.suffix_max_mb * 1e6),
         more_targets=tuple(more_targets),
         distributed=None if layout is None else DistributedConfig(
             layout, settings.distributed.timeout_s, settings.distributed.heartbeat_s))

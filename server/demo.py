@@ -2,7 +2,7 @@
 
     python -m server.demo --model PATH [--draft-model PATH] [--num-draft-tokens N]
         [--prompt TEXT] [--chat] [--temp T] [--max-tokens N] [--seed S]
-        [--print-prompt-progress] [--draft model|prompt_lookup|hybrid]
+        [--print-prompt-progress] [--draft model|prompt_lookup|hybrid|suffix]
         [--acceptance exact|rejection] [--no-adaptive]
 
 Runs the server's own engine (`ModelKit` + `generate_events`) in this process, no HTTP: the
@@ -49,8 +49,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft", choices=[d.value for d in DraftSource], default=None,
                    help=f"Where drafts come from: the draft model (default: "
                         f"{_SPEC_DEFAULTS.source}; needs --draft-model), n-grams of the prompt, "
-                        "or hybrid (n-grams when they match, the draft model when they do not; "
-                        "needs --draft-model).")
+                        "suffix (the longest earlier match of the text's end: one run has only "
+                        "its own text), or hybrid (each round the drafter expected to have the "
+                        "most tokens accepted; needs --draft-model).")
     p.add_argument("--acceptance", choices=["exact", "rejection"],
                    default=_SPEC_DEFAULTS.acceptance,
                    help="Acceptance rule at --temp > 0 (greedy runs always accept exact matches).")
@@ -62,13 +63,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+HOST_DRAFTERS = ("prompt_lookup", "suffix")  # draft with no draft model
+
+
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    lookup = args.draft == "prompt_lookup"
+    lookup = args.draft in HOST_DRAFTERS
     if args.num_draft_tokens is not None and not (args.draft_model or lookup):
         p.error("--num-draft-tokens needs a drafter: add --draft-model PATH "
                 "or --draft prompt_lookup")
     if lookup and args.draft_model:
-        p.error("--draft prompt_lookup drafts from the prompt: drop --draft-model")
+        p.error(f"--draft {args.draft} drafts from the text: drop --draft-model")
     if args.draft in ("model", "hybrid") and not args.draft_model:
         p.error(f"--draft {args.draft} needs --draft-model PATH "
                 "(without one, only --draft prompt_lookup can draft)")
@@ -88,7 +92,7 @@ def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:
 
 
 def speculation_from_args(args: argparse.Namespace) -> SpeculationParams:
-    drafting = args.draft_model is not None or args.draft == "prompt_lookup"
+    drafting = args.draft_model is not None or args.draft in HOST_DRAFTERS
     k = args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_NUM_DRAFT_TOKENS
     return replace(_SPEC_DEFAULTS, num_draft_tokens=k if drafting else 0,
                    source=args.draft or _SPEC_DEFAULTS.source,
@@ -131,11 +135,15 @@ def run(kit, params: GenerationParams, *, out: TextIO, log: TextIO, progress: bo
     """Stream the text to `out`; return the engine's GenerationStats."""
     from server.engine.events import Finished
     from server.engine.generation import generate_events
+    from server.engine.speculation.suffix import DEFAULT_SUFFIX_MAX_MB, SuffixIndex
 
     def report(done: int, total: int) -> None:
         print(f"Prompt processing: {done}/{total} tokens", file=log, flush=True)
 
-    for event in generate_events(kit, params, prompt_progress=report if progress else None):
+    suffix = SuffixIndex(int(DEFAULT_SUFFIX_MAX_MB * 1e6)) \
+        if params.speculation.source == DraftSource.SUFFIX else None
+    for event in generate_events(kit, params, prompt_progress=report if progress else None,
+                                 suffix=suffix):
         if isinstance(event, Finished):
             return event.stats
         out.write(event.text)

@@ -15,6 +15,7 @@ SUBCOMMANDS = {  # name: (the module, whose `main` it runs, or module:function; 
     "held-out": ("server.bench.held_out", "drafting settings on requests no draft trained on"),
     "structured": ("server.bench.structured", "a grammar's cost, and speculation under it"),
     "prediction": ("server.bench.prediction", "a guess of the answer (OpenAI's prediction)"),
+    "suffix": ("server.bench.suffix", "repeated requests and an agent: suffix drafting"),
     "restart": ("server.bench.chat:restart_main", "TTFT after a restart, from the disk cache"),
     "startup": ("server.bench.startup", "load, ready and measured times; quantized pairs"),
     "distributed": ("server.bench.load:distributed_main", "a sharded target vs one process"),

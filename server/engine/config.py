@@ -53,5 +53,6 @@ class EngineConfig:
     disk_cache_bytes: int = 0
     cost_model: bool = False  # forward times (a prior, then measured) choose each row's k
     cost_model_budget_s: float | None = None  # machine time measuring them; None: the default
+    suffix_max_bytes: int = 0  # the suffix drafter's index of served texts (0: off)
     more_targets: tuple[TargetEntry, ...] = ()  # configured targets to switch to by name
     distributed: DistributedConfig | None = None

@@ -16,6 +16,7 @@ from server.engine.params import GenerationParams
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
 from server.engine.speculation.policy import SpeculationPolicy
+from server.engine.speculation.suffix import SuffixIndex
 
 
 def generate_events(
@@ -25,10 +26,14 @@ def generate_events(
     cancelled: Callable[[], bool] = lambda: False,
     prompt_progress: Callable[[int, int], None] | None = None,
     config: SchedulerConfig | None = None,
+    suffix: SuffixIndex | None = None,
 ) -> Iterator[TokenEvent | Finished]:
-    """One TokenEvent per generated token (EOS included, with no text), then Finished."""
+    """One TokenEvent per generated token (EOS included, with no text), then Finished.
+    `suffix`: the served texts suffix drafting continues (kept by the caller across calls);
+    None: no suffix drafting."""
     scheduler = Scheduler(kit, config or SchedulerConfig(max_queue_size=1),
                           SpeculationPolicy(max(params.speculation.num_draft_tokens, 1)))
+    scheduler.suffix_index = suffix
     events: list = []
     seq = scheduler.submit(params, events.append)
     total = len(params.prompt_tokens)

@@ -12,13 +12,16 @@ Acceptance = Literal["exact", "rejection"]
 
 class DraftSource(str, Enum):
     """Who proposes the drafts: the draft model; prompt lookup (n-grams of the prompt and
-    output, no second model); or "hybrid", each round: prompt lookup when it finds a match
-    (the context's last `hybrid_min_match` tokens occurred before), the draft model when it
-    finds none (`Sequence.plan_round`). Members compare equal to their names' strings."""
+    output, no second model); suffix drafting (the continuation of the context's end in the
+    texts this server served and in the request's own, `speculation.suffix`); or "hybrid",
+    each round the one of prompt lookup (where the context's last `hybrid_min_match` tokens
+    occurred before), suffix drafting and the draft model expected to have the most tokens
+    accepted (`Sequence.plan_round`). Members compare equal to their names' strings."""
 
     MODEL = "model"
     PROMPT_LOOKUP = "prompt_lookup"
     HYBRID = "hybrid"
+    SUFFIX = "suffix"
 
     def __str__(self) -> str:
         return self.value
@@ -92,5 +95,8 @@ class GenerationParams:
     # The fingerprint of the target the prompt was tokenized for ("": any): a request that
     # reaches the scheduler after the target was replaced is refused (ModelReplaced).
     target: str = ""
+    # Whose texts suffix drafting may draft from, and whose this request's text becomes: an
+    # opaque id of the API key that sent it ("": every request, when the server has no keys).
+    tenant: str = ""
     # Builds this request's grammar state (a server.engine.structured.constraints.TokenConstraint).
     constraint: Callable[[], Any] | None = field(default=None, compare=False)

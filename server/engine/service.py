@@ -51,6 +51,7 @@ from server.engine.scheduling.switching import TargetEntry, TargetSwitcher
 from server.engine.scoring import PromptLogprobs, PromptScorer
 from server.engine.speculation.forward_source import DEFAULT_BUDGET_S
 from server.engine.speculation.policy import SpeculationPolicy
+from server.engine.speculation.suffix import SuffixIndex
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class InferenceEngine:
         self.started_at = int(time.time())
         self.observers = ObserverList()
         self.prefix_cache_bytes = config.prefix_cache_bytes  # None: a share of the budget
+        self.suffix_max_bytes = config.suffix_max_bytes
         self.disk_cache_dir = config.disk_cache_dir if config.disk_cache_bytes > 0 else None
         self.disk_cache_bytes = config.disk_cache_bytes
         self.kit: ModelKit | None = None
@@ -230,6 +232,7 @@ class InferenceEngine:
         if self.caches_prompts:
             self.scheduler.prefix_cache = self._prefix_cache()
             self._register_on_disk(self.kit.target, self.kit.draft)
+        self._keep_suffix_index()
         log.info("models loaded in %.1f s", time.perf_counter() - start)
 
     def _price_memory(self) -> None:
@@ -260,6 +263,11 @@ class InferenceEngine:
             return self.prefix_cache_bytes
         budget = self._budget.kv_bytes if self._budget is not None else 0
         return int(self.config.prefix_cache_share * budget)
+
+    def _keep_suffix_index(self) -> None:
+        """Suffix drafting's index of served texts, on the scheduler, when one is configured."""
+        if self.suffix_max_bytes > 0:
+            self.scheduler.suffix_index = SuffixIndex(self.suffix_max_bytes)
 
     def _check_more_targets(self) -> None:
         """Fail the start on a configured target that could never serve: no tokenizer there,
@@ -413,6 +421,14 @@ class InferenceEngine:
                     "disk_entries": 0, "disk_bytes": 0, "disk_max_bytes": 0}
         return cache.info()
 
+    def suffix_info(self) -> dict:
+        """Suffix drafting's index of served answers: texts, tokens, bytes and its bound."""
+        index = self.scheduler.suffix_index if self.scheduler is not None else None
+        if index is None:
+            return {"texts": 0, "tokens": 0, "bytes": 0, "max_bytes": 0}
+        return {"texts": len(index), "tokens": index.tokens, "bytes": index.nbytes,
+                "max_bytes": index.max_bytes}
+
     def card(self, model: LoadedModel, role: str) -> ModelCard:
         return ModelCard(
             id=model.name, path=model.path, role=role, parameters=model.parameter_count(),
@@ -429,7 +445,8 @@ class InferenceEngine:
         """`defaults`: the server's; `draft`: the drafter the request names, if any."""
         return self.policy.for_request(use_draft=use_draft, num_draft_tokens=num_draft_tokens,
                                        draft=draft, defaults=defaults,
-                                       draft_loaded=self.draft is not None)
+                                       draft_loaded=self.draft is not None,
+                                       suffix=self.suffix_max_bytes > 0)
 
     def submit(self, params: GenerationParams) -> RequestHandle:
         """Queue a generation; iterate the handle for events. Raises QueueFull/ShuttingDown."""
@@ -567,11 +584,13 @@ class InferenceEngine:
     async def check_draft(self, path: str) -> str | None:
         return await self._call(lambda: self.kit.check_draft(path))
 
-    async def clear_cache(self) -> tuple[int, int]:
-        """Empty the prefix cache: (entries dropped from memory, files deleted from disk)."""
+    async def clear_cache(self) -> tuple[int, int, int]:
+        """Empty the prefix cache and suffix drafting's index of served answers: (entries
+        dropped from memory, files deleted from disk, answers forgotten)."""
         def clear():
-            cache = self.scheduler.prefix_cache
-            return (cache.clear(), cache.clear_disk()) if cache is not None else (0, 0)
+            cache, index = self.scheduler.prefix_cache, self.scheduler.suffix_index
+            entries = (cache.clear(), cache.clear_disk()) if cache is not None else (0, 0)
+            return (*entries, index.clear() if index is not None else 0)
 
         return await self._call(clear)
 

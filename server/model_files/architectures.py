@@ -10,7 +10,7 @@ later layers write to the residual stream scaled down: a draft with a realistic 
 
     python -m server.model_files.architectures OUT_DIR --arch qwen3_5 [--layers 4 --draft-layers 2]
     python -m server.model_files.architectures models/generated/hybrid --arch qwen3_5 \
-        --preset small --layers 12   # the benchmarks' hybrid pair
+        --preset small --layers 12   # the benchmarks' hybrid pair (a 2-layer draft)
 """
 
 from __future__ import annotations
@@ -92,9 +92,11 @@ SPECIFIC: dict[str, dict] = {
 # so that a 2-layer draft is several times cheaper than the target.
 SMALL_PRESET = {"hidden_size": 768, "intermediate_size": 2048, "num_attention_heads": 12,
                 "num_key_value_heads": 4, "head_dim": 64}
+# Qwen3.5's layers alternate Gated DeltaNet and attention here (it has three of the first to
+# one of the second): so the 2-layer draft, like the generated pair's, holds one of each.
 PRESET_SPECIFIC = {"qwen3_5": {"linear_num_value_heads": 8, "linear_num_key_heads": 4,
                                "linear_key_head_dim": 64, "linear_value_head_dim": 64,
-                               "full_attention_interval": 4},
+                               "full_attention_interval": 2},
                    "gemma3_text": {"sliding_window": 512, "sliding_window_pattern": 6,
                                    "query_pre_attn_scalar": 64}}
 PRESET_TOKENIZER = (4096, 2_000_000)

@@ -1,6 +1,7 @@
 """`mlx-spec-bench`'s subcommands end to end: the dispatcher, `--api` for each of the three
 streaming APIs against a fake of our server (`fake_bench_server`), `load` (with `--pid`),
-`chat`, `held-out`, `structured` and `load --in-process` on the tiny pair, and `report`."""
+`chat`, `held-out`, `structured`, `suffix` and `load --in-process` on the tiny pair, and
+`report`."""
 
 from __future__ import annotations
 
@@ -263,6 +264,46 @@ def test_prediction_on_the_tiny_pair(tiny_pair, tmp_path):
         assert r["same_text"] is True  # a guess never changes the greedy text
         assert r["speedup"] == pytest.approx(r["guess_tps"] / r["plain_tps"])
     assert rows[0]["accepted"] > 0
+
+
+def test_suffix_on_the_tiny_pair(tiny_pair, tmp_path):
+    """Every case under every drafter, the same greedy text; a repeat drafted by suffix; the
+    ratios are the rows' own; the goals' verdicts and the index's memory at its bound."""
+    from server.bench import suffix
+
+    target, draft = tiny_pair
+    assert suffix.main(["--target-model", str(target), "--draft-model", str(draft),
+                        "--max-tokens", "16", "--reps", "1", "--turns", "2", "--index-mb", "1",
+                        "--results-dir", str(tmp_path)]) == 0
+    doc = result(tmp_path, "suffix")
+    rows = doc["rows"]
+    drafters = ["plain", "model", "suffix", "hybrid"]
+    assert [(r["case"], r["drafter"]) for r in rows] == [
+        (case, d) for case in ("repeat", "near repeat", "agent") for d in drafters]
+    by = {(r["case"], r["drafter"]): r for r in rows}
+    for r in rows:
+        assert r["same_text"] is True  # greedy: every drafter writes plain decoding's text
+        plain, model = by[r["case"], "plain"], by[r["case"], "model"]
+        assert r["vs_plain"] == pytest.approx(r["tps"] / plain["tps"])
+        assert r["vs_model"] == pytest.approx(r["tps"] / model["tps"])
+        if r["case"] != "agent":
+            assert r["vs_first"] == pytest.approx(r["tps"] / r["first_tps"])
+    assert by["repeat", "suffix"]["same_as_first"] is True
+    assert by["repeat", "suffix"]["from_draft"] >= 0.8  # the first answer, drafted
+    assert by["repeat", "plain"]["from_draft"] == 0
+    assert [v["id"] for v in doc["verdicts"]] == ["G1", "G2"]
+    memory = doc["metadata"]["suffix_index"]
+    assert memory["bound_mb"] == 1.0 and 0.5 <= memory["measured_mb"] <= 1.0
+
+
+def test_suffix_bad_arguments_exit_2(tiny_pair, capsys):
+    from server.bench import suffix
+
+    with pytest.raises(SystemExit) as e:
+        suffix.main(["--target-model", str(tiny_pair[0]), "--draft-model", "lookup"])
+    assert e.value.code == 2 and "need a draft model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suffix.main(["--drafters", "plain,nonsense"])
 
 
 def test_the_forward_clock_times_target_forwards_and_drafting_and_prices_them(monkeypatch):

@@ -302,6 +302,7 @@ class DistributedEngine(InferenceEngine):
             from server.engine.kv.prefix_cache import PrefixCache
 
             self.scheduler.prefix_cache = PrefixCache(self._prefix_cache_max())
+        self._keep_suffix_index()
         threading.Thread(target=self._heartbeat, name="dist-heartbeat", daemon=True).start()
 
     def _price_memory(self) -> None:

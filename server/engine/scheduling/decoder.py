@@ -5,8 +5,8 @@ Plain decoding is speculation with k = 0. Each round:
 1. drafts: the draft model proposes for every row that drafts with it this round, in one
    batched forward per draft position (rows whose pending context differs in length are fed
    right-padded and realigned; rows of the draft batch that do not draft with it this round
-   catch up on their context then); prompt lookup proposes on the host; a grammar masks every
-   drafted token;
+   catch up on their context then); prompt lookup and suffix drafting propose on the host; a
+   grammar masks every drafted token;
 2. one target forward over every row's last token plus its drafts, (B, 1 + K);
 3. per row, the same logits pipeline (vocabulary alignment, penalties on prompt + output,
    grammar and EOS masks, top-k/top-p/min-p, temperature) and verification: exact matching
@@ -30,6 +30,7 @@ import numpy as np
 from server.engine.kv.batch import ModelBatch
 from server.engine.scheduling.sampling import align_vocab, apply_mask, normalize
 from server.engine.scheduling.sequence import Sequence
+from server.engine.speculation.candidates import HOST_DRAFTERS
 from server.engine.speculation.cost_model import DrafterRates
 from server.engine.speculation.drafting import confident_count
 from server.engine.speculation.verification import count_exact_matches, verify_rejection
@@ -199,7 +200,8 @@ def _top_probability(seq: Sequence, processed: mx.array) -> mx.array:
 
 
 def _lookup(seq: Sequence, k: int) -> Proposal:
-    """The first k tokens of what `Sequence.plan_round` looked up, as far as a grammar allows."""
+    """The first k tokens of what `Sequence.plan_round` found (prompt lookup's, suffix
+    drafting's, a prediction's, forced ones), as far as a grammar allows."""
     drafted = seq.looked_up[:k]
     masks = None
     if seq.constraint is not None and drafted:
@@ -246,7 +248,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
         if any(model_ks.values()):
             proposals, draft_steps = _draft_with_model(draft, model_ks)
     for seq in rows:
-        if seq.round_drafter == "prompt_lookup" and seq.drafter is not None:
+        if seq.round_drafter in HOST_DRAFTERS and seq.drafter is not None:
             proposals[id(seq)] = _lookup(seq, ks.get(id(seq), 0))
     props = [proposals.get(id(seq), Proposal()) for seq in rows]
 

@@ -32,10 +32,10 @@ from server.engine.errors import (
 from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
 from server.engine.kv.layers import arrays_of, covered
 from server.engine.models.model_kit import ModelKit
-from server.engine.params import DraftSource, GenerationParams
+from server.engine.params import GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
 from server.engine.scheduling.memory_gate import ADMISSION_GROWTH_TOKENS, MemoryGate
-from server.engine.scheduling.sequence import Phase, Sequence, Sink
+from server.engine.scheduling.sequence import Phase, Sequence, Sink, drafter_name
 from server.engine.speculation.cost_model import (
     DrafterRates,
     DraftingShare,
@@ -48,6 +48,7 @@ from server.engine.speculation.cost_model import (
 from server.engine.speculation.forward_source import DEFAULT_BUDGET_S, CostSource
 from server.engine.speculation.forward_store import DEFAULT_CACHE_DIR
 from server.engine.speculation.policy import SpeculationPolicy, speculates_at_own_k
+from server.engine.speculation.suffix import PROMPT_TAIL, SuffixIndex
 from server.engine.speculation.yield_learner import YieldLearner, learned_path
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ class Scheduler:
         self.observer = observer or SchedulerObserver()
         self.prefix_cache = None  # a PrefixCache, when one is configured
         self.memory: MemoryGate | None = None  # admission and preemption by memory
+        self.suffix_index: SuffixIndex | None = None  # served texts, for suffix drafting
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._idle_calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -224,17 +226,16 @@ class Scheduler:
         if not params.prompt_tokens:  # every route refuses one; a prefill of none would fail
             raise InvalidRequest("the prompt has no tokens", "prompt")  # its whole group
         kit = self.kit
-        source = params.speculation.source
-        draft_name = str(source)
-        if source in (DraftSource.MODEL, DraftSource.HYBRID) and kit.draft is not None:
-            draft_name = (kit.draft.name if source == DraftSource.MODEL
-                          else f"prompt_lookup+{kit.draft.name}")
+        suffix = self.suffix_index
+        draft_name = drafter_name(params.speculation.source,
+                                  kit.draft.name if kit.draft is not None else None,
+                                  suffix is not None)
         if params.target and params.target != kit.target.fingerprint:
             raise ModelReplaced("the target model was replaced; send the request again")
         if self.memory is not None:
             self.memory.check(len(params.prompt_tokens), params.max_tokens)
         seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
-                       sink=sink, draft_name=draft_name)
+                       sink=sink, draft_name=draft_name, suffix=suffix)
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -772,8 +773,8 @@ class Scheduler:
         if not len(self.target):
             return False
         rows = self.target.rows
-        options, joining = self._able_to_draft(
-            self.policy.round_options(rows, self.batch_size, self.rates))
+        options, joining = self._able_to_draft(self.policy.round_options(
+            rows, self.batch_size, self.rates, self._draft_cost(len(rows))))
         draft_rows = (len(self.draft) if self.draft is not None else 0) + len(joining)
         ks = self.policy.choose(options, len(rows), draft_rows, self.costs, self.learner)
         model_rows = [seq for seq in rows if seq.uses_draft_model]
@@ -791,6 +792,12 @@ class Scheduler:
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
+
+    def _draft_cost(self, rows: int) -> float:
+        """A draft forward's time over the target's at this batch size (0: not measured)."""
+        if self.costs is None or self.costs.draft is None:
+            return 0.0
+        return self.costs.draft.at(rows, 1) / max(self.costs.target.at(rows, 1), 1e-9)
 
     def _learn(self, results: dict[int, RoundResult], seconds: float) -> None:
         """What the round's shape yielded: the tokens it committed in the seconds it took."""
@@ -857,11 +864,20 @@ class Scheduler:
             return
         for seq in done:
             self._keep_in_prefix_cache(seq)
+            self._remember(seq)
         self.target.remove(done)
         if self.draft is not None:
             self.draft.remove(done)
         for seq in done:
             seq.finish()
+
+    def _remember(self, seq: Sequence) -> None:
+        """A finished (or cancelled: its client may retry) request's answer, with its prompt's
+        tail, goes to the suffix index for the requests that follow; unless the request asked
+        not to be kept (`cache_prompt: false`)."""
+        if self.suffix_index is not None and seq.error is None and seq.params.cache_prompt \
+                and seq.output:
+            self.suffix_index.add(seq.params.tenant, seq.prompt[-PROMPT_TAIL:] + seq.output)
 
     # -- the prefix cache -----------------------------------------------------------------------
     def _keep_in_prefix_cache(self, seq: Sequence) -> None:
@@ -959,6 +975,8 @@ class Scheduler:
             self._left_queue()
             seq.error = error
             seq.finish()
+        if self.suffix_index is not None:  # another model's answers: another model's drafts
+            self.suffix_index.clear()
         self.draft_changed()
 
     def draft_changed(self) -> None:

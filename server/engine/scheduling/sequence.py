@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,12 +24,23 @@ from server.engine.events import DraftCounters, Finished, GenerationStats, Token
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling.sampling import LogitsPipeline
 from server.engine.scheduling.stop_sequences import StopMatcher
+from server.engine.speculation.candidates import (
+    MODEL,
+    PROMPT_LOOKUP,
+    SUFFIX,
+    DraftCandidate,
+    best_candidate,
+    counted_candidate,
+    rate_candidate,
+)
+from server.engine.speculation.cost_model import PRIOR_ACCEPTANCE
 from server.engine.speculation.drafting import DraftSchedule, lookup_match
 from server.engine.speculation.prediction import PredictionDraft
 from server.engine.speculation.prompt_lookup import DEFAULT_MIN_NGRAM
+from server.engine.speculation.suffix import SuffixCalibration, SuffixIndex
 
 Sink = Callable[[object], None]
-ROUND_DRAFTERS = ("model", "prompt_lookup")
+ROUND_DRAFTERS = (MODEL, PROMPT_LOOKUP, SUFFIX)
 NOTHING: frozenset[int] = frozenset()
 PREDICTION = "prediction"  # the acceptance and k of rounds drafted from a prediction
 FORCED = "forced"  # ... and of rounds drafted from the tokens a constraint forces
@@ -50,10 +62,11 @@ def request_key(seed: int | None) -> mx.array:
 
 class Sequence:
     def __init__(self, params: GenerationParams, *, tokenizer, vocab_size: int, sink: Sink,
-                 draft_name: str | None):
+                 draft_name: str | None, suffix: SuffixIndex | None = None):
         self.params = params
         self.prompt = list(params.prompt_tokens)
         self.output: list[int] = []
+        self._buffer = array("I", self.prompt)  # the context, for the host drafters' searches
         self.phase = Phase.WAITING
         self.sink = sink
         self.cancelled = False
@@ -80,13 +93,19 @@ class Sequence:
         # One adaptive k per drafter: a hybrid row's lookup and model rounds accept differently;
         # lookup and prediction rounds cost no draft forward, so they may draft longer runs.
         spec = params.speculation
-        self._schedules = {"model": DraftSchedule(spec), "prompt_lookup": _lookup_schedule(spec),
-                           PREDICTION: _lookup_schedule(spec), FORCED: _lookup_schedule(spec)}
+        self._schedules = {MODEL: DraftSchedule(spec), PROMPT_LOOKUP: _lookup_schedule(spec),
+                           SUFFIX: _lookup_schedule(spec), PREDICTION: _lookup_schedule(spec),
+                           FORCED: _lookup_schedule(spec)}
+        # The served texts suffix drafting continues (the scheduler's index; None: off), and
+        # the drafters this request may draft with (a hybrid row chooses each round).
+        self.suffix_index = suffix
+        self.sources = drafter_sources(spec.source, suffix is not None)
+        self.candidate: DraftCandidate | None = None  # what this round's drafter offered
+        self.calibration = SuffixCalibration(suffix.calibration if suffix is not None else None)
         self.prediction = PredictionDraft(params.prediction) if params.prediction else None
         self.predicting = False  # this round drafts from the prediction
         self.forcing = False  # this round drafts the tokens its constraint forces
-        self.round_drafter = "prompt_lookup" if params.speculation.source == "prompt_lookup" \
-            else "model"  # who drafts this round (`plan_round`)
+        self.round_drafter = self.sources[0]  # who drafts this round (`plan_round`)
         self.looked_up: list[int] = []  # prompt lookup's continuation this round (`plan_round`)
         self.draft_name = draft_name
         self._lost_k = 0  # the k it had when a draft model that drafted for it was unloaded
@@ -115,32 +134,72 @@ class Sequence:
     @property
     def uses_draft_model(self) -> bool:
         """Whether the draft model must follow this request's context."""
-        return self.drafter in ("model", "hybrid")
+        return self.drafter is not None and MODEL in self.sources
 
-    def plan_round(self) -> None:
-        """Choose this round's drafter, and look up the continuation when it may be lookup (as
-        many tokens as k can be; the round proposes its first k): the tokens the constraint
-        forces, when there are any; the prediction's, when the request has one and it
-        continues the answer (whatever the drafter); else a hybrid row
-        drafts by prompt lookup when the context's last `hybrid_min_match` tokens occurred
-        before, with the draft model when they did not."""
+    def plan_round(self, rates=None, draft_cost: float = 0.0) -> None:
+        """Choose this round's drafter, and what a host drafter proposes (as many tokens as k
+        can be; the round proposes its first k): the tokens the constraint forces, when there
+        are any; the prediction's, when the request has one and it continues the answer
+        (whatever the drafter); else its drafter's, and for a hybrid row the candidate expected
+        to emit the most tokens per unit of round time (`candidates.best_candidate`) among
+        prompt lookup (where the context's last `hybrid_min_match` tokens occurred before),
+        suffix drafting (when the server keeps an index) and the draft model. `rates`
+        (`cost_model.DrafterRates`): the engine-wide acceptance each drafter starts a row from;
+        `draft_cost`: a draft forward's time over the target's (0: unknown). `candidate` is
+        the chosen drafter's offer (its expected accepted tokens per k), whatever the drafter.
+
+        A seeded sampled row's drafts decide how its randomness is drawn, so they come from
+        its own text and rounds only (no other request's answers, acceptance or timing): its
+        text does not depend on what else the server did (`policy.speculates_at_own_k`)."""
         drafter = self.drafter
         if drafter is None:
             return
         self.predicting = False
+        self.candidate = None
         self.forcing = self._plan_forced()
         if self.forcing:
             return
         spec = self.params.speculation
         min_match = spec.hybrid_min_match if drafter == "hybrid" else DEFAULT_MIN_NGRAM
-        self.looked_up, matched = ([], 0) if drafter == "model" else \
-            lookup_match(self.context, self._schedules["prompt_lookup"].max_k, min_match)
+        self.looked_up, matched = lookup_match(
+            self._buffer, self._schedules[PROMPT_LOOKUP].max_k, min_match) \
+            if PROMPT_LOOKUP in self.sources else ([], 0)
         self.predicting = self._plan_prediction(matched)
         if self.predicting:
             return
-        if drafter == "hybrid":
-            drafter = "prompt_lookup" if self.looked_up else "model"
-        self.round_drafter = drafter
+        if self._reproducible:
+            rates, draft_cost = None, 0.0
+        offers = self._candidates(rates)
+        best = best_candidate(offers, draft_cost) if len(offers) > 1 else \
+            next(iter(offers), None)
+        self.candidate = best
+        self.round_drafter = best.source if best is not None else self.sources[0]
+        if self.round_drafter != MODEL:
+            self.looked_up = list(best.tokens) if best is not None else []
+
+    @property
+    def _reproducible(self) -> bool:
+        sampling = self.params.sampling
+        return sampling.seed is not None and not sampling.greedy
+
+    def _candidates(self, rates) -> list[DraftCandidate]:
+        """What each of the row's drafters offers this round (`plan_round`)."""
+        offers = []
+        for source in self.sources:
+            k = self._schedules[source].next(self.remaining)
+            if source == SUFFIX and self.suffix_index is None:
+                continue  # the server keeps no index: a request cannot ask for it
+            if source == SUFFIX:
+                proposal = self.suffix_index.propose(self.params.tenant, self._buffer,
+                                                     self._schedules[SUFFIX].max_k,
+                                                     stored=not self._reproducible)
+                offers.append(counted_candidate(proposal.tokens, proposal.confidence, k,
+                                                self.calibration.factor(not self._reproducible)))
+                continue
+            accepted, trials = self.tried[source]
+            prior = rates.prior(source) if rates is not None else PRIOR_ACCEPTANCE
+            offers.append(rate_candidate(source, self.looked_up, k, accepted, trials, prior))
+        return offers
 
     def _plan_forced(self) -> bool:
         """Whether this round drafts the tokens the constraint forces (a schema's next key):
@@ -172,15 +231,17 @@ class Sequence:
         spec = self.params.speculation
         drafted = self.counters.model_rounds > 0
         if self.drafter == "hybrid":
-            new = replace(spec, source="prompt_lookup")
+            self.sources = tuple(s for s in self.sources if s != MODEL)
+            # with suffix drafting a hybrid row goes on combining the host drafters
+            new = spec if len(self.sources) > 1 else replace(spec, source=PROMPT_LOOKUP)
             if not drafted:
-                self.draft_name = "prompt_lookup"
+                self.draft_name = drafter_name(new.source, None, self.suffix_index is not None)
         else:
             new = replace(spec, num_draft_tokens=0)
             if drafted:
                 self._lost_k = spec.num_draft_tokens
         self.params = replace(self.params, speculation=new)
-        self.round_drafter = "prompt_lookup"
+        self.round_drafter = PROMPT_LOOKUP
 
     def record_acceptance(self, proposed: int, accepted: int) -> tuple[int, int]:
         """Count a verified round of this round's drafter: (accepted, trials), where trials
@@ -189,6 +250,8 @@ class Sequence:
         tried = self.tried[self.drafted_by]
         tried[0] += accepted
         tried[1] += trials
+        if self.drafted_by == SUFFIX and self.candidate is not None:
+            self.calibration.record(self.candidate.expected_accepted(proposed), accepted)
         return accepted, trials
 
     def count_accepted(self) -> None:
@@ -275,6 +338,7 @@ class Sequence:
         if not self.output:
             self.first_token_at = time.perf_counter()
         self.output.append(token)
+        self._buffer.append(token)
         n = len(self.output)
         eos = self.ends_at(token, n - 1)
         if not eos:
@@ -352,6 +416,26 @@ class Sequence:
         accepted = self.counters.prediction_accepted
         return {"accepted_prediction_tokens": accepted,
                 "rejected_prediction_tokens": max(len(self.prediction) - accepted, 0)}
+
+
+def drafter_sources(source: str, suffix: bool) -> tuple[str, ...]:
+    """The drafters a request drafting from `source` chooses among, each round (a hybrid
+    row's: prompt lookup, suffix drafting where the server keeps an index, the draft model);
+    the first is its drafter before any round."""
+    if source != "hybrid":
+        return (str(source),)
+    return (PROMPT_LOOKUP, *((SUFFIX,) if suffix else ()), MODEL)
+
+
+def drafter_name(source: str, draft_model: str | None, suffix: bool) -> str:
+    """How `stats.draft_model` names a request's drafter: the draft model's name, "suffix",
+    "prompt_lookup", or a hybrid's sources joined by "+" (the draft model last, by name)."""
+    if source == MODEL:
+        return draft_model or MODEL
+    if source != "hybrid":
+        return str(source)
+    names = [s for s in drafter_sources(source, suffix) if s != MODEL]
+    return "+".join(names + ([draft_model] if draft_model else []))
 
 
 def _lookup_schedule(spec: SpeculationParams) -> DraftSchedule:

@@ -45,24 +45,26 @@ class SpeculationPolicy:
 
     def for_request(self, *, use_draft: bool | None, num_draft_tokens: int | None,
                     draft: DraftSource | None, defaults: SpeculationParams,
-                    draft_loaded: bool) -> SpeculationParams:
+                    draft_loaded: bool, suffix: bool = False) -> SpeculationParams:
         """How this request drafts. `draft` is the request's own choice (None: the server's,
-        `defaults.source`).
+        `defaults.source`); `suffix`: the server keeps a suffix index.
 
-        One rule: a drafter the request asks for explicitly (`draft` "model" or "hybrid",
-        `use_draft: true`, `num_draft_tokens > 0`) must be available now, else InvalidRequest
-        naming the drafters that are. The server's default falls back quietly when it names
-        the draft model and none is loaded: hybrid to prompt lookup, model to no drafting.
-        Turning drafting off (`use_draft: false`, `num_draft_tokens: 0`) always wins.
+        One rule: a drafter the request asks for explicitly (`draft` "model", "hybrid" or
+        "suffix", `use_draft: true`, `num_draft_tokens > 0`) must be available now, else
+        InvalidRequest naming the drafters that are. The server's default falls back quietly
+        when it is not: hybrid without the draft model to the host drafters (prompt lookup,
+        and suffix drafting when on), suffix to prompt lookup, model to no drafting. Turning
+        drafting off (`use_draft: false`, `num_draft_tokens: 0`) always wins.
         """
         source = draft or defaults.source
         if use_draft is False or num_draft_tokens == 0:
             return replace(defaults, source=source, num_draft_tokens=0)
-        available = available_drafters(draft_loaded)
+        available = available_drafters(draft_loaded, suffix)
         if draft is None and source not in available:
-            source = DraftSource.PROMPT_LOOKUP if source == DraftSource.HYBRID else None
+            source = _fallback(source, suffix)
         required = draft is not None or bool(use_draft) or bool(num_draft_tokens)
-        if source in available:
+        host_hybrid = draft is None and source == DraftSource.HYBRID  # no draft model: quietly
+        if source in available or host_hybrid:
             k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
             lookup_k = LOOKUP_DRAFT_TOKENS if num_draft_tokens is None and defaults.adaptive \
                 else 0
@@ -72,26 +74,28 @@ class SpeculationPolicy:
             param = "draft" if draft else "num_draft_tokens" if num_draft_tokens else "use_draft"
             asked = f"draft={draft!r}" if draft else f"{param}={num_draft_tokens or 'true'}"
             raise InvalidRequest(
-                f"{asked} needs a draft model and none is loaded. Drafters available now: "
-                f"{', '.join(available)} (\"draft\": \"prompt_lookup\"); load a draft model "
-                "with POST /v1/models/draft, or omit the field", param)
+                f"{asked} {_missing(source)}. Drafters available now: "
+                f"{', '.join(available)} (\"draft\": \"prompt_lookup\"); "
+                f"{_remedy(source)}, or omit the field", param)
         return replace(defaults, num_draft_tokens=0)
 
-    def round_options(self, rows, batch_size: int,
-                      rates: DrafterRates | None = None) -> list[RowOption]:
+    def round_options(self, rows, batch_size: int, rates: DrafterRates | None = None,
+                      draft_cost: float = 0.0) -> list[RowOption]:
         """Each row that may draft this round, with its cap and the acceptance its k is chosen
         with (`choose`). Each drafting row chooses its drafter for the round first
         (`Sequence.plan_round`); its cap is its own (adaptive) k, at most `batch_draft_tokens`
         in a batch, and none once the batch is larger than `spec_max_batch`. `batch_size`
         counts the requests still prefilling too: they join within a few rounds; `rates` give
-        the prior of rows new to a drafter.
+        the prior of rows new to a drafter; `draft_cost`, a draft forward's time over the
+        target's, weighs a hybrid row's drafters.
 
         Except seeded sampled requests: speculative sampling draws its randomness differently
         from plain sampling, and with each k differently, so they always speculate at their own
         k, and their text does not depend on what else runs (greedy output is the same either
         way).
         """
-        return [self._option(r, batch_size, rates) for r in rows if self.drafts(r, batch_size)]
+        return [self._option(r, batch_size, rates, draft_cost) for r in rows
+                if self.drafts(r, batch_size)]
 
     @staticmethod
     def choose(options: list[RowOption], batch_rows: int, draft_rows: int,
@@ -109,8 +113,9 @@ class SpeculationPolicy:
             return ks | {o.key: o.cap for o in options}
         return ks | choose_draft_lengths(options, batch_rows, draft_rows, costs, learner)
 
-    def _option(self, row, batch_size: int, rates: DrafterRates | None) -> RowOption:
-        row.plan_round()
+    def _option(self, row, batch_size: int, rates: DrafterRates | None,
+                draft_cost: float) -> RowOption:
+        row.plan_round(rates, draft_cost)
         cap = row.schedule.next(row.remaining)
         forced = speculates_at_own_k(row)
         if batch_size > 1 and not forced:
@@ -131,9 +136,36 @@ class SpeculationPolicy:
         return row.drafter is not None and (not large or speculates_at_own_k(row))
 
 
-def available_drafters(draft_loaded: bool) -> tuple[DraftSource, ...]:
-    """What can draft now: prompt lookup always; the draft model and hybrid with a draft."""
-    return tuple(DraftSource) if draft_loaded else (DraftSource.PROMPT_LOOKUP,)
+def available_drafters(draft_loaded: bool, suffix: bool = False) -> tuple[DraftSource, ...]:
+    """What can draft now: prompt lookup always; the draft model and hybrid with a draft;
+    suffix drafting while the server keeps its index."""
+    return tuple(s for s in DraftSource
+                 if s == DraftSource.PROMPT_LOOKUP or (s == DraftSource.SUFFIX and suffix)
+                 or (s in (DraftSource.MODEL, DraftSource.HYBRID) and draft_loaded))
+
+
+def _fallback(source: DraftSource, suffix: bool) -> DraftSource | None:
+    """What the server's default drafter becomes when it cannot draft now: hybrid without the
+    draft model goes on with the host drafters (prompt lookup and suffix drafting: a hybrid
+    row that loses its draft model, `Sequence.lose_draft_model`), suffix without its index
+    with prompt lookup; the draft model without one does not draft."""
+    if source == DraftSource.HYBRID and suffix:
+        return DraftSource.HYBRID
+    if source in (DraftSource.HYBRID, DraftSource.SUFFIX):
+        return DraftSource.PROMPT_LOOKUP
+    return None
+
+
+def _missing(source: DraftSource | None) -> str:
+    if source == DraftSource.SUFFIX:
+        return "needs suffix drafting, which this server has turned off (engine.suffix_max_mb)"
+    return "needs a draft model and none is loaded"
+
+
+def _remedy(source: DraftSource | None) -> str:
+    if source == DraftSource.SUFFIX:
+        return "ask for another drafter"
+    return "load a draft model with POST /v1/models/draft"
 
 
 def speculates_at_own_k(row) -> bool:

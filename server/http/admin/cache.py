@@ -1,4 +1,5 @@
-"""DELETE /v1/cache: empty the prefix cache, in memory and on disk (admin)."""
+"""DELETE /v1/cache: empty the prefix cache, in memory and on disk, and the answers suffix
+drafting keeps (admin)."""
 
 from __future__ import annotations
 
@@ -14,5 +15,5 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=[
 
 @router.delete("/cache", dependencies=[Depends(require_admin_key)])
 async def clear_cache(request: Request) -> CacheCleared:
-    entries, disk_entries = await request.app.state.engine.clear_cache()
-    return CacheCleared(entries=entries, disk_entries=disk_entries)
+    entries, disk_entries, answers = await request.app.state.engine.clear_cache()
+    return CacheCleared(entries=entries, disk_entries=disk_entries, suffix_answers=answers)

@@ -19,7 +19,8 @@ class ServerMetrics(SchedulerObserver):
     """One registry per app, so several apps (tests) can live in one process."""
 
     def __init__(self, queue_depth, batch_size=lambda: 0, switcher=None,
-                 batch_pending=lambda: 0, memory=lambda: None):
+                 batch_pending=lambda: 0, suffix_info=lambda: {"bytes": 0, "tokens": 0},
+                 memory=lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_completions", "Finished completions.",
@@ -48,7 +49,7 @@ class ServerMetrics(SchedulerObserver):
         self.accepted_per_pos = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by position in the draft.",
                                         ["position"], registry=r)
-        # Ours: which drafter pays (model, prompt_lookup, prediction, forced).
+        # Ours: which drafter pays (model, prompt_lookup, suffix, prediction, forced).
         self.drafter_tokens = Counter(f"{PREFIX}_drafter_draft_tokens",
                                       "Draft tokens proposed, by drafter.", ["drafter"],
                                       registry=r)
@@ -68,6 +69,12 @@ class ServerMetrics(SchedulerObserver):
         pending = Gauge(f"{PREFIX}_batch_requests_pending", "Requests of running batches (the"
                         " Batch APIs) not answered yet.", registry=r)
         pending.set_function(batch_pending)
+        suffix_bytes = Gauge(f"{PREFIX}_suffix_index_bytes", "Bytes suffix drafting's index of"
+                             " served answers holds (engine.suffix_max_mb bounds it).", registry=r)
+        suffix_bytes.set_function(lambda: suffix_info()["bytes"])
+        suffix_tokens = Gauge(f"{PREFIX}_suffix_index_tokens", "Tokens of served answers"
+                              " suffix drafting keeps.", registry=r)
+        suffix_tokens.set_function(lambda: suffix_info()["tokens"])
         # The memory budget (vLLM's preemption counter and KV usage, under our prefix).
         self.preemptions = Counter(f"{PREFIX}_num_preemptions", "Requests paused because the"
                                    " running rows outgrew the memory budget (they resume with"

@@ -6,6 +6,8 @@ mutations (403), since anyone who reaches the port could otherwise swap its mode
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import logging
 import secrets
@@ -30,6 +32,7 @@ api_key_scheme = APIKeyHeader(name="x-api-key", auto_error=False,
                               description="`x-api-key: KEY` (Anthropic's header)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
 HeaderKey = Annotated[str | None, Security(api_key_scheme)]
+_TENANT_SECRET = secrets.token_bytes(16)  # `tenant_of`'s key
 
 
 def _client_key(request: Request) -> str | None:
@@ -38,6 +41,17 @@ def _client_key(request: Request) -> str | None:
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return request.headers.get("x-api-key", "").strip() or None
+
+
+def tenant_of(request: Request) -> str:
+    """An opaque id of the API key that sent `request`, for what the engine keeps per key
+    (suffix drafting's served texts: one key's text never drafts another key's answer); ""
+    when the server takes no key (every client is one tenant). A keyed hash with a secret of
+    this process, so neither logs nor memory hold the key itself."""
+    if not request.app.state.settings.server.api_key:
+        return ""
+    given = (_client_key(request) or "").encode()
+    return hmac.new(_TENANT_SECRET, given, hashlib.sha256).hexdigest()[:16]
 
 
 def _matches(given: str | None, expected: str) -> bool:

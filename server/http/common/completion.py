@@ -13,6 +13,7 @@ from fastapi import Request
 
 from api_schemas.openai import ChatCompletionRequest, CompletionRequest
 from server.engine import GenerationParams, InferenceEngine
+from server.http.common.auth import tenant_of
 from server.http.common.choices import Choices
 from server.http.common.reasoning import ReplyStart
 from server.http.common.request_ids import request_id
@@ -38,8 +39,9 @@ def plan(request: Request, body: ChatCompletionRequest | CompletionRequest,
     limit, generate up to the end of the context (the Responses API's rule), not
     `defaults.max_tokens`."""
     state = request.app.state
+    tenant = tenant_of(request)
     return [generation_params(body, prompt, state.engine, state.settings.defaults, target,
-                              fill_context=fill_context) for prompt in prompts]
+                              fill_context=fill_context, tenant=tenant) for prompt in prompts]
 
 
 async def run(request: Request, body: ChatCompletionRequest | CompletionRequest,

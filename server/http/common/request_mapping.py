@@ -144,8 +144,10 @@ def generation_params(
     target: str = "",
     *,
     fill_context: bool = False,
+    tenant: str = "",
 ) -> GenerationParams:
-    """`target`: the fingerprint of the target `prompt` was tokenized for."""
+    """`target`: the fingerprint of the target `prompt` was tokenized for; `tenant`: whose
+    served texts it may draft from (`auth.tenant_of`)."""
     max_tokens = enforce_model_limits(body, prompt, engine, defaults, fill_context=fill_context)
     speculation_defaults = SpeculationParams(
         source=defaults.draft,
@@ -174,6 +176,7 @@ def generation_params(
         prediction=prediction_tokens(body, engine),
         priority=body.priority or 0,
         target=target,
+        tenant=tenant,
     )
 
 

@@ -20,6 +20,7 @@ from server.engine.params import GenerationParams, SamplingParams, SpeculationPa
 from server.engine.scheduling import decoder
 from server.engine.scheduling.sampling import LogitsPipeline
 from server.engine.speculation import verification
+from server.engine.speculation.candidates import best_candidate
 from server.engine.speculation.drafting import DraftSchedule
 from server.engine.speculation.verification import count_exact_matches, verify_rejection
 from server.model_files.synthetic import Preset, model_config, random_target
@@ -359,16 +360,53 @@ def run_hybrid(pair, **spec) -> None:
     assert tokens == greedy_reference(target, prompts[1], 80)
 
 
+@pytest.fixture
+def hybrid_offers(monkeypatch):
+    """(context, offers, chosen drafter) of every hybrid round that chose among drafters."""
+    from server.engine.scheduling.sequence import Sequence
+
+    seen = []
+    real = Sequence._candidates
+
+    def candidates(self, rates):
+        offers = real(self, rates)
+        seen.append((list(self.context), offers, self))
+        return offers
+
+    monkeypatch.setattr(Sequence, "_candidates", candidates)
+    return seen
+
+
 @pytest.mark.parametrize("min_match", [1, 2])
-def test_hybrid_looks_up_exactly_where_lookup_finds_a_match(pair, drafting_rounds, min_match):
-    """Lookup where the context's last `hybrid_min_match` tokens occurred earlier in it, the
-    draft model where they did not."""
+def test_hybrid_drafts_with_the_candidate_expected_to_gain_most(pair, drafting_rounds,
+                                                                  hybrid_offers, min_match):
+    """Each round, prompt lookup offers a draft exactly where the context's last
+    `hybrid_min_match` tokens occurred earlier in it, the draft model always; the round drafts
+    with the offer `best_candidate` picks (the most expected accepted tokens), and the decoder
+    drafts with that drafter."""
     run_hybrid(pair, num_draft_tokens=3, adaptive=False, hybrid_min_match=min_match)
-    assert {d for _, d in drafting_rounds} == {"model", "prompt_lookup"}
-    for context, drafter in drafting_rounds:
+    assert len(hybrid_offers) == len(drafting_rounds) > 0
+    for (context, offers, _), (drafted_context, drafter) in zip(
+            hybrid_offers, drafting_rounds, strict=True):
+        assert drafted_context == context
         tail = context[-min_match:]
         before = any(context[i: i + min_match] == tail for i in range(len(context) - min_match))
-        assert drafter == ("prompt_lookup" if before else "model")
+        by_source = {o.source: o for o in offers}
+        assert bool(by_source["prompt_lookup"].tokens) == before
+        assert by_source["model"].forwards == 3 and len(by_source["model"].confidence) == 3
+        assert drafter == best_candidate(offers).source
+
+
+def old_rule(monkeypatch):
+    """Hybrid's choice before candidates were weighed: prompt lookup wherever it found a
+    match, the draft model elsewhere (for tests of what each drafter's rounds do)."""
+    from server.engine.scheduling import sequence
+
+    def lookup_first(offers, forward_cost=0.0):
+        return next((o for o in offers if o.source == "prompt_lookup" and o.tokens),
+                    next(o for o in offers if o.source == "model"))
+
+    monkeypatch.setattr(sequence, "best_candidate", lookup_first)
 
 
 def test_hybrid_keeps_one_adaptive_k_per_drafter(pair, drafting_rounds, monkeypatch):
@@ -391,6 +429,7 @@ def test_hybrid_keeps_one_adaptive_k_per_drafter(pair, drafting_rounds, monkeypa
 
     monkeypatch.setattr(DraftSchedule, "update", update)
     monkeypatch.setattr(decoder, "_lookup", wrong_last)
+    old_rule(monkeypatch)  # lookup keeps its rounds however it does
     run_hybrid(pair, num_draft_tokens=4, adaptive=True)
     assert len(updates) == len(drafting_rounds)
     ks = {"model": [], "prompt_lookup": []}

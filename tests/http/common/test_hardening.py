@@ -393,8 +393,10 @@ NO_DRAFT_MODEL = [
     ({"num_draft_tokens": 3}, "model", 400, "num_draft_tokens"),
     ({"use_draft": True}, "model", 400, "use_draft"),
     ({"draft": "prompt_lookup", "num_draft_tokens": 3}, "model", 200, "prompt_lookup"),
-    ({"num_draft_tokens": 3}, "hybrid", 200, "prompt_lookup"),  # lookup can draft
-    ({}, "hybrid", 200, "prompt_lookup"),  # the server's default falls back quietly
+    # the host drafters can draft: hybrid goes on with them
+    ({"num_draft_tokens": 3}, "hybrid", 200, "prompt_lookup+suffix"),
+    ({}, "hybrid", 200, "prompt_lookup+suffix"),  # the server's default falls back quietly
+    ({"draft": "suffix"}, "model", 200, "suffix"),
     ({}, "model", 200, None),
     ({"draft": "model", "use_draft": False}, "model", 200, None),  # off wins
 ]

@@ -143,8 +143,10 @@ async def test_logprobs(client, loaded_pair):
     {"acceptance": "exact", "adaptive": False, "num_draft_tokens": 3},
     {"acceptance": "rejection", "adaptive": True, "draft_p_min": 0.2, "num_draft_tokens": 8},
     {"draft": "hybrid", "adaptive": False, "draft_p_min": 0.4, "num_draft_tokens": 6},
+    {"draft": "suffix", "num_draft_tokens": 4},
+    {"draft": "suffix"},
 ], ids=["prompt_lookup", "hybrid", "hybrid-match-1", "hybrid-match-3", "exact-fixed",
-        "rejection-adaptive-pmin", "hybrid-fixed-pmin"])
+        "rejection-adaptive-pmin", "hybrid-fixed-pmin", "suffix", "suffix-adaptive-16"])
 async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair, extra):
     content = "def add(a, b): return a + b\ndef add(a, b): return a + b\n"
     expected = reference_text(loaded_pair, chat_tokens(loaded_pair[1], content))
@@ -153,9 +155,10 @@ async def test_every_drafting_mode_is_greedy_exact_over_http(client, loaded_pair
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == expected
     stats = r.json()["stats"]
-    if "draft" in extra:
+    if "draft" in extra:  # hybrid: the host drafters, then the draft model
+        hosts = {"hybrid": ["prompt_lookup", "suffix"]}.get(extra["draft"], [extra["draft"]])
         draft_name = stats["draft_model"].split("+")
-        assert draft_name[0] == "prompt_lookup" and len(draft_name) == 1 + (
+        assert draft_name[:len(hosts)] == hosts and len(draft_name) == len(hosts) + (
             extra["draft"] == "hybrid")
     assert sum(stats["k_histogram"].values()) > 0
 
