@@ -110,6 +110,26 @@ class DistributedLayout(OpenAIBaseModel):
         " refreshed every `distributed.heartbeat_s`.")
 
 
+class MemoryStatus(OpenAIBaseModel):
+    budget_bytes: int = Field(description="What the KV caches (the running requests' and the"
+                              " prefix cache's) may hold together (engine.memory_budget_gb).")
+    limit_bytes: int | None = Field(description="The memory limit it was derived from; null"
+                                    " when the budget is configured.")
+    limit_source: str = Field(description='Where the limit comes from: "cgroup v2 (FILE)",'
+                              ' "cgroup v1 (FILE)", "physical memory", "Metal recommended'
+                              ' working set", "GPU device memory", or "configured".')
+    reserved_bytes: int = Field(description="What the process held once its models were"
+                                " loaded (weights; on a CPU the runtime too).")
+    margin_bytes: int = Field(description="Kept free for what forwards allocate for a moment"
+                              " (engine.memory_margin_gb).")
+    kv_bytes: int = Field(description="What the running requests' KV caches hold now.")
+    max_request_tokens: int = Field(description="The most tokens (prompt and output) one"
+                                    " request may hold: more is a 400.")
+    preemptions: int = Field(description="Requests paused for memory since the start (they"
+                             " resume with the same text).")
+    paused: int = Field(description="Requests paused now, waiting for memory to resume.")
+
+
 class QuantizedModel(Quantization):
     dequantized: bool = Field(description="Its weights were dequantized at load"
                               " (models.dequantize).")
@@ -130,8 +150,10 @@ class CostModelStatus(OpenAIBaseModel):
 
 
 class Health(OpenAIBaseModel):
-    status: Literal["ok", "draining"] = Field(
-        "ok", description='"draining" (with HTTP 503) once shutdown began: send no new requests.')
+    status: Literal["ok", "draining", "failed"] = Field(
+        "ok", description='"draining" (with HTTP 503) once shutdown began: send no new'
+        ' requests; "failed" (503): the inference engine died and the process is exiting, for'
+        ' its supervisor to start it again.')
     target: str
     draft: str | None
     queue_depth: int = Field(description="Requests waiting for a batch slot.")
@@ -148,6 +170,9 @@ class Health(OpenAIBaseModel):
         " each was dequantized; absent when neither is quantized.")
     cost_model: CostModelStatus | None = Field(
         None, description="Absent with engine.cost_model off.")
+    memory: MemoryStatus | None = Field(
+        None, description="The memory budget that admits and pauses requests; absent without"
+        " one (a sharded target).")
 
 
 class CacheCleared(OpenAIBaseModel):

@@ -102,7 +102,7 @@ def serve(settings: Settings, sock: socket.socket | None,
     from server.engine.distributed.follower import run_follower
     from server.http.app import create_app
     from server.http.jobs.state_db import StateError
-    from server.http.shutdown import DrainingServer
+    from server.http.shutdown import EXIT_ENGINE_FAILED, DrainingServer
     from server.model_files.bundled import ensure_default_models
 
     settings = ensure_default_models(settings)
@@ -115,12 +115,15 @@ def serve(settings: Settings, sock: socket.socket | None,
         app = create_app(settings)
     except StateError as e:
         sys.exit(f"error: {e}")
-    DrainingServer(app, host=settings.server.host, port=settings.server.port,
-                   log_level=settings.server.log_level,
-                   drain_timeout_s=settings.engine.drain_timeout_s,
-                   ssl_certfile=settings.server.ssl_certfile,
-                   ssl_keyfile=settings.server.ssl_keyfile,
-                   log_config=log_config).run(sockets=[sock])
+    server = DrainingServer(app, host=settings.server.host, port=settings.server.port,
+                            log_level=settings.server.log_level,
+                            drain_timeout_s=settings.engine.drain_timeout_s,
+                            ssl_certfile=settings.server.ssl_certfile,
+                            ssl_keyfile=settings.server.ssl_keyfile,
+                            log_config=log_config)
+    server.run(sockets=[sock])
+    if server.engine_failed:  # a supervisor (systemd, launchd, Docker) starts it again
+        sys.exit(EXIT_ENGINE_FAILED)
 
 
 if __name__ == "__main__":

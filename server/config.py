@@ -302,6 +302,24 @@ class EngineSettings(BaseModel):
         description="Stack each layer's q/k/v and gate/up projections into one matmul at load"
         " (target and draft). Same output; faster on some machines, not on others.",
     )
+    memory_budget_gb: float | None = Field(
+        None, gt=0.0,
+        description="GB the KV caches (the running requests' of target and draft, and the"
+        " prefix cache's) may hold together. A request joins the batch only when its KV fits"
+        " beside the running rows' (else it waits in the queue); rows that outgrow it are"
+        " paused, newest first, and resume later with the same text; a request whose prompt"
+        " and max_tokens could never fit is a 400. Default (null): detected at start, the"
+        " memory limit (the cgroup's, else physical memory, on Linux; Metal's recommended"
+        " working set; a CUDA device's memory) less what the process holds once its models"
+        " are loaded, less memory_margin_gb. /health shows it.",
+    )
+    memory_margin_gb: float | None = Field(
+        None, ge=0.0,
+        description="GB of the detected memory limit kept free for what a forward allocates"
+        " for a moment (activations, attention scores: on a CPU they grow with the context,"
+        " idle_prefill_chunk x context x heads x 4 bytes); default (null): 10% of the limit."
+        " Ignored when memory_budget_gb is set.",
+    )
 
 
 class CacheSettings(BaseModel):
@@ -310,8 +328,9 @@ class CacheSettings(BaseModel):
     max_gb: float | None = Field(
         None, ge=0.0,
         description="Byte budget in GB (0 disables), shared with the running requests' KV:"
-        " the cache keeps at most what they leave of it; default: 1/8 of the machine's memory,"
-        " at most 8 GB.",
+        " the cache keeps at most what they leave of it and of the memory budget"
+        " (engine.memory_budget_gb), so it gives way before any request is paused; default:"
+        " an eighth of the memory budget.",
     )
     disk_dir: str | None = Field(
         None,
@@ -411,6 +430,10 @@ class Settings(BaseSettings):
         return cls(**data)
 
 
+def _bytes(gb: float | None) -> int | None:
+    return None if gb is None else int(gb * 1e9)
+
+
 def _name_follows_model(data: dict, overrides: dict) -> None:
     """The file's `models.model_name` names the file's `models.model`: a model another source
     gives (a flag, the environment) is served under its own path, unless a name comes with it
@@ -449,6 +472,8 @@ def engine_config(settings: Settings, *, draft: str | None,
             prefill_chunk=e.prefill_chunk, idle_prefill_chunk=e.idle_prefill_chunk),
         spec_max_batch=e.spec_max_batch, spec_batch_draft_tokens=e.spec_batch_draft_tokens,
         prefix_cache_bytes=cache_budget_bytes(settings.cache.max_gb),
+        memory_budget_bytes=_bytes(e.memory_budget_gb),
+        memory_margin_bytes=_bytes(e.memory_margin_gb),
         fuse_projections=e.fuse_projections, disk_cache_dir=settings.cache.disk_dir,
         disk_cache_bytes=int(settings.cache.disk_max_gb * 1e9), cost_model=e.cost_model,
         cost_model_budget_s=e.cost_model_budget_s,

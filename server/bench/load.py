@@ -37,9 +37,11 @@ from server.bench.runners import Stream, engine_stats, request_body, server_heal
 from server.engine import DistributedConfig, EngineConfig, build_engine, launched_layout
 from server.engine.distributed.follower import run_follower
 from server.engine.kv.batch import ModelBatch
+from server.engine.memory import memory_budget
 from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling import decoder
+from server.engine.scheduling.memory_gate import gate_for
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
 from server.engine.speculation.forward_times import time_forwards
@@ -252,6 +254,7 @@ def in_process(args, on_row, log) -> list[dict]:
     def ours(kit, k: int):
         scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
         scheduler.measure_costs()  # as the server does (engine.cost_model): each row's k
+        scheduler.memory = gate_for(kit, memory_budget())  # and admits by memory
 
         def run(ids: list[list[int]]) -> dict:
             seqs = [scheduler.submit(GenerationParams(tuple(p), n, speculation=SpeculationParams(

@@ -19,9 +19,11 @@ from server.engine.config import DistributedConfig, EngineConfig
 from server.engine.distributed.service import DistributedEngine, launched_layout
 from server.engine.errors import (
     AdapterError,
+    EngineFailed,
     GrammarError,
     IncompatibleDraft,
     InvalidRequest,
+    MemoryBudgetExceeded,
     ModelLoadError,
     ModelNotFound,
     ModelReplaced,
@@ -59,8 +61,9 @@ def build_engine(config: EngineConfig) -> InferenceEngine:
 __all__ = [
     "KEEP", "RESERVED_TEMPLATE_KWARGS", "TOOL_CALL_END", "TOOL_CALL_START",
     "AdapterError", "DistributedConfig", "DistributedEngine", "DraftSource", "EngineConfig",
-    "FimFormat", "Finished", "GenerationParams", "GenerationStats", "GrammarError",
-    "IncompatibleDraft", "InferenceEngine", "InvalidRequest", "ModelCard", "ModelLoadError",
+    "EngineFailed", "FimFormat", "Finished", "GenerationParams", "GenerationStats",
+    "GrammarError", "IncompatibleDraft", "InferenceEngine", "InvalidRequest",
+    "MemoryBudgetExceeded", "ModelCard", "ModelLoadError",
     "ModelNotFound", "ModelReplaced", "PromptLogprobs", "QueueFull", "RequestCancelled",
     "RequestHandle", "SamplingParams", "SchedulerConfig", "SchedulerObserver", "ShuttingDown",
     "SpeculationParams", "TargetEntry", "TargetUnavailable", "TokenEvent", "UnsupportedCache",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from server.engine.kv.prefix_cache import DEFAULT_PREFIX_CACHE_SHARE
 from server.engine.scheduling.scheduler import SchedulerConfig
 from server.engine.scheduling.switching import TargetEntry
 from server.engine.speculation.policy import DEFAULT_NUM_DRAFT_TOKENS
@@ -40,7 +41,13 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec_max_batch: int | None = None  # None: the policy's default
     spec_batch_draft_tokens: int | None = None
-    prefix_cache_bytes: int = 0
+    # The prefix cache's byte budget; None: `prefix_cache_share` of the memory budget.
+    prefix_cache_bytes: int | None = 0
+    prefix_cache_share: float = DEFAULT_PREFIX_CACHE_SHARE
+    # What the KV caches may hold together; None: detected (`server.engine.memory`), the
+    # limit less what the loaded process holds and less `memory_margin_bytes` (None: 10%).
+    memory_budget_bytes: int | None = None
+    memory_margin_bytes: int | None = None
     fuse_projections: bool = False
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 0

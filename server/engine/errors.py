@@ -12,6 +12,10 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
+class MemoryBudgetExceeded(InvalidRequest):
+    """A request whose KV cache could never fit the memory budget, even alone (HTTP 400)."""
+
+
 class GrammarError(ValueError):
     """A schema or tool list that cannot be compiled into a grammar (the client's fault)."""
 
@@ -26,6 +30,11 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The server is draining: no new requests (503), and running ones are being ended."""
+
+
+class EngineFailed(Exception):
+    """The MLX worker died (an MLX error, a bug): every request ends with this (503), and the
+    process exits so that its supervisor starts it again."""
 
 
 class ModelReplaced(Exception):

@@ -22,11 +22,13 @@ import numpy as np
 
 from server.engine.config import EngineConfig
 from server.engine.errors import (
+    EngineFailed,
     IncompatibleDraft,
     ModelReplaced,
     ShuttingDown,
 )
 from server.engine.events import Finished
+from server.engine.memory import MemoryBudget, memory_budget
 from server.engine.models.embeddings import Embedder, batches
 from server.engine.models.model_kit import (
     KEEP,
@@ -38,6 +40,7 @@ from server.engine.models.model_kit import (
     tokenizer_mismatch,
 )
 from server.engine.params import DraftSource, GenerationParams, SpeculationParams
+from server.engine.scheduling.memory_gate import gate_for
 from server.engine.scheduling.scheduler import (
     ObserverList,
     Scheduler,
@@ -148,7 +151,7 @@ class InferenceEngine:
         self.serving_entry: TargetEntry | None = primary
         self.started_at = int(time.time())
         self.observers = ObserverList()
-        self.prefix_cache_bytes = config.prefix_cache_bytes
+        self.prefix_cache_bytes = config.prefix_cache_bytes  # None: a share of the budget
         self.suffix_max_bytes = config.suffix_max_bytes
         self.disk_cache_dir = config.disk_cache_dir if config.disk_cache_bytes > 0 else None
         self.disk_cache_bytes = config.disk_cache_bytes
@@ -158,6 +161,8 @@ class InferenceEngine:
         self._ready = threading.Event()
         self._parked = threading.Event()
         self._start_error: BaseException | None = None
+        self._failure_callbacks: list[Callable[[EngineFailed], None]] = []
+        self._budget: MemoryBudget | None = None  # measured once the models are loaded
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -177,14 +182,32 @@ class InferenceEngine:
             self._ready.set()
             return
         self._ready.set()
-        self.scheduler.run_forever(self._stop)
-        self.kit = self.scheduler = None  # the parked thread keeps no models alive
-        gc.collect()
-        mx.clear_cache()
+        try:
+            self.scheduler.run_forever(self._stop)
+        except BaseException:  # noqa: BLE001 - the scheduler ended every request (`fail`)
+            self._died(self.scheduler.failure)
+        else:
+            self.kit = self.scheduler = None  # the parked thread keeps no models alive
+            gc.collect()
+            mx.clear_cache()
         self._parked.set()
         # Never let this OS thread exit: MLX's thread-local compile cache calls into Python from
         # its TLS destructor, which aborts the process if the interpreter is finalizing.
         threading.Event().wait()
+
+    def on_failure(self, callback: Callable[[EngineFailed], None]) -> None:
+        """Call `callback(error)` (from the MLX thread) if the worker dies (at once if it has
+        died): `python -m server` exits then, so that its supervisor starts it again."""
+        self._failure_callbacks.append(callback)
+        if self.failed is not None:
+            callback(self.failed)
+
+    def _died(self, error: EngineFailed) -> None:
+        for callback in self._failure_callbacks:
+            try:
+                callback(error)
+            except Exception:  # noqa: BLE001 - the next one must still run
+                log.exception("a failure callback failed")
 
     def _load_initial(self) -> None:
         start = time.perf_counter()
@@ -205,11 +228,41 @@ class InferenceEngine:
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
         if self.cost_model:  # a prior now; measured in idle moments, never before ready
             self.scheduler.use_cost_model(budget_s=self.cost_model_budget_s)
-        if self.prefix_cache_bytes > 0 or self.disk_cache_dir:
+        self._price_memory()
+        if self.caches_prompts:
             self.scheduler.prefix_cache = self._prefix_cache()
             self._register_on_disk(self.kit.target, self.kit.draft)
         self._keep_suffix_index()
         log.info("models loaded in %.1f s", time.perf_counter() - start)
+
+    def _price_memory(self) -> None:
+        """Measure the memory budget and the models' KV layouts (at start and after every model
+        change, on the MLX thread): the scheduler admits and pauses requests by them, and the
+        prefix cache's default budget is a share of it."""
+        scheduler = self.scheduler
+        budget = self._measure_budget()
+        scheduler.memory = gate_for(self.kit, budget)
+        log.info("memory: %.3g GB for KV caches (%s); a request holds at most %d tokens",
+                 budget.kv_bytes / 1e9, budget.as_dict()["limit_source"],
+                 scheduler.memory.room())
+
+    def _measure_budget(self) -> MemoryBudget:
+        """The memory budget now (the KV caches held already are part of it); the prefix
+        cache's default budget follows it."""
+        cache = self.scheduler.prefix_cache
+        held = self.scheduler.kv_bytes() + (cache.info()["bytes"] if cache is not None else 0)
+        self._budget = memory_budget(configured_bytes=self.config.memory_budget_bytes,
+                                     margin_bytes=self.config.memory_margin_bytes,
+                                     held_bytes=held)
+        if cache is not None:
+            cache.resize(self._prefix_cache_max())
+        return self._budget
+
+    def _prefix_cache_max(self) -> int:
+        if self.prefix_cache_bytes is not None:
+            return self.prefix_cache_bytes
+        budget = self._budget.kv_bytes if self._budget is not None else 0
+        return int(self.config.prefix_cache_share * budget)
 
     def _keep_suffix_index(self) -> None:
         """Suffix drafting's index of served texts, on the scheduler, when one is configured."""
@@ -236,7 +289,7 @@ class InferenceEngine:
         disk = None
         if self.disk_cache_dir:
             disk = DiskPromptCache(self.disk_cache_dir, self.disk_cache_bytes)
-        return PrefixCache(self.prefix_cache_bytes, disk)
+        return PrefixCache(self._prefix_cache_max(), disk)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the current step, fail what still runs, and park the MLX thread."""
@@ -311,7 +364,36 @@ class InferenceEngine:
     @property
     def caches_prompts(self) -> bool:
         """Whether a prefix cache keeps prompts for the requests that follow."""
-        return self.prefix_cache_bytes > 0 or self.disk_cache_dir is not None
+        share = self.config.prefix_cache_share if self.prefix_cache_bytes is None else 0
+        return bool(self.prefix_cache_bytes or share) or self.disk_cache_dir is not None
+
+    @property
+    def failed(self) -> EngineFailed | None:
+        """The error the MLX worker died of (every request gets it: 503), else None."""
+        return self.scheduler.failure if self.scheduler is not None else None
+
+    def memory_info(self) -> dict | None:
+        """The memory budget and what is in use (/health, /metrics); None without one."""
+        scheduler = self.scheduler
+        memory = scheduler.memory if scheduler is not None else None
+        if memory is None:
+            return None
+        return {**memory.budget.as_dict(), "kv_bytes": scheduler.kv_in_use,
+                "max_request_tokens": memory.room(), "preemptions": scheduler.preemptions,
+                "paused": scheduler.paused_count}
+
+    def check_memory(self, prompt_tokens: int, max_tokens: int, **names: str) -> None:
+        """MemoryBudgetExceeded (naming the limit, and the fields by `names`) for a request
+        that could never fit the memory budget; nothing without a budget."""
+        memory = self.scheduler.memory if self.scheduler is not None else None
+        if memory is not None:
+            memory.check(prompt_tokens, max_tokens, **names)
+
+    def memory_room(self) -> int | None:
+        """The most tokens (prompt and output) one request may hold in the memory budget; None
+        without a budget."""
+        memory = self.scheduler.memory if self.scheduler is not None else None
+        return memory.room() if memory is not None else None
 
     @property
     def draining(self) -> bool:
@@ -424,6 +506,7 @@ class InferenceEngine:
             if num_draft_tokens is not None:
                 self._set_num_draft_tokens(num_draft_tokens)
             self.scheduler.draft_changed()
+            self._price_memory()
             return self.card(draft, "draft")
 
         return await self._call(load)
@@ -484,6 +567,7 @@ class InferenceEngine:
             self._set_num_draft_tokens(entry.num_draft_tokens)
         self._register_on_disk(target, new_draft)
         self.scheduler.target_changed()
+        self._price_memory()
         return (self.card(target, "target"),
                 self.card(new_draft, "draft") if new_draft is not None else None)
 
@@ -492,6 +576,7 @@ class InferenceEngine:
             if not self.kit.unload_draft():
                 return False
             self.scheduler.draft_changed()
+            self._price_memory()
             return True
 
         return await self._call(unload)

@@ -134,7 +134,8 @@ def create_app(settings: Settings, engine: InferenceEngine | None = None) -> Fas
     app.state.metrics = ServerMetrics(
         queue_depth=lambda: engine.queue_depth, batch_size=lambda: engine.batch_size,
         switcher=engine.switcher if engine.switcher.entries else None,
-        batch_pending=lambda: runner.pending, suffix_info=engine.suffix_info)
+        batch_pending=lambda: runner.pending, suffix_info=engine.suffix_info,
+        memory=engine.memory_info)
     engine.add_observer(app.state.metrics)
     install_error_handlers(app, ERROR_SHAPES)
     install_openapi(app, ERROR_SHAPES)

@@ -4,12 +4,14 @@ uvicorn stops accepting connections and waits for open ones; streams would hold 
 as they run. So on the first signal the engine stops admitting (new and queued requests get
 503), running streams get `drain_timeout_s` to finish, then end with an in-band error chunk
 and `[DONE]`; uvicorn's own graceful timeout is a backstop a little later. A drained server
-returns, so the process exits 0 (`make serve` too); a second signal exits at once, by it.
+returns, so the process exits 0 (`make serve` too); a second signal exits at once, by it. A
+dead engine ends the process with status 70 instead (`EXIT_ENGINE_FAILED`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -23,6 +25,12 @@ from uvicorn.server import HANDLED_SIGNALS
 log = logging.getLogger(__name__)
 BACKSTOP_S = 5.0
 FLUSH_S = 0.3
+# A dead engine: its requests' errors (and /health's 503) go out for FAILED_FLUSH_S, then
+# uvicorn stops; the process exits with EXIT_ENGINE_FAILED (EX_SOFTWARE) at the latest
+# FAILED_EXIT_S after the failure, for its supervisor to start it again.
+EXIT_ENGINE_FAILED = 70
+FAILED_FLUSH_S = 1.0
+FAILED_EXIT_S = 5.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -39,6 +47,8 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout_s = drain_timeout_s
         self._draining = False
         self._forced: int | None = None  # the second signal, which cut the drain short
+        self.engine_failed = False
+        app.state.engine.on_failure(self._engine_failed)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -79,6 +89,24 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
         if self._forced is not None:
             signal.raise_signal(self._forced)
+
+    def _engine_failed(self, error: BaseException) -> None:
+        """The MLX worker died (called on its thread): every request got the error; stop
+        serving, and exit non-zero within `FAILED_EXIT_S` whatever holds uvicorn."""
+        if self.engine_failed:
+            return
+        log.critical("the inference engine failed: exiting with status %d for a supervisor to"
+                     " restart the server (%s)", EXIT_ENGINE_FAILED, error)
+        self.engine_failed = True
+        threading.Thread(target=self._exit_after_failure, name="engine-failed",
+                         daemon=True).start()
+
+    def _exit_after_failure(self) -> None:
+        time.sleep(FAILED_FLUSH_S)
+        self.should_exit = True
+        time.sleep(FAILED_EXIT_S - FAILED_FLUSH_S)
+        logging.shutdown()
+        os._exit(EXIT_ENGINE_FAILED)
 
     def _drain_then_exit(self, engine, sig, frame) -> None:
         engine.drain(self.drain_timeout_s, BACKSTOP_S)

@@ -95,9 +95,10 @@ async def served(target, draft, *, model_roots=None, engine=None, cache=None, mo
 TEST_SERVER_ENV = {"MLX_SPEC_ENGINE__COST_MODEL": "false"}
 
 
-def start_server(args: list[str], log: Path, env: dict | None = None):
+def start_server(args: list[str], log: Path, env: dict | None = None, module: str = "server"):
     """`python -m server ARGS --port P` in a subprocess, once /health answers: (proc, url).
-    `env`: the process's environment (default: this one's)."""
+    `env`: the process's environment (default: this one's); `module`: another entry point
+    (a test's wrapper of `server.__main__`, found on the tests' path)."""
     import os
     import subprocess
     import sys
@@ -106,8 +107,11 @@ def start_server(args: list[str], log: Path, env: dict | None = None):
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "server", *args, "--port", str(port)]
+    cmd = [sys.executable, "-m", module, *args, "--port", str(port)]
     env = {**TEST_SERVER_ENV, **(os.environ if env is None else env)}
+    if module != "server":
+        tests = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -295,12 +295,19 @@ class DistributedEngine(InferenceEngine):
         self.scheduler = Scheduler(self.kit, self.scheduler_config, self.policy, self.observers)
         if self.disk_cache_dir:  # followers' shards would not see what rank 0 reads from disk
             log.warning("cache.disk_dir is not used with a sharded target: memory cache only")
-        if self.prefix_cache_bytes > 0:
+        # The budget sizes the prefix cache; requests are not admitted by it (no KV layout
+        # is probed: a probe's forward would need every rank).
+        self._price_memory()
+        if self._prefix_cache_max() > 0:
             from server.engine.kv.prefix_cache import PrefixCache
 
-            self.scheduler.prefix_cache = PrefixCache(self.prefix_cache_bytes)
+            self.scheduler.prefix_cache = PrefixCache(self._prefix_cache_max())
         self._keep_suffix_index()
         threading.Thread(target=self._heartbeat, name="dist-heartbeat", daemon=True).start()
+
+    def _price_memory(self) -> None:
+        """The budget alone (see `_load_initial`): no KV layout is probed."""
+        self._measure_budget()
 
     def _heartbeat(self) -> None:
         """Between steps, every `heartbeat_s`: a message (idle followers know rank 0 lives;

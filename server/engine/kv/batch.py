@@ -48,6 +48,12 @@ class ModelBatch:
     def __contains__(self, seq: Sequence) -> bool:
         return any(r is seq for r in self.rows)
 
+    @property
+    def width(self) -> int:
+        """The positions every row spans (the rectangle's: the widest row's, holes and
+        padding included)."""
+        return max((c.size() for c in self.cache), default=0) if self.cache else 0
+
     def add(self, seq: Sequence, row_cache: list) -> None:
         self.add_batch([seq], [batch_layer([c]) for c in row_cache])
 

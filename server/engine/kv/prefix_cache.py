@@ -18,7 +18,6 @@ the models an entry holds (`model_kit.model_fingerprint`), on disk as in memory.
 from __future__ import annotations
 
 import copy
-import os
 
 import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
@@ -26,18 +25,15 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 from server.engine.kv.disk_cache import DiskPromptCache
 from server.engine.kv.layers import arrays_of
 
-MAX_DEFAULT_BYTES = 8 * 2**30
+# The default budget: this share of the engine's memory budget for KV caches (the running
+# requests' KV takes precedence: `give_way`). An eighth, as the machine's eighth it was before
+# the budget: about the same cache on a machine with memory to spare.
+DEFAULT_PREFIX_CACHE_SHARE = 0.125
 
 
-def cache_budget_bytes(max_gb: float | None) -> int:
-    """The configured budget, else 1/8 of the machine's memory (at most 8 GiB)."""
-    if max_gb is not None:
-        return int(max_gb * 1e9)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 8 * 2**30
-    return min(memory // 8, MAX_DEFAULT_BYTES)
+def cache_budget_bytes(max_gb: float | None) -> int | None:
+    """The configured budget in bytes; None (unset): a share of the memory budget."""
+    return None if max_gb is None else int(max_gb * 1e9)
 
 
 class PrefixCache:
@@ -117,12 +113,21 @@ class PrefixCache:
             return
         self._lru.insert_cache(key, list(tokens[:length]), entry)
 
-    def give_way(self, running_bytes: int) -> None:
+    def resize(self, max_bytes: int) -> None:
+        """A new byte budget (the memory budget changed with the models); entries beyond it
+        are evicted, least recently used first."""
+        self.max_bytes = self._lru.max_bytes = max_bytes
+        self._lru.trim_to(n_bytes=max_bytes)
+
+    def give_way(self, running_bytes: int, memory_budget: int | None = None) -> None:
         """Evict least recently used entries until what they hold and `running_bytes` (the KV
         of the requests running now) fit the budget together, as `mlx_lm.server` trims its
         prompt cache to its byte budget less its batch's: under load the cache makes room for
-        the batch instead of adding to it."""
-        self._lru.trim_to(n_bytes=self.max_bytes - running_bytes)  # at least 0; fits: no-op
+        the batch instead of adding to it. With a `memory_budget` (the engine's budget for
+        every KV cache) the cache also keeps at most what the running requests leave of it:
+        it gives way before any request is paused."""
+        limit = self.max_bytes if memory_budget is None else min(self.max_bytes, memory_budget)
+        self._lru.trim_to(n_bytes=limit - running_bytes)  # at least 0; fits: no-op
 
     def clear(self) -> int:
         """Drop every entry in memory (the disk's: `clear_disk`); the number dropped."""

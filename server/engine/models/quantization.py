@@ -6,7 +6,7 @@ On a CPU, MLX's quantized matmuls unpack every weight for every token fed: a for
 91M target took 88 ms at one row and grew linearly with rows and tokens, while the same model
 in float32 took 29.5 ms (2-core x86, OpenBLAS). `auto` therefore dequantizes on a CPU device
 when the float weights fit comfortably: in half of what this process may use
-(`server.engine.memory_limit`), leaving the rest to the KV caches and the prefix cache. On
+(`server.engine.memory`), leaving the rest to the KV caches and the prefix cache. On
 Metal and CUDA the quantized kernels read fewer bytes, which is what a GPU forward waits for:
 the weights stay quantized.
 """
@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from server.engine.memory_limit import process_memory_bytes
+from server.engine.memory import memory_limit
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def should_dequantize(setting: bool | str, model: nn.Module, dtype: mx.Dtype | N
     if mx.default_device() != mx.cpu:
         log.info("%s: quantized weights kept on the GPU (models.dequantize: auto)", name)
         return False
-    need, limit = dequantized_bytes(model, dtype), process_memory_bytes()
+    need, limit = dequantized_bytes(model, dtype), memory_limit().bytes
     fits = need <= DEQUANTIZE_MEMORY_SHARE * limit
     log.info("%s: quantized weights %s on the CPU (models.dequantize: auto): %.2f GB dequantized,"
              " %s half of the %.1f GB this process may use", name,

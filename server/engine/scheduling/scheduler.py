@@ -22,12 +22,19 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from server.engine.errors import InvalidRequest, ModelReplaced, QueueFull, ShuttingDown
+from server.engine.errors import (
+    EngineFailed,
+    InvalidRequest,
+    ModelReplaced,
+    QueueFull,
+    ShuttingDown,
+)
 from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
 from server.engine.kv.layers import arrays_of, covered
 from server.engine.models.model_kit import ModelKit
 from server.engine.params import GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
+from server.engine.scheduling.memory_gate import ADMISSION_GROWTH_TOKENS, MemoryGate
 from server.engine.scheduling.sequence import Phase, Sequence, Sink, drafter_name
 from server.engine.speculation.cost_model import (
     DrafterRates,
@@ -73,6 +80,12 @@ DEFAULT_GROUP_OVERHEAD = 32
 WAVE_MIN_PROMPTS = 2
 WAVE_ROWS_PER_PROMPT = 4
 WAVE_MAX_TOKENS = 2048
+
+
+def _growth(seq: Sequence, tokens: int) -> int:
+    """What a row may add to its cache: `tokens` more (at most what it has left to generate)
+    and one decoding round (its last token and a draft)."""
+    return min(seq.remaining, tokens) + seq.round_tokens
 
 
 def _keep_rows(cache: list, rows: list[int], count: int) -> None:
@@ -123,6 +136,8 @@ class SchedulerObserver:
 
     def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None: ...
 
+    def on_preempted(self) -> None: ...
+
 
 class ObserverList(SchedulerObserver):
     """Forwards to every registered observer (one per app serving this engine)."""
@@ -142,6 +157,10 @@ class ObserverList(SchedulerObserver):
         for o in self.observers:
             o.on_prefix_lookup(queried_tokens, hit_tokens)
 
+    def on_preempted(self) -> None:
+        for o in self.observers:
+            o.on_preempted()
+
 
 class Scheduler:
     def __init__(self, kit: ModelKit, config: SchedulerConfig | None = None,
@@ -152,6 +171,7 @@ class Scheduler:
         self.policy = policy or SpeculationPolicy()
         self.observer = observer or SchedulerObserver()
         self.prefix_cache = None  # a PrefixCache, when one is configured
+        self.memory: MemoryGate | None = None  # admission and preemption by memory
         self.suffix_index: SuffixIndex | None = None  # served texts, for suffix drafting
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -160,8 +180,13 @@ class Scheduler:
         self._lock = threading.Lock()
         self._waiting_count = 0  # submitted, not yet admitted (any thread reads it)
         self._draining = False
+        self.failure: EngineFailed | None = None  # the worker died: every request gets it
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
+        self.paused: deque[Sequence] = deque()  # preempted, oldest admitted first
+        self.preemptions = 0
+        self.kv_in_use = 0  # bytes of the running requests' KV caches after the last step
+        self._admissions = 0
         self.target = ModelBatch(kit.target.model)
         self.draft = ModelBatch(kit.draft.model) if kit.draft is not None else None
         self.costs: StepCosts | None = None  # forward times: the k per row and round
@@ -188,9 +213,14 @@ class Scheduler:
         return self._draining
 
     @property
+    def paused_count(self) -> int:
+        """Requests preempted for memory, waiting to resume."""
+        return len(self.paused)
+
+    @property
     def idle(self) -> bool:
-        """No request waits, prefills or decodes."""
-        return self._waiting_count == 0 and self.batch_size == 0
+        """No request waits, prefills, decodes or is paused."""
+        return self._waiting_count == 0 and self.batch_size == 0 and not self.paused
 
     def submit(self, params: GenerationParams, sink: Sink) -> Sequence:
         if not params.prompt_tokens:  # every route refuses one; a prefill of none would fail
@@ -202,9 +232,13 @@ class Scheduler:
                                   suffix is not None)
         if params.target and params.target != kit.target.fingerprint:
             raise ModelReplaced("the target model was replaced; send the request again")
+        if self.memory is not None:
+            self.memory.check(len(params.prompt_tokens), params.max_tokens)
         seq = Sequence(params, tokenizer=kit.target.tokenizer, vocab_size=kit.target.vocab_size,
                        sink=sink, draft_name=draft_name, suffix=suffix)
         with self._lock:
+            if self.failure is not None:
+                raise self.failure
             if self._draining:
                 raise ShuttingDown("the server is shutting down")
             if self._waiting_count >= self.config.max_queue_size:
@@ -219,20 +253,25 @@ class Scheduler:
         self._wake.set()
 
     def call(self, fn: Callable[[], object], done: Callable[[object, BaseException | None], None]):
-        """Run `fn` between two steps on the MLX thread; `done(result, error)` gets the outcome."""
-        self._calls.put((fn, done))
-        self._wake.set()
+        """Run `fn` between two steps on the MLX thread; `done(result, error)` gets the outcome
+        (EngineFailed once the worker died)."""
+        with self._lock:
+            if self.failure is None:
+                self._calls.put((fn, done))
+                self._wake.set()
+                return
+        done(None, self.failure)
 
     def call_when_idle(self, fn: Callable[[], object],
                        done: Callable[[object, BaseException | None], None]):
         """As `call`, at the first step when no request waits or runs (the caller stops new
         submissions first); ShuttingDown once a drain began."""
         with self._lock:
-            if not self._draining:
+            if not self._draining and self.failure is None:
                 self._idle_calls.put((fn, done))
                 self._wake.set()
                 return
-        done(None, ShuttingDown("the server is shutting down"))
+        done(None, self.failure or ShuttingDown("the server is shutting down"))
 
     def wake(self) -> None:
         self._wake.set()
@@ -247,24 +286,36 @@ class Scheduler:
 
     # -- the MLX thread -----------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or len(self.target))
+        return bool(self.waiting or self.paused or self.prefilling or len(self.target))
 
     def step(self) -> bool:
         """One scheduler step; False when there was nothing to do. Decoding rows wait while a
-        wave of prompts is prefilled (`_in_wave`)."""
+        wave of prompts is prefilled (`_in_wave`). Rows that would outgrow the memory budget
+        are paused first (`_preempt_over_budget`)."""
         self._take_incoming()
         self._run_calls(self._calls)
         if not self.has_work() and self._waiting_count == 0:
             self._run_calls(self._idle_calls)
         self._retire_cancelled()
+        self._preempt_over_budget()
         self._admit()
+        if self.memory is not None:  # the prefix cache makes room for this step's growth
+            self._give_way(self.memory.need(*self._widths(0)))
         wave = self._in_wave()
         did = self._prefill_step(wave)
         if not (wave and self.prefilling):
             did = self._decode_step() or did
-        if did and self.prefix_cache is not None:
-            self.prefix_cache.give_way(self.kv_bytes())
+        if did:
+            self.kv_in_use = self.kv_bytes()
+            self._give_way(self.kv_in_use)
         return did or self._measure_when_idle()
+
+    def _give_way(self, running_bytes: int) -> None:
+        """The prefix cache keeps what the running requests leave of its budget (and of the
+        memory budget): it gives way before any request is paused."""
+        if self.prefix_cache is not None:
+            budget = self.memory.budget_bytes if self.memory is not None else None
+            self.prefix_cache.give_way(running_bytes, budget)
 
     def kv_bytes(self) -> int:
         """The bytes the running requests' KV caches hold: the batches' buffers (both models),
@@ -276,27 +327,52 @@ class Scheduler:
         return sum(c.nbytes for c in batches + prompts)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Step until `stop` is set; then end whatever still runs with ShuttingDown."""
+        """Step until `stop` is set; then end whatever still runs with ShuttingDown. A step
+        that raises (an MLX error, a bug) leaves the batch in no state to go on from: every
+        request and call ends with EngineFailed, and the error propagates (`fail`)."""
         try:
             self._loop(stop)
-        finally:
-            if self.learner is not None:
-                self.learner.save()
-            self.begin_drain()
-            self._take_incoming()
-            self._fail_all(ShuttingDown("the server stopped"))
+        except BaseException as e:
+            self.fail(e)
+            raise
+        if self.learner is not None:
+            self.learner.save()
+        self.begin_drain()
+        self._take_incoming()
+        self._fail_all(ShuttingDown("the server stopped"))
 
     def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            try:
-                busy = self.step()
-            except Exception as e:  # a bug must not kill the engine: fail the running rows
-                log.exception("scheduler step failed")
-                self._fail_all(e)
-                busy = False
-            if not busy:
+            if not self.step():
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+    def fail(self, cause: BaseException) -> EngineFailed:
+        """The worker died of `cause`: refuse what comes (EngineFailed), and end every request
+        (waiting, paused, prefilling, decoding) and every call with it. Touches no MLX array:
+        MLX itself may be what failed."""
+        error = EngineFailed(f"the inference engine failed ({type(cause).__name__}: {cause});"
+                             " the server is restarting")
+        with self._lock:
+            self.failure = error
+            self._draining = True
+        log.critical("the MLX worker died: ending every request", exc_info=cause)
+        self._take_incoming()
+        rows = [*self.waiting, *self.paused, *self.prefilling, *self.target.rows]
+        self.waiting.clear()
+        self.paused.clear()
+        self.prefilling.clear()
+        for seq in rows:
+            seq.error = error
+            try:
+                seq.finish()
+            except Exception:  # noqa: BLE001 - the others must still hear of it
+                log.exception("could not end a request")
+        with self._lock:
+            self._waiting_count = 0
+        self._fail_calls(self._calls, error)
+        self._fail_calls(self._idle_calls, error)
+        return error
 
     def fail_running(self, error: BaseException) -> None:
         """End every running request with `error` (used at the end of a drain)."""
@@ -313,7 +389,7 @@ class Scheduler:
             while self.waiting:
                 seq = self.waiting.popleft()
                 self._left_queue()
-                seq.error = ShuttingDown("the server is shutting down")
+                seq.error = self.failure or ShuttingDown("the server is shutting down")
                 seq.finish()
 
     @staticmethod
@@ -348,6 +424,9 @@ class Scheduler:
             self.waiting.remove(seq)
             self._left_queue()
             seq.finish()
+        for seq in [s for s in self.paused if s.cancelled]:
+            self.paused.remove(seq)
+            seq.finish()
         for seq in [s for s in self.prefilling if s.cancelled]:
             self.prefilling.remove(seq)
             self._keep_partial_prefill(seq)
@@ -355,11 +434,21 @@ class Scheduler:
         self._retire([s for s in self.target.rows if s.cancelled])
 
     def _admit(self) -> None:
-        """Fill free slots: the lowest `priority` first, the oldest among equals."""
-        while self.waiting and self.batch_size < self.config.max_batch_size:
-            seq = min(self.waiting, key=lambda s: s.params.priority)  # the first of the lowest
-            self.waiting.remove(seq)
-            self._left_queue()
+        """Fill free slots: requests paused for memory first (the oldest admitted first), then
+        waiting ones, the lowest `priority` first, the oldest among equals; each only when it
+        fits the memory budget beside the running rows (`_fits_beside`), else it and those
+        behind it wait."""
+        while (self.paused or self.waiting) and self.batch_size < self.config.max_batch_size:
+            resuming = bool(self.paused)
+            seq = self.paused[0] if resuming else \
+                min(self.waiting, key=lambda s: s.params.priority)  # the first of the lowest
+            if not self._fits_beside(seq):
+                return
+            if resuming:
+                self.paused.popleft()
+            else:
+                self.waiting.remove(seq)
+                self._left_queue()
             if seq.params.max_tokens <= 0:
                 seq.finish("length")
                 continue
@@ -369,7 +458,8 @@ class Scheduler:
                 seq.error = e
                 seq.finish()
                 continue
-            self.observer.on_admitted(time.perf_counter() - seq.submitted_at)
+            if not resuming:
+                self.observer.on_admitted(time.perf_counter() - seq.submitted_at)
 
     def _start(self, seq: Sequence) -> None:
         spec = seq.params.speculation
@@ -378,10 +468,79 @@ class Scheduler:
                 raise InvalidRequest("the draft model was unloaded before this request ran",
                                      "num_draft_tokens")
             seq.lose_draft_model()
-        seq.started_at = time.perf_counter()
+        if not seq.resumed:  # a resumed request keeps its times (its TTFT, its prefill rate)
+            seq.started_at = time.perf_counter()
+        if not seq.admitted:  # a resumed request keeps its place: the newest goes first
+            self._admissions += 1
+            seq.admitted = self._admissions
         seq.target_cache = new_cache(self.kit.target.model)
         seq.phase = Phase.PREFILL
         self.prefilling.append(seq)
+
+    # -- memory ---------------------------------------------------------------------------------
+    def _fits_beside(self, seq: Sequence) -> bool:
+        """Whether `seq` may join: alone it always may (`submit` refused what never fits);
+        else every row, `seq` among them, must fit the budget once each grew by
+        `ADMISSION_GROWTH_TOKENS` (its draft is priced when it is decided: `_draft_fits`)."""
+        if self.memory is None or not (len(self.target) or self.prefilling):
+            return True
+        return self.memory.fits(*self._widths(ADMISSION_GROWTH_TOKENS, joining=[seq]))
+
+    def _draft_fits(self, seq: Sequence, width: int) -> bool:
+        """Whether the draft may follow `seq` too (a draft cache `width` positions wide)."""
+        if self.memory is None:
+            return True
+        target, draft = self._widths(ADMISSION_GROWTH_TOKENS)
+        draft.append(width + _growth(seq, ADMISSION_GROWTH_TOKENS))
+        return self.memory.fits(target, draft)
+
+    def _widths(self, growth: int, joining: list[Sequence] = ()
+                ) -> tuple[list[int], list[int]]:
+        """Each row's width in the target's and the draft's batch once it grew by `growth`
+        tokens (at most what it has left) and fed its next round: the rows decoding, those
+        prefilling (as wide as what they prefill) and `joining`."""
+        target, draft = [], []
+        width = self.target.width
+        target += [width + _growth(seq, growth) for seq in self.target.rows]
+        if self.draft is not None and len(self.draft):
+            width = self.draft.width
+            draft += [width + _growth(seq, growth) for seq in self.draft.rows]
+        for seq in (*self.prefilling, *joining):
+            width = len(seq.prefill_tokens) + _growth(seq, growth)
+            target.append(width)
+            if seq.draft_cache is not None:
+                draft.append(width)
+        return target, draft
+
+    def _preempt_over_budget(self) -> None:
+        """While the running rows would not fit the budget in their next round (and prompts
+        being prefilled, once prefilled), pause the newest: vLLM's recompute preemption. A
+        row alone goes on (it fits alone: `submit`)."""
+        if self.memory is None:
+            return
+        while len(self.target) + len(self.prefilling) > 1 and \
+                not self.memory.fits(*self._widths(0)):
+            self._preempt(max([*self.target.rows, *self.prefilling], key=lambda s: s.admitted))
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Pause `seq` and release its KV: what it holds goes to the prefix cache (where it
+        fits), from which it resumes; else its context is prefilled again."""
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
+            self._keep_partial_prefill(seq)
+        else:
+            self._keep_in_prefix_cache(seq)
+            self.target.remove([seq])
+            if self.draft is not None:
+                self.draft.remove([seq])
+        seq.pause()
+        mx.clear_cache()  # Metal keeps freed buffers for reuse: give them back
+        self.paused.append(seq)
+        self.paused = deque(sorted(self.paused, key=lambda s: s.admitted))
+        self.preemptions += 1
+        self.observer.on_preempted()
+        log.info("memory: paused a request after %d tokens (%d running, %d paused)",
+                 len(seq.output), self.batch_size, len(self.paused))
 
     def _prefill_step(self, wave: bool = False) -> bool:
         """One prefill forward (per model) of at most `prefill_chunk` prompt tokens, padding
@@ -419,7 +578,7 @@ class Scheduler:
     def _prefill_chunk(self, seq: Sequence, budget: int) -> None:
         """Prefill the next `budget` tokens of a prompt too long to finish in this step."""
         try:
-            chunk = seq.prompt[seq.prefilled: seq.prefilled + budget]
+            chunk = seq.prefill_tokens[seq.prefilled: seq.prefilled + budget]
             prefill(self.kit.target.model, seq.target_cache, chunk)
             if seq.draft_cache is not None:
                 prefill(self.kit.draft.model, seq.draft_cache, chunk)
@@ -436,10 +595,11 @@ class Scheduler:
         if seq.prefill_begun:
             return
         seq.prefill_begun = True
-        if seq.uses_draft_model and self._draft_may_pay(seq):
+        if seq.uses_draft_model and self._draft_may_pay(seq) and \
+                self._draft_fits(seq, len(seq.prefill_tokens)):
             seq.draft_cache = new_cache(self.kit.draft.model)
         if self._caching(seq):
-            self._restore(seq, seq.prompt)
+            self._restore(seq, seq.prefill_tokens)
 
     def _draft_may_pay(self, seq: Sequence) -> bool:
         """Whether a new row's draft prefill is worth it: it may draft in a batch this large
@@ -518,14 +678,16 @@ class Scheduler:
         over the rows that draft); each row takes its first token and joins the batch with the
         group's caches. The first tokens go out before the draft's prefill, which they do not
         need."""
-        chunks = [seq.prompt[seq.prefilled:] for seq in group]
+        chunks = [seq.prefill_tokens[seq.prefilled:] for seq in group]
         for seq in group:
             self.prefilling.remove(seq)
         drafters = [i for i, seq in enumerate(group) if seq.draft_cache is not None]
         try:
             logits, cache = prefill_rows(self.kit.target.model,
                                          [seq.target_cache for seq in group], chunks)
-            finished = [first_token(seq, logits[i]) for i, seq in enumerate(group)]
+            # a resumed row's next token comes from decoding: its last one is still to be fed
+            finished = [not seq.resumed and first_token(seq, logits[i])
+                        for i, seq in enumerate(group)]
             draft_cache = (prefill_rows(self.kit.draft.model,
                                         [group[i].draft_cache for i in drafters],
                                         [chunks[i] for i in drafters])[1]
@@ -537,8 +699,8 @@ class Scheduler:
                 seq.finish()
             return
         for i, seq in enumerate(group):
-            seq.prefilled, seq.target_cache = len(seq.prompt), None
-            if self._caching(seq):
+            seq.prefilled, seq.target_cache = len(seq.prefill_tokens), None
+            if self._caching(seq) and not seq.resumed:  # a resumed one stored it when paused
                 caches = [[c.extract(i) for c in cache]]
                 if i in drafters:
                     caches.append([c.extract(drafters.index(i)) for c in draft_cache])
@@ -679,7 +841,8 @@ class Scheduler:
                 if not behind or seq.remaining - behind >= CATCH_UP_MIN_REMAINING:
                     able.append(option)
             elif (seq.remaining >= CATCH_UP_MIN_REMAINING and fed < self.config.prefill_chunk
-                    and self._draft_repaid(seq, len(seq.context), savings=savings)):
+                    and self._draft_repaid(seq, len(seq.context), savings=savings)
+                    and self._draft_fits(seq, len(seq.context))):
                 able.append(option)
                 joining.append(seq)
                 fed += len(seq.context)
@@ -700,16 +863,7 @@ class Scheduler:
         if not done:
             return
         for seq in done:
-            if self._caching(seq) and seq.error is None:
-                # The target's cache holds the context but its last token; the draft's what
-                # it was fed (its pending tokens not yet).
-                caches = [self.target.extract(seq)]
-                lengths = [covered(caches[0], len(seq.context) - 1)]
-                if self.draft is not None and seq in self.draft:
-                    caches.append(self.draft.extract(seq))
-                    lengths.append(covered(caches[1],
-                                           len(seq.context) - len(seq.draft_pending)))
-                self.prefix_cache.store(self._cache_key(seq), seq.context, caches, lengths)
+            self._keep_in_prefix_cache(seq)
             self._remember(seq)
         self.target.remove(done)
         if self.draft is not None:
@@ -726,6 +880,19 @@ class Scheduler:
             self.suffix_index.add(seq.params.tenant, seq.prompt[-PROMPT_TAIL:] + seq.output)
 
     # -- the prefix cache -----------------------------------------------------------------------
+    def _keep_in_prefix_cache(self, seq: Sequence) -> None:
+        """A decoding row's caches (both models', where it drafts) as an entry of its context."""
+        if self._caching(seq) and seq.error is None:
+            # The target's cache holds the context but its last token; the draft's what
+            # it was fed (its pending tokens not yet).
+            caches = [self.target.extract(seq)]
+            lengths = [covered(caches[0], len(seq.context) - 1)]
+            if self.draft is not None and seq in self.draft:
+                caches.append(self.draft.extract(seq))
+                lengths.append(covered(caches[1],
+                                       len(seq.context) - len(seq.draft_pending)))
+            self.prefix_cache.store(self._cache_key(seq), seq.context, caches, lengths)
+
     def _keep_partial_prefill(self, seq: Sequence) -> None:
         """A request cancelled part way through a long prompt (its client timed out) leaves
         what it prefilled to the prefix cache: the client's retry resumes from there instead
@@ -734,7 +901,8 @@ class Scheduler:
                 seq.prefilled <= seq.cached_tokens:
             return
         caches = [seq.target_cache] + ([seq.draft_cache] if seq.draft_cache is not None else [])
-        self.prefix_cache.store(self._cache_key(seq), list(seq.prompt[:seq.prefilled]), caches)
+        self.prefix_cache.store(self._cache_key(seq), list(seq.prefill_tokens[:seq.prefilled]),
+                                caches)
 
     def keep_prefill(self, tokens: list[int], target_cache: list) -> None:
         """A prompt the target prefilled outside any request (`scoring`) serves the requests
@@ -781,11 +949,14 @@ class Scheduler:
         seq.target_cache = cache[:layers]
         if seq.draft_cache is not None:
             seq.draft_cache = cache[layers:]
-        seq.prefilled = seq.cached_tokens = hit
+        seq.prefilled = hit
+        if not seq.resumed:  # what the request's usage reports: its prompt's first lookup
+            seq.cached_tokens = hit
 
     def _fail_all(self, error: BaseException) -> None:
-        rows = list(self.target.rows) + list(self.prefilling)
+        rows = list(self.target.rows) + list(self.prefilling) + list(self.paused)
         self.prefilling.clear()
+        self.paused.clear()
         self.target = ModelBatch(self.kit.target.model)
         self.draft = ModelBatch(self.kit.draft.model) if self.kit.draft is not None else None
         for seq in rows:
@@ -811,7 +982,7 @@ class Scheduler:
     def draft_changed(self) -> None:
         """The draft was unloaded or replaced: running rows continue without it (hybrid rows
         by prompt lookup, the others without drafting)."""
-        for seq in list(self.target.rows) + list(self.prefilling):
+        for seq in list(self.target.rows) + list(self.prefilling) + list(self.paused):
             if seq.uses_draft_model:
                 seq.lose_draft_model()
                 seq.draft_cache = None

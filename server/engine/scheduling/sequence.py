@@ -73,13 +73,20 @@ class Sequence:
         self.error: BaseException | None = None
         self.submitted_at = time.perf_counter()
         self.started_at = self.first_token_at = self.submitted_at
-        # Prefill state (scheduler): caches being filled, and how far they got.
+        # Prefill state (scheduler): caches being filled, and how far they got. A request
+        # prefills its prompt; one resumed after a preemption, its context but the last token.
+        self.prefill_tokens: list[int] = self.prompt
         self.target_cache: list | None = None
         self.draft_cache: list | None = None
         self.prefilled = 0
         self.cached_tokens = 0
         self.prefill_begun = False  # drafting decided and the prefix cache consulted
         self.prefill_passed_over = 0  # prefill groups that went before this older request
+        self.admitted = 0  # the scheduler's admission order (the newest is preempted first)
+        self.preemptions = 0
+        # Preempted after its first token: its prefill restores its context, and its next
+        # token comes from decoding.
+        self.resumed = False
         # Decoding state (decoder).
         self.pipeline = LogitsPipeline(params.sampling, vocab_size, _processors(params))
         self.key = request_key(params.sampling.seed)
@@ -282,7 +289,28 @@ class Sequence:
     @property
     def unprefilled(self) -> int:
         """Prompt tokens not in the cache yet (before `_begin`: not counting a restored prefix)."""
-        return len(self.prompt) - self.prefilled
+        return len(self.prefill_tokens) - self.prefilled
+
+    @property
+    def round_tokens(self) -> int:
+        """The most tokens a decoding round feeds this row: its last token and a draft."""
+        if self.drafter is None:
+            return 1
+        return 1 + max(schedule.max_k for schedule in self._schedules.values())
+
+    def pause(self) -> None:
+        """Preempted: its caches are gone. It waits to prefill again what they held (its
+        context but the last token, the next round's input), then decodes on: its sampling,
+        drafting and output state are untouched, so its text goes on as it would have."""
+        self.phase = Phase.WAITING
+        self.resumed = bool(self.output)
+        self.prefill_tokens = self.context[:-1] if self.resumed else self.prompt
+        self.target_cache = self.draft_cache = None
+        self.prefilled = 0
+        self.prefill_begun = False
+        self.prefill_passed_over = 0
+        self.draft_pending = []
+        self.preemptions += 1
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)

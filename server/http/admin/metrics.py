@@ -19,7 +19,8 @@ class ServerMetrics(SchedulerObserver):
     """One registry per app, so several apps (tests) can live in one process."""
 
     def __init__(self, queue_depth, batch_size=lambda: 0, switcher=None,
-                 batch_pending=lambda: 0, suffix_info=lambda: {"bytes": 0, "tokens": 0}):
+                 batch_pending=lambda: 0, suffix_info=lambda: {"bytes": 0, "tokens": 0},
+                 memory=lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_completions", "Finished completions.",
@@ -74,6 +75,11 @@ class ServerMetrics(SchedulerObserver):
         suffix_tokens = Gauge(f"{PREFIX}_suffix_index_tokens", "Tokens of served answers"
                               " suffix drafting keeps.", registry=r)
         suffix_tokens.set_function(lambda: suffix_info()["tokens"])
+        # The memory budget (vLLM's preemption counter and KV usage, under our prefix).
+        self.preemptions = Counter(f"{PREFIX}_num_preemptions", "Requests paused because the"
+                                   " running rows outgrew the memory budget (they resume with"
+                                   " the same text).", registry=r)
+        self._memory_gauges(memory)
         if switcher is not None:  # models.more_targets
             switches = Gauge(f"{PREFIX}_target_switches", "Switches between the configured"
                              " targets since the start.", registry=r)
@@ -81,6 +87,29 @@ class ServerMetrics(SchedulerObserver):
             waiting = Gauge(f"{PREFIX}_switch_queue_depth", "Requests waiting for the target"
                             " they name to be switched to.", registry=r)
             waiting.set_function(lambda: switcher.waiting)
+
+    def _memory_gauges(self, memory) -> None:
+        """Gauges read from `memory()` (the engine's `memory_info`: None without a budget)."""
+        def reading(key: str, scale=lambda value, info: value):
+            def read() -> float:
+                info = memory()
+                return float("nan") if info is None or info[key] is None else \
+                    scale(info[key], info)
+            return read
+
+        r = self.registry
+        for name, key, text in (
+                ("memory_budget_bytes", "budget_bytes", "What the KV caches (running requests'"
+                 " and the prefix cache's) may hold together."),
+                ("memory_limit_bytes", "limit_bytes", "The memory limit the budget comes from"
+                 " (cgroup, physical, Metal working set, CUDA device)."),
+                ("kv_cache_bytes", "kv_bytes", "What the running requests' KV caches hold."),
+                ("paused_requests", "paused", "Requests paused for memory, waiting to resume.")):
+            Gauge(f"{PREFIX}_{name}", text, registry=r).set_function(reading(key))
+        usage = Gauge(f"{PREFIX}_kv_cache_usage_perc", "The running requests' KV caches over"
+                      " the memory budget (0 to 1).", registry=r)
+        usage.set_function(reading("kv_bytes",
+                                   lambda value, info: value / max(info["budget_bytes"], 1)))
 
     # -- per request (event loop) -------------------------------------------------------------
     def observe(self, endpoint: str, finish_reason: str, stats: GenerationStats) -> None:
@@ -112,6 +141,9 @@ class ServerMetrics(SchedulerObserver):
     def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
         self.cache_queries.inc(queried_tokens)
         self.cache_hits.inc(hit_tokens)
+
+    def on_preempted(self) -> None:
+        self.preemptions.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

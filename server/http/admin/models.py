@@ -168,15 +168,18 @@ async def metrics(request: Request) -> PlainTextResponse:
 
 
 @health_router.get("/health", response_model_exclude_unset=True,
-                   responses={503: {"model": Health, "description": "Draining: shutting down."}})
+                   responses={503: {"model": Health, "description": "Draining (shutting"
+                                    " down), or failed (the engine died; the process exits)."}})
 async def health(request: Request, response: Response) -> Health:
     """200 while serving; 503 with `"status": "draining"` once shutdown began, so a load
-    balancer stops sending requests that would get 503 `shutting_down`."""
+    balancer stops sending requests that would get 503 `shutting_down`; 503 `"failed"` once
+    the inference engine died (the process exits for its supervisor to restart it)."""
     engine = request.app.state.engine
+    status = "failed" if engine.failed else "draining" if engine.draining else "ok"
+    if status != "ok":
+        response.status_code = 503
     draft = engine.draft.name if engine.draft is not None else None
     cache = engine.cache_info()
-    if engine.draining:
-        response.status_code = 503
     # `distributed` only when the target is sharded: one process answers the shape it did.
     more = {"distributed": engine.distributed} if engine.distributed is not None else {}
     quantized = {role: {**model.quantization, "dequantized": model.dequantized}
@@ -186,7 +189,10 @@ async def health(request: Request, response: Response) -> Health:
         more["quantization"] = quantized
     if engine.cost_model_status is not None:
         more["cost_model"] = engine.cost_model_status
-    return Health(status="draining" if engine.draining else "ok", target=engine.model_name,
+    memory = engine.memory_info()
+    if memory is not None:
+        more["memory"] = memory
+    return Health(status=status, target=engine.model_name,
                   draft=draft, queue_depth=engine.queue_depth, batch_size=engine.batch_size,
                   cache_entries=cache["entries"], cache_bytes=cache["bytes"],
                   disk_cache_entries=cache["disk_entries"], disk_cache_bytes=cache["disk_bytes"],

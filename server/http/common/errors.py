@@ -17,8 +17,10 @@ from starlette.routing import Match
 
 from api_schemas.openai import ErrorBody, ErrorResponse
 from server.engine import (
+    EngineFailed,
     IncompatibleDraft,
     InvalidRequest,
+    MemoryBudgetExceeded,
     ModelLoadError,
     ModelNotFound,
     ModelReplaced,
@@ -66,6 +68,10 @@ def shape_of(request: Request) -> ErrorShape | None:
     return next((shape for shape in shapes if shape.spoken_by(request)), None)
 
 
+# A dead engine's requests are told to come back after this: the process exits within a few
+# seconds and its supervisor starts it again (the models load meanwhile).
+ENGINE_RESTART_S = 10
+
 # An absolute path that starts a word (not the `//host/x` of a URL): what `redact_paths` shortens.
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
 
@@ -111,8 +117,13 @@ def as_api_error(exc: BaseException) -> APIError:
     """Map engine exceptions to HTTP; anything unknown is a 500 (and logged)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, MemoryBudgetExceeded):
+        return APIError(400, str(exc), param=exc.param, code="memory_budget_exceeded")
     if isinstance(exc, InvalidRequest):
         return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, EngineFailed):  # the process exits; its supervisor starts it again
+        return APIError(503, str(exc), code="engine_failed",
+                        headers={"Retry-After": str(ENGINE_RESTART_S)})
     if isinstance(exc, ShuttingDown):
         return APIError(503, str(exc), code="shutting_down", headers={"Retry-After": "5"})
     if isinstance(exc, QueueFull):
@@ -188,6 +199,6 @@ def install_error_handlers(app: FastAPI, shapes: list[ErrorShape]) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     for exc_type in (APIError, InvalidRequest, QueueFull, ShuttingDown, ModelReplaced,
-                     TargetUnavailable, IncompatibleDraft, ModelLoadError):
+                     TargetUnavailable, IncompatibleDraft, ModelLoadError, EngineFailed):
         app.add_exception_handler(exc_type, _api)
     app.add_exception_handler(Exception, _api)

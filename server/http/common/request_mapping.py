@@ -317,12 +317,23 @@ def enforce_model_limits(
     if body.top_k is not None and body.top_k > vocab:
         raise APIError(400, f"top_k must be in [0, {vocab}] (the vocabulary size), "
                        f"got {body.top_k}", param="top_k", code="invalid_value")
+    prompt_param = caller_field("messages" if isinstance(body, ChatCompletionRequest)
+                                else "prompt")
+    tokens = _fit_context(body, prompt, engine, defaults, fill_context, prompt_param)
+    return _fit_memory(body, prompt, engine, defaults, tokens, prompt_param)
+
+
+def _max_tokens_name(body: ChatCompletionRequest | CompletionRequest) -> str:
+    return caller_field("max_completion_tokens" if getattr(body, "max_completion_tokens", None)
+                        else "max_tokens")
+
+
+def _fit_context(body, prompt: list[int], engine: InferenceEngine,
+                 defaults: GenerationDefaults, fill_context: bool, prompt_param: str) -> int:
     requested = body.token_limit()
     context = engine.context_length  # the target config's max_position_embeddings
     if context is None:
         return requested or defaults.max_tokens
-    prompt_param = caller_field("messages" if isinstance(body, ChatCompletionRequest)
-                                else "prompt")
     if len(prompt) >= context:
         raise APIError(400, f"this model's maximum context length is {context} tokens, but the "
                        f"prompt has {len(prompt)} tokens; shorten the {prompt_param}",
@@ -333,9 +344,23 @@ def enforce_model_limits(
     if requested > room and defaults.fit_max_tokens:
         return room
     if requested > room:
-        name = caller_field("max_completion_tokens" if getattr(body, "max_completion_tokens",
-                                                                None) else "max_tokens")
+        name = _max_tokens_name(body)
         raise APIError(400, f"this model's maximum context length is {context} tokens; the "
                        f"prompt has {len(prompt)}, so {name} may be at most {room} "
                        f"(got {requested})", param=name, code="context_length_exceeded")
     return requested
+
+
+def _fit_memory(body, prompt: list[int], engine: InferenceEngine,
+                defaults: GenerationDefaults, tokens: int, prompt_param: str) -> int:
+    """`tokens` to generate, within what one request may hold in the memory budget: a
+    default is cut to the room the prompt leaves there (an explicit one too with
+    `fit_max_tokens`); else a 400 that names the limit (`memory_budget_exceeded`)."""
+    room = engine.memory_room()
+    if room is None or len(prompt) + tokens <= room:
+        return tokens
+    if len(prompt) < room and (body.token_limit() is None or defaults.fit_max_tokens):
+        return room - len(prompt)
+    engine.check_memory(len(prompt), tokens, prompt_name=prompt_param,
+                        max_tokens_name=_max_tokens_name(body))
+    return tokens

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Callable
 
 import httpx
 
@@ -64,14 +65,16 @@ async def run_line(client: httpx.AsyncClient, line: str) -> dict:
     return await send(client, request)
 
 
-async def send(client: httpx.AsyncClient, request: dict) -> dict:
+async def send(client: httpx.AsyncClient, request: dict,
+               given_up: Callable[[], bool] = lambda: False) -> dict:
     """The result line of a valid request; a full queue's 503 is retried after its
-    Retry-After (a batch waits its turn rather than failing), up to `QUEUE_RETRIES` times."""
+    Retry-After (a batch waits its turn rather than failing), up to `QUEUE_RETRIES` times,
+    unless `given_up()` (the engine died: nothing will get better here)."""
     for _ in range(QUEUE_RETRIES):
         response = await client.post(request["url"], json=request["body"])
         wait = response.headers.get("retry-after", "")
-        if response.status_code not in (503, 529) or not wait.isdigit():  # 529: Anthropic's
-            break
+        if response.status_code not in (503, 529) or not wait.isdigit() or given_up():
+            break  # 529: Anthropic's 503
         await asyncio.sleep(int(wait))
     body = response.json() if response.content else None
     return result_line(request.get("custom_id"), {  # the id the server's log names it by

@@ -7,7 +7,8 @@ waited out (`batch_lines.send`). A job that is cancelled starts no more of its r
 in flight finish. OpenAI's Batch API (`openai_batches.py`) and Anthropic's Message Batches
 (`message_batches.py`) each keep their jobs and their shapes. Stopping the server cancels
 whatever still runs; with `server.state_dir` each result is kept as it comes, and the next
-start runs the requests that have none (`resume`).
+start runs the requests that have none (`resume`). So does it after the engine died (the
+process exits): what failed then keeps no result.
 """
 
 from __future__ import annotations
@@ -81,10 +82,17 @@ class BatchRunner:
         if self._client is not None:
             await self._client.aclose()
 
+    @property
+    def engine_failed(self) -> bool:
+        """The engine died: what ran then has no result to keep; the server exits, and with
+        `server.state_dir` its next start runs those requests again (`resume`)."""
+        return self._app.state.engine.failed is not None
+
     async def _run(self, job: Job, todo: list[int]) -> None:
         try:
             await asyncio.gather(*(self._one(job, i) for i in todo))
-            job.end()
+            if not self.engine_failed:
+                job.end()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a batch must end, whatever went wrong
@@ -96,8 +104,10 @@ class BatchRunner:
             async with self._limit:
                 if job.cancelling:
                     return
-                result = await send(self.http(), _after_others(job.requests[i]))
-            job.record(i, result)
+                result = await send(self.http(), _after_others(job.requests[i]),
+                                    lambda: self.engine_failed)
+            if not self.engine_failed:
+                job.record(i, result)
         finally:
             self.pending -= 1
 

@@ -11,6 +11,7 @@ from support.http import chat_body
 from support.models import mlx_lm_chat
 from support.servers import served
 
+from server.engine.memory import MemoryLimit
 from server.engine.models import quantization
 from server.engine.models.model_kit import load_model
 from server.engine.models.quantization import (
@@ -63,7 +64,8 @@ def test_auto_keeps_weights_quantized_that_would_not_fit_in_half_the_memory(
     assert need == logical_parameters(load(target)[0]) * 4
     fingerprints = {}
     for limit, dequantized in ((2 * need, True), (2 * need - 1, False)):
-        monkeypatch.setattr(quantization, "process_memory_bytes", lambda limit=limit: limit)
+        monkeypatch.setattr(quantization, "memory_limit",
+                            lambda limit=limit: MemoryLimit(limit, "test"))
         loaded = load_model(target)
         assert loaded.dequantized is dequantized
         fingerprints[dequantized] = loaded.fingerprint

@@ -32,6 +32,11 @@ async def test_list_models_and_health(admin_env, tiny_pair):
     context = json.loads((tiny_pair[0] / "config.json").read_text())["max_position_embeddings"]
     assert [m["max_model_len"] for m in data] == [context, context]
     health = (await client.get("/health")).json()
+    memory = health.pop("memory")  # this machine's: physical memory or a cgroup's limit
+    assert memory["budget_bytes"] == memory["limit_bytes"] - memory["reserved_bytes"] - \
+        memory["margin_bytes"] > 0
+    assert memory["margin_bytes"] == int(memory["limit_bytes"] * 0.1)
+    assert (memory["kv_bytes"], memory["preemptions"], memory["paused"]) == (0, 0, 0)
     assert health == {"status": "ok", "target": str(tiny_pair[0]), "draft": str(tiny_pair[1]),
                       "queue_depth": 0, "batch_size": 0, "cache_entries": 0, "cache_bytes": 0,
                       "disk_cache_entries": 0, "disk_cache_bytes": 0}

@@ -111,6 +111,8 @@ class BackgroundResponses:
                 run_id, error = await self._streamed(queued, inner, log)
             else:
                 run_id, error = await self._collected(inner)
+            if self._runner.engine_failed:
+                return  # in_progress: the server exits, and its next start runs it again
             if run_id is not None:
                 stored = self._store.get(run_id)  # what the request's own run stored
                 self._store.delete(run_id)

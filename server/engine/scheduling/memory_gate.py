@@ -1,0 +1,96 @@
+"""Admission and preemption by memory: what the batch's KV caches will take, against the budget.
+
+Each model's batch cache is one rectangle (`ModelBatch`): every row is as wide as the widest,
+so a batch of R rows W positions wide takes R x bytes(W), for the target and, over the rows
+that draft with it, for the draft. The scheduler hands the gate each row's width at a horizon
+(now plus what it may grow by), and the gate prices them with each model's `KVLayout`:
+
+- a request joins the batch only when every row, itself included, fits once each grew by
+  `ADMISSION_GROWTH_TOKENS` (or what it has left): room to grow before anything is paused;
+- before each step, while the rows would not fit their next round, the newest is paused
+  (preempted): its KV is released and it resumes later from its tokens;
+- a request whose prompt and `max_tokens` could never fit the budget, even alone, is refused.
+
+The prefix cache is not priced here: it holds at most what the rows leave of the budget and
+gives way first (`PrefixCache.give_way`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from server.engine.errors import MemoryBudgetExceeded
+from server.engine.kv.kv_size import KVLayout, kv_layout
+from server.engine.memory import MemoryBudget
+from server.engine.models.model_kit import ModelKit
+
+# Admission leaves every row room to grow this many tokens (or what it has left) before the
+# budget pauses one: mlx_lm's KV caches grow 256 positions at a time.
+ADMISSION_GROWTH_TOKENS = 256
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryGate:
+    budget: MemoryBudget
+    target: KVLayout
+    draft: KVLayout | None = None
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.budget.kv_bytes
+
+    def need(self, target_widths: list[int], draft_widths: list[int] = ()) -> int:
+        """The bytes of the target's batch with rows of `target_widths` positions and the
+        draft's with rows of `draft_widths`: each batch as wide as its widest row."""
+        need = self.target.bytes(max(target_widths, default=0), len(target_widths))
+        if self.draft is not None:
+            need += self.draft.bytes(max(draft_widths, default=0), len(draft_widths))
+        return need
+
+    def fits(self, target_widths: list[int], draft_widths: list[int] = ()) -> bool:
+        return self.need(target_widths, draft_widths) <= self.budget_bytes
+
+    @cached_property
+    def _room(self) -> int:
+        return self.target.max_tokens(self.budget_bytes)
+
+    def room(self) -> int:
+        """The most tokens (prompt and output) one request may hold: its target cache alone
+        within the whole budget (its draft drafts only where memory allows)."""
+        return self._room
+
+    def check(self, prompt_tokens: int, max_tokens: int, *, prompt_name: str = "prompt",
+              max_tokens_name: str = "max_tokens") -> None:
+        """MemoryBudgetExceeded for a request that could never run: its prompt and
+        `max_tokens` need more KV than the whole budget (the fields by the caller's names)."""
+        room = self.room()
+        if prompt_tokens + max_tokens <= room:
+            return
+        need = self.target.bytes(prompt_tokens + max_tokens)
+        limit = f"the server's memory budget for KV caches is {self.budget_bytes / GB:.3g} GB" \
+                f" ({self._source()}), room for {room} tokens"
+        if prompt_tokens >= room:
+            raise MemoryBudgetExceeded(
+                f"the prompt has {prompt_tokens} tokens, whose KV cache alone does not fit: "
+                f"{limit}; shorten the {prompt_name}", prompt_name)
+        raise MemoryBudgetExceeded(
+            f"the prompt ({prompt_tokens} tokens) and {max_tokens_name} ({max_tokens}) need "
+            f"{need / GB:.3g} GB of KV cache: {limit}, so {max_tokens_name} may be at most "
+            f"{room - prompt_tokens}", max_tokens_name)
+
+    def _source(self) -> str:
+        limit = self.budget.limit
+        if limit is None:
+            return "engine.memory_budget_gb"
+        held, margin = self.budget.reserved_bytes / GB, self.budget.margin_bytes / GB
+        return f"{limit.source}: {limit.bytes / GB:.3g} GB, less {held:.3g} GB held by the" \
+               f" models and {margin:.3g} GB of margin"
+
+
+def gate_for(kit: ModelKit, budget: MemoryBudget) -> MemoryGate:
+    """The gate of `kit`'s models within `budget` (their layouts probed now: the MLX
+    thread's work)."""
+    draft = kv_layout(kit.draft.model) if kit.draft is not None else None
+    return MemoryGate(budget, kv_layout(kit.target.model), draft)
