@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -94,7 +95,16 @@ def level_figures(streams: list[Stream]) -> dict:
         "aggregate_tps": tokens / span if span > 0 and ok else None,
         "ttft_p50_s": percentile([s.arrivals[0] - s.start for s in ok if s.arrivals], 50),
         "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
-        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None}
+        "from_draft_fraction": ratio(sum(flagged), tokens) if flagged else None,
+        "k_histogram": k_histogram(s.stats for s in ok)}
+
+
+def k_histogram(stats) -> dict[str, int] | None:
+    """Rounds by the tokens drafted in them, summed over our `stats` (None: another server)."""
+    counts = Counter()
+    for one in stats:
+        counts.update({str(k): n for k, n in ((one or {}).get("k_histogram") or {}).items()})
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0]))) or None
 
 
 def peak_rss_gb(pid: int, *, reset: bool = False) -> float | None:
@@ -128,6 +138,7 @@ def level_row(name: str, concurrency: int, runs: list[dict], peak_gb: float | No
             "peak_rss_gb": peak_gb if peak_gb is not None else
             summarize([r.get("peak_gb") for r in runs]).median,
             "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
+            "k_histogram": k_histogram({"k_histogram": r.get("k_histogram")} for r in runs),
             "error_messages": list(dict.fromkeys(m for r in runs for m in r["error_messages"]))}
 
 
@@ -329,6 +340,11 @@ def table(rows: list[dict]) -> list[list[str]]:
             line += [num(decode, ".1f"), num(bound, ".1f"), num(ratio(decode, bound), ".2f"),
                      *(num(r.get(k), ".2f") for k in ("target_share", "draft_share")),
                      num(r.get("target_over_table"), ".2f", suffix="x")]
+    if any(r.get("k_histogram") for r in rows):  # ours: rounds by their drafted tokens
+        lines[0].append("rounds by k")
+        for line, r in zip(lines[1:], rows, strict=True):
+            line.append(" ".join(f"{k}:{n}" for k, n in (r.get("k_histogram") or {}).items())
+                        or "-")
     return lines
 
 

@@ -19,6 +19,7 @@ from server.bench import runners
 from server.bench.load import (
     add_ratios,
     answered,
+    k_histogram,
     level_figures,
     main,
     parse_args,
@@ -67,6 +68,17 @@ def test_level_figures_without_draft_flags_or_successes():
     failed = level_figures([record(0.0, [], 2.0, 0, error="timeout after 1s")])
     assert failed["completed"] == 0 and failed["aggregate_tps"] is None
     assert failed["ttft_p50_s"] is None and failed["itl_p99_s"] is None
+
+
+def test_rounds_by_k_are_summed_over_our_streams_and_runs():
+    ours = [record(0.0, [1.0], 2.0, 1), record(0.0, [1.0], 2.0, 1), record(0.0, [1.0], 2.0, 1)]
+    ours[0].stats = {"generation_tokens": 1, "k_histogram": {"2": 3, "0": 1}}
+    ours[1].stats = {"generation_tokens": 1, "k_histogram": {"2": 1, "10": 2}}
+    assert level_figures(ours)["k_histogram"] == {"0": 1, "2": 4, "10": 2}
+    assert level_figures([record(0.0, [1.0], 2.0, 1)])["k_histogram"] is None  # not ours
+    runs = [level_figures(ours), level_figures(ours[:1])]
+    assert k_histogram({"k_histogram": r["k_histogram"]} for r in runs) == {
+        "0": 2, "2": 7, "10": 2}
 
 
 def test_ratios_are_ours_over_each_other():
