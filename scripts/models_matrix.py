@@ -19,6 +19,7 @@ layers round a block of tokens differently from one token).
 
     python scripts/models_matrix.py --write      # rewrite docs/models.md (minutes)
     python scripts/models_matrix.py --one qwen3_5 # one architecture's row, as JSON
+    python scripts/models_matrix.py --update gemma2 gpt2  # make these rows again, in place
 """
 
 from __future__ import annotations
@@ -290,9 +291,7 @@ def render(rows: list[dict]) -> str:
         "| architecture | caches | " + " | ".join(COLUMNS) + " |",
         "| --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |",
     ]
-    for r in served:
-        cells = [_cell(r.get(c, "no")) for c in COLUMNS]
-        lines.append(f"| `{r['arch']}` | {r.get('caches', '')} | " + " | ".join(cells) + " |")
+    lines += [_line(r) for r in served]
     lines += ["", "Not tried (no small config of theirs builds a model; most are vision or "
               "multimodal wrappers): " +
               ", ".join(f"`{r['arch']}`" for r in unbuilt) + ".", ""]
@@ -319,16 +318,37 @@ def table_row(r: dict) -> list[str]:
     return [r.get("caches", "")] + [_cell(r.get(c, "no")) for c in COLUMNS]
 
 
+def _line(r: dict) -> str:
+    return f"| `{r['arch']}` | " + " | ".join(table_row(r)) + " |"
+
+
+def updated(text: str, rows: list[dict]) -> str:
+    """The page with the table lines of `rows` (tried ones already on it) made again."""
+    new = {r["arch"]: _line(r) for r in rows if r.get("built") == "yes"}
+    lines = [new.get(line.split("`")[1], line) if line.startswith("| `") else line
+             for line in text.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", action="store_true", help="rewrite docs/models.md")
     group.add_argument("--one", metavar="ARCH", help="print one architecture's row as JSON")
+    group.add_argument("--update", nargs="+", metavar="ARCH",
+                       help="make these architectures' rows of docs/models.md again")
     parser.add_argument("--only", nargs="*", help="with --write: only these (for a look)")
     args = parser.parse_args(argv)
     if args.one:
         with tempfile.TemporaryDirectory() as folder:
             print(json.dumps(row(args.one, Path(folder))))
+        return 0
+    if args.update:
+        rows = collect(args.update)
+        DOC.write_text(updated(DOC.read_text(), rows))
+        done = [r["arch"] if r.get("built") == "yes" else f"{r['arch']} ({r.get('built')})"
+                for r in rows]
+        print(f"{DOC}: made again: {', '.join(done)}")
         return 0
     start = time.time()
     rows = collect(args.only or architectures())

@@ -83,6 +83,12 @@ SPECIFIC: dict[str, dict] = {
                     "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
                     "v_head_dim": 16, "num_experts_per_token": 2, "first_k_dense_replace": 1},
     "mamba2": {"time_step_limit": [0.001, 100.0], "num_heads": 8},
+    # learned position embeddings: as many positions as the others' context
+    "gpt2": {"n_positions": 4096, "n_ctx": 4096},
+    "gpt_bigcode": {"n_positions": 4096},
+    "minimax": {"rotary_dim": 16},  # within the head (16 wide)
+    "qwen": {"kv_channels": 16},  # the head's width
+    "plamo": {"n_shared_head": 2},  # query heads per key/value head
     "llama4_text": {"intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
                     "use_qk_norm": True, "attention_chunk_size": 8,
                     "num_local_experts": 4, "num_experts_per_tok": 1,

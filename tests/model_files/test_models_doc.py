@@ -50,3 +50,13 @@ def test_a_row_made_now_is_the_pages(matrix, page, arch):
     row = json.loads(done.stdout.splitlines()[-1])
     assert matrix.table_row(row) == matrix.parse_rows(page)[arch]
     assert row["speculate"] == "yes" and row["prefix cache"] == "yes"
+
+
+def test_update_makes_only_the_given_rows_again(matrix):
+    page = "intro\n| `a` | KVCache | ✓ |\n| `b` | KVCache | ✗ old |\nNot tried: `c`.\n"
+    row = {"arch": "b", "built": "yes", "caches": "KVCache",
+           **{c: "yes" for c in matrix.COLUMNS}}
+    new = matrix.updated(page, [row, {"arch": "c", "built": "no: no config"}])
+    assert new.splitlines()[1] == "| `a` | KVCache | ✓ |"
+    assert new.splitlines()[2] == "| `b` | " + " | ".join(matrix.table_row(row)) + " |"
+    assert new.splitlines()[3] == "Not tried: `c`."

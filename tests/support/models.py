@@ -52,6 +52,7 @@ def mlx_lm_greedy(target, prompt: str, max_tokens: int) -> dict[str, str]:
 
 
 # The architectures the model-family tests build (`zoo` in conftest): llama as the control,
-# then hybrid (Gated DeltaNet, Mamba-2, short convolutions + attention) and sliding-window ones.
+# then hybrid (Gated DeltaNet, Mamba-2, short convolutions + attention) and sliding-window ones,
+# and two whose forward `server.engine.models.batch_compat` readies for a batch.
 ZOO = ["llama", "qwen3_5", "qwen3_next", "gemma3_text", "gpt_oss", "lfm2", "nemotron_h",
-       "granitemoehybrid"]
+       "granitemoehybrid", "gemma2", "gpt_bigcode"]

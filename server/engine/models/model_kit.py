@@ -31,6 +31,7 @@ from server.engine.errors import (
 from server.engine.fim import FimFormat
 from server.engine.kv.layers import check_cache_kinds
 from server.engine.models.adapters import adapter_identity, apply_adapters
+from server.engine.models.batch_compat import adapt_for_batching
 from server.engine.models.draft_vocab import wrap_if_sub_vocab
 from server.engine.models.fused import fuse_projections
 from server.engine.models.quantization import (
@@ -161,6 +162,7 @@ def load_model(path: str, *, dtype: str = "auto", name: str | None = None,
     except UnsupportedCache as e:
         raise ModelLoadError(f"cannot serve {path} (model_type"
                              f" {config.get('model_type', '?')}): {e}") from e
+    adapt_for_batching(model)
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
