@@ -774,7 +774,8 @@ class Scheduler:
             return False
         rows = self.target.rows
         options, joining = self._able_to_draft(self.policy.round_options(
-            rows, self.batch_size, self.rates, self._draft_cost(len(rows))))
+            rows, self.batch_size, self.rates, self._draft_cost(len(rows)),
+            learned=self.learner is not None and self.costs is not None))
         draft_rows = (len(self.draft) if self.draft is not None else 0) + len(joining)
         ks = self.policy.choose(options, len(rows), draft_rows, self.costs, self.learner)
         model_rows = [seq for seq in rows if seq.uses_draft_model]

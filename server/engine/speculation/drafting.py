@@ -26,6 +26,10 @@ class DraftSchedule:
     def next(self, remaining: float) -> int:
         return int(max(0, min(self.k, remaining)))
 
+    def most(self, remaining: float) -> int:
+        """The largest k the request allows (what a learned choice picks within)."""
+        return int(max(0, min(self.max_k, remaining)))
+
     def update(self, requested: int, proposed: int, accepted: int) -> None:
         if not self.adaptive or proposed == 0:
             return

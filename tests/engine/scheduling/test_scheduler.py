@@ -164,6 +164,27 @@ def test_the_cost_model_chooses_each_rows_k_in_a_batch(kit):
     assert tokens_of(events[3]) == alone(kit, seeded)
 
 
+def test_a_learned_choice_picks_within_the_most_k_a_request_allows(kit):
+    """The adaptive schedule halves k after an early rejection; a learned choice (the
+    `YieldLearner` picks k from measured rounds) is offered the request's whole range instead.
+    A request that fixed its k ("adaptive": false) keeps that k either way."""
+    policy = SpeculationPolicy()
+    adaptive = params(kit, 0, k=4, max_tokens=30)
+    fixed = replace(params(kit, 1, k=3, max_tokens=30),
+                    speculation=SpeculationParams(num_draft_tokens=3, adaptive=False))
+    scheduler = Scheduler(kit, SchedulerConfig(prefill_chunk=16), policy)
+    seqs = [scheduler.submit(p, lambda event: None) for p in (adaptive, fixed)]
+    for seq in seqs:
+        seq.schedule.update(requested=seq.schedule.k, proposed=seq.schedule.k, accepted=0)
+    assert [seq.schedule.k for seq in seqs] == [2, 3]  # halved; fixed: unchanged
+
+    def caps(learned):
+        return [o.cap for o in policy.round_options(seqs, 1, DrafterRates(), learned=learned)]
+
+    assert caps(learned=False) == [2, 3]
+    assert caps(learned=True) == [4, 3]
+
+
 def test_prompts_arriving_while_others_decode_share_one_prefill_forward(kit, monkeypatch):
     """Three prompts submitted while two rows decode are prefilled in one (3, L) forward in
     the next step, not one forward each; their outputs are those of each request alone."""
