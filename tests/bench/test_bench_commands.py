@@ -9,15 +9,12 @@ import importlib
 import json
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 from support.fake_bench_server import PEAK_GB, PROMPT_TOKENS, fake_app, synthetic_sweep
 from support.paths import DATA, ROOT
-from support.servers import free_port
+from support.servers import uvicorn_thread
 
 from server import bench
 from server.bench import chat, held_out, load, startup, sweep
@@ -30,17 +27,8 @@ EXAMPLE_MANIFEST = DATA / "benchmarks_example.yaml"
 def fake():
     """The fake server, served by uvicorn in a thread: (url, app)."""
     app = fake_app()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app
-    server.should_exit = True
-    thread.join(10)
+    with uvicorn_thread(app) as url:
+        yield url, app
 
 
 def result(directory: Path, subcommand: str) -> dict:

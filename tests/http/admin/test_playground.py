@@ -14,7 +14,6 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 from contextlib import ExitStack, contextmanager
 from fnmatch import fnmatch
@@ -23,7 +22,7 @@ import httpx
 import pytest
 from support.http import chat_body
 from support.paths import ROOT
-from support.servers import free_port, make_settings, started_engine
+from support.servers import make_settings, started_engine, uvicorn_thread
 
 UI_DIR = ROOT / "server" / "http" / "admin" / "ui"
 ARTIFACTS = ROOT / "tests" / "artifacts"  # gitignored
@@ -138,20 +137,8 @@ def browser():
 @contextmanager
 def serving(app):
     """`app` served by uvicorn in a thread on a free loopback port: its port."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield server.config.port
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with uvicorn_thread(app) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 @pytest.fixture(scope="module")
