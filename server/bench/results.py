@@ -232,6 +232,8 @@ def render_json(path: Path) -> str:
         parts.append("\n".join(f"- **{v['id']} {v['verdict']}** {v['claim']}"
                                + (f" [{v['server']}]" if v.get("server") else "")
                                + f": {v['detail']}" for v in verdicts))
+    if (notes := getattr(module, "notes", None)) is not None and (text := notes(doc)):
+        parts.append(text)  # what a subcommand measured besides its table
     m = doc.get("metadata", {})
     commit = (m.get("git_commit") or "?")[:10]
     parts.append(f"`{doc['command']}`: {m.get('date', '?')}, {m.get('machine', '?')}, "

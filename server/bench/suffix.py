@@ -176,6 +176,18 @@ def index_memory(max_bytes: int, seed: int = 0) -> dict:
             "answers": len(index)}
 
 
+def index_line(memory: dict) -> str:
+    return (f"suffix index at its bound: {memory['measured_mb']:.1f} MB measured for a "
+            f"{memory['bound_mb']:.1f} MB bound ({memory['tokens']} tokens, "
+            f"{memory['answers']} answers)")
+
+
+def notes(doc: dict) -> str:
+    """For the benchmark page: the index's memory at its bound (kept in the metadata)."""
+    memory = doc.get("metadata", {}).get("suffix_index")
+    return f"The {index_line(memory)}." if memory else ""
+
+
 def goals(rows: list[dict]) -> list[dict]:
     """The issue's goals for suffix drafting, where the rows measure them."""
     by = {(r["case"], r["drafter"]): r for r in rows}
@@ -262,9 +274,7 @@ def main(argv: list[str]) -> int:
     rows = asyncio.run(run(args, settings, drafters))
     memory = index_memory(int(settings.engine.suffix_max_mb * 1e6))
     verdicts = goals(rows)
-    footer = (f"\nsuffix index at its bound: {memory['measured_mb']:.1f} MB measured for a "
-              f"{memory['bound_mb']:.1f} MB bound ({memory['tokens']} tokens, "
-              f"{memory['answers']} answers)\n"
+    footer = (f"\n{index_line(memory)}\n"
               + "\n".join(f"{v['id']} {v['verdict']}: {v['claim']}: {v['detail']}"
                           for v in verdicts))
     results.save("suffix", argv, args, results.environment(
