@@ -772,6 +772,7 @@ class Scheduler:
     def _decode_step(self) -> bool:
         if not len(self.target):
             return False
+        step_start = time.perf_counter()  # the learner counts the round's planning and catch-up
         rows = self.target.rows
         options, joining = self._able_to_draft(self.policy.round_options(
             rows, self.batch_size, self.rates, self._draft_cost(len(rows)),
@@ -787,9 +788,9 @@ class Scheduler:
         start = time.perf_counter()
         results = decode_round(self.target, draft, ks, self.rates)
         if self.costs is not None:
-            seconds = time.perf_counter() - start
-            self._calibrate(rows, ks, len(draft) if draft is not None else 0, seconds)
-            self._learn(results, seconds)
+            end = time.perf_counter()
+            self._calibrate(rows, ks, len(draft) if draft is not None else 0, end - start)
+            self._learn(results, end - step_start)
         self.observer.on_round(len(self.target), results)
         self._retire([s for s in self.target.rows if s.finish_reason is not None])
         return True
@@ -801,7 +802,10 @@ class Scheduler:
         return self.costs.draft.at(rows, 1) / max(self.costs.target.at(rows, 1), 1e-9)
 
     def _learn(self, results: dict[int, RoundResult], seconds: float) -> None:
-        """What the round's shape yielded: the tokens it committed in the seconds it took."""
+        """What the round's shape yielded: the tokens it committed in the seconds its step took
+        (its forwards, and the drafters' planning and the draft's catch-ups that drafting
+        costs besides: timed by their forwards alone, hybrid pair, 8 streams, drafting rounds
+        yielded 1.18x plain ones where the clients saw 0.91x)."""
         if self.learner is not None:
             self.learner.round_done(sum(r.accepted + 1 for r in results.values()), seconds)
 

@@ -12,7 +12,10 @@ model's estimate (`PRIOR_ROUNDS` pseudo-rounds): the tables are the prior, measu
 evidence. The round takes the arm with the highest estimate; every `EXPLORE_EVERY`-th round
 of a bucket takes the best arm not taken for the longest instead, so an arm measured at a busy
 moment, or plain decoding after drafting stopped paying (and drafting after plain decoding
-took over), is tried again now and then.
+took over), is tried again now and then. Plain decoding, the baseline every other arm must
+beat, is measured in a bucket's second round: the tables misjudge it too (hybrid pair, 16
+streams: they put plain rounds at 140 tokens per second, which made 246, and a burst's hundred
+rounds drafted at 160 before the 32nd round would have tried plain).
 
 What was learned is kept per model and machine, beside the forward-time tables, and read back
 at the next start.
@@ -34,6 +37,7 @@ PRIOR_ROUNDS = 2.0  # the cost model's estimate weighs as much as this many meas
 EXPLORE_EVERY = 32  # rounds of a bucket per exploring round
 SAVE_EVERY = 256  # rounds between writes of what was learned
 Arm = tuple[int, int, int]  # (width K, draft-model length M, drafts at all): `round_shape`
+PLAIN: Arm = (0, 0, 0)
 
 
 class YieldLearner:
@@ -55,7 +59,9 @@ class YieldLearner:
         self._rounds[key] = rounds + 1
         ranked = sorted(priors, key=lambda arm: -self.estimate(bucket, kind, arm, priors[arm]))
         chosen = ranked[0]
-        if rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1 and len(ranked) > 1:
+        if rounds == 1 and PLAIN in priors and PLAIN not in self._sums.get(key, {}):
+            chosen = PLAIN  # the baseline, measured early
+        elif rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1 and len(ranked) > 1:
             taken = self._last_taken.get(key, {})
             chosen = min(ranked[1:], key=lambda arm: (taken.get(arm, -1), ranked.index(arm)))
         self._last_taken.setdefault(key, {})[chosen] = rounds

@@ -113,3 +113,12 @@ def test_the_scheduler_learns_from_its_rounds_and_its_text_stays_mlx_lms(kit, tm
         scheduler.step()
     assert tokens_of(events) == alone(kit, p)
     assert sum(len(scheduler.learner.measured(1, kind)) for kind in ("model", "lookup")) > 0
+
+
+def test_plain_decoding_is_measured_early_in_a_bucket_the_tables_misjudge():
+    """The tables put plain decoding below drafting where it yields 1.5x (hybrid pair, 16
+    streams): within a burst's hundred rounds the learner measures it and keeps to it."""
+    true_tps = arms(246.0, 150.0, 160.0, 140.0, 130.0)
+    prior = arms(140.0, 141.0, 142.0, 141.0, 141.0)
+    taken = simulate(YieldLearner(), true_tps, prior, rounds=60)
+    assert taken[(0, 0, 0)] >= 0.9 * sum(taken.values())
