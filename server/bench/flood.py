@@ -25,6 +25,7 @@ import httpx
 
 from server.bench import results
 from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
+from server.bench.runners import RETRIES, retry_delay
 from server.engine.kv.kv_size import kv_layout
 from server.model_files.bundled import demo_or_generated_pair
 
@@ -71,12 +72,21 @@ async def send_all(url: str, prompts: list[str], max_tokens: int,
         return list(await asyncio.gather(*(send(client, p, max_tokens) for p in prompts)))
 
 
-async def send(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> Answer:
+async def send(client: httpx.AsyncClient, prompt: str, max_tokens: int,
+               sleep=asyncio.sleep) -> Answer:
+    """One request; a connection that fails with no answer (a server whose listen backlog
+    overflows under the burst resets some) is retried as the OpenAI SDK retries it."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-    try:
-        r = await client.post("/v1/completions", json=body)
-    except httpx.HTTPError as e:
-        return Answer(0, error=f"{type(e).__name__}: {e}")
+    for attempt in range(RETRIES + 1):
+        try:
+            r = await client.post("/v1/completions", json=body)
+            break
+        except httpx.TransportError as e:
+            if attempt == RETRIES:
+                return Answer(0, error=f"{type(e).__name__}: {e}")
+            await sleep(retry_delay(attempt))
+        except httpx.HTTPError as e:
+            return Answer(0, error=f"{type(e).__name__}: {e}")
     if r.status_code != 200:
         return Answer(r.status_code, error=r.text[:300])
     return Answer(200, text=r.json()["choices"][0]["text"])

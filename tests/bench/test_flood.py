@@ -3,12 +3,14 @@ servers on the tiny pair, where this machine can make a memory cgroup."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import httpx
 import pytest
 
 from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
-from server.bench.flood import flood_prompts, main, table
+from server.bench.flood import flood_prompts, main, send, table
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +68,26 @@ def test_flood_runs_both_servers_on_the_tiny_pair(cgroups, tiny_pair, tmp_path, 
     assert ours["kv_need_gb"] == theirs["kv_need_gb"] == round(3 * 323 * 1536 / 1e9, 3)
     assert table(doc["rows"])[1][:6] == ["ours", "4", "0.001", f"{ours['budget_gb']:.3f}",
                                          "3", "3"]
+
+
+@pytest.mark.parametrize(("failures", "status"), [(2, 200), (3, 0)])
+def test_a_reset_connection_is_retried_twice_as_the_openai_sdk_does(failures, status):
+    calls, waits = [], []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) <= failures:
+            raise httpx.ReadError("connection reset", request=request)
+        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
+
+    async def run():
+        async def sleep(seconds):
+            waits.append(seconds)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer),
+                                     base_url="http://x") as client:
+            return await send(client, "a prompt", 4, sleep=sleep)
+
+    got = asyncio.run(run())
+    assert got.status == status and len(calls) == min(failures + 1, 3) and len(waits) == 2
+    assert (got.text == "ok") if status == 200 else got.error.startswith("ReadError")
