@@ -89,6 +89,13 @@ SPECIFIC: dict[str, dict] = {
     "minimax": {"rotary_dim": 16},  # within the head (16 wide)
     "qwen": {"kv_channels": 16},  # the head's width
     "plamo": {"n_shared_head": 2},  # query heads per key/value head
+    # LongCat's attention keeps its LoRA scales only when these are on (as in its configs)
+    "longcat_flash": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True,
+                      "zero_expert_type": "identity"},
+    "longcat_flash_ngram": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+    "mistral4": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                     "llama_4_scaling_beta": 0.1,
+                                     "original_max_position_embeddings": 4096}},
     "llama4_text": {"intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
                     "use_qk_norm": True, "attention_chunk_size": 8,
                     "num_local_experts": 4, "num_experts_per_tok": 1,

@@ -32,7 +32,8 @@ from server.engine.kv.layers import arrays_of, leaves
 
 FORMAT = "mlx-spec-server/prefix-cache/1"
 NAME = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{8})\.safetensors$")
-_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.int32: "I32"}
+_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.int32: "I32",
+           mx.int64: "I64", mx.uint32: "U32", mx.uint8: "U8", mx.int8: "I8"}  # ids, counts
 
 
 @dataclass

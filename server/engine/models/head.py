@@ -35,7 +35,7 @@ def _candidate(model: nn.Module) -> _Split:
     body = model["model"] if "model" in model else None
     if body is None:
         return _Split(None)
-    if "lm_head" in model:
+    if isinstance(model.get("lm_head"), nn.Module):  # not a bare matrix (talkie's)
         return _Split(body, model.lm_head)
     args = getattr(model, "args", None)
     if getattr(args, "tie_word_embeddings", False) and "embed_tokens" in body:

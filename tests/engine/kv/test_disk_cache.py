@@ -233,3 +233,22 @@ def test_restart_benchmark_runs_on_the_tiny_pair(capsys):
     [row] = main(["--tiny", "--prompt-tokens", "96"])
     assert row["prompt_tokens"] == 96 and row["restart_cached_tokens"] == 95
     assert "TTFT after restart / cold" in capsys.readouterr().out
+
+
+def test_a_state_of_token_ids_round_trips(tmp_path):
+    """A recurrent state may hold integers (LongCat's n-gram layers keep token ids as int64):
+    the file keeps their dtype and values."""
+    from mlx_lm.models.cache import ArraysCache
+
+    disk = DiskPromptCache(tmp_path, 1 << 30)
+    disk.register_model("m", "fp")
+    state = ArraysCache(2)
+    state[0] = mx.array([[2**40, 7, -3]], dtype=mx.int64)
+    state[1] = mx.array([[0.5, 1.5]], dtype=mx.float32)
+    tokens = list(range(40))
+    disk.store(("fp",), tokens, [state])
+    assert disk.flush()
+    entry, length = disk.best(("fp",), tokens)
+    [loaded] = disk.load(entry, length)
+    assert loaded[0].dtype == mx.int64 and loaded[0].tolist() == [[2**40, 7, -3]]
+    assert loaded[1].tolist() == [[0.5, 1.5]]
