@@ -38,7 +38,7 @@ from server.bench.runners import Stream, engine_stats, request_body, server_heal
 from server.engine import DistributedConfig, EngineConfig, build_engine, launched_layout
 from server.engine.distributed.follower import run_follower
 from server.engine.kv.batch import ModelBatch
-from server.engine.memory import memory_budget
+from server.engine.memory import memory_budget, peak_bytes, reset_peak
 from server.engine.models.model_kit import ModelKit, load_model
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling import decoder
@@ -260,7 +260,7 @@ def in_process(args, on_row, log) -> list[dict]:
                 "error_messages": [], "tokens": tokens,
                 "aggregate_tps": tokens / (time.perf_counter() - start),
                 "from_draft_fraction": ratio(from_draft, tokens),
-                "peak_gb": (mx.get_peak_memory() - weights) / 1e9, **more}
+                "peak_gb": (peak_bytes() - weights) / 1e9, **more}
 
     def ours(kit, k: int):
         scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
@@ -309,7 +309,7 @@ def in_process(args, on_row, log) -> list[dict]:
                for i in range(concurrency)]
         if args.long_prompt and max_tokens is None:  # not the warm-up's
             ids[0] = long_prompt(tokenizer, args.long_prompt)
-        mx.reset_peak_memory()
+        reset_peak()
         return engines[name](ids)  # the warm-up's too: of the engines' max_tokens
 
     return asyncio.run(interleaved(list(engines), measure, args, on_row=on_row, log=log))

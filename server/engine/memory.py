@@ -66,6 +66,32 @@ def memory_budget(*, configured_bytes: int | None = None, margin_bytes: int | No
     return MemoryBudget(max(0, limit.bytes - reserved - margin), limit, reserved, margin)
 
 
+# -- what a step allocates for a moment --------------------------------------------------------
+_peak_before_reset = 0  # the process's peak before `step_transient` last reset MLX's
+
+
+def step_transient() -> int:
+    """The bytes the work since the last call allocated for a moment above what it left
+    allocated (its activations and attention scores: MLX's peak less its active memory), and
+    a fresh peak for the next. The process's own peak stays in `peak_bytes`."""
+    global _peak_before_reset
+    peak, active = mx.get_peak_memory(), mx.get_active_memory()
+    _peak_before_reset = max(_peak_before_reset, peak)
+    mx.reset_peak_memory()
+    return max(0, peak - active)
+
+
+def peak_bytes() -> int:
+    """MLX's peak memory since the process started (or `reset_peak`)."""
+    return max(_peak_before_reset, mx.get_peak_memory())
+
+
+def reset_peak() -> None:
+    global _peak_before_reset
+    _peak_before_reset = 0
+    mx.reset_peak_memory()
+
+
 # -- the limit -------------------------------------------------------------------------------
 def memory_limit() -> MemoryLimit:
     """What this process may use: the GPU's memory where the models run on one, else the

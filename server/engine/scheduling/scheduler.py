@@ -31,6 +31,7 @@ from server.engine.errors import (
 )
 from server.engine.kv.batch import ModelBatch, new_cache, prefill, prefill_rows
 from server.engine.kv.layers import arrays_of, covered
+from server.engine.memory import step_transient
 from server.engine.models.model_kit import ModelKit
 from server.engine.params import GenerationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH, RoundResult, decode_round, first_token
@@ -308,6 +309,8 @@ class Scheduler:
         if did:
             self.kv_in_use = self.kv_bytes()
             self._give_way(self.kv_in_use)
+            if self.memory is not None:
+                self.memory.observe(step_transient())
         return did or self._measure_when_idle()
 
     def _give_way(self, running_bytes: int) -> None:

@@ -21,6 +21,7 @@ from mlx_lm.sample_utils import make_logits_processors
 
 from server.engine.errors import RequestCancelled
 from server.engine.events import DraftCounters, Finished, GenerationStats, TokenEvent
+from server.engine.memory import peak_bytes
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling.sampling import LogitsPipeline
 from server.engine.scheduling.stop_sequences import StopMatcher
@@ -397,7 +398,7 @@ class Sequence:
             prompt_tps=(len(self.prompt) - self.cached_tokens) / prefill_s,
             generation_tps=n / max(end - self.first_token_at, 1e-9) if n > 1 else 0.0,
             total_s=end - self.submitted_at,
-            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            peak_memory_gb=peak_bytes() / 1e9,
             draft_model=self.draft_name if speculating else None,
             num_draft_tokens=k,
             draft_tokens_proposed=c.proposed,

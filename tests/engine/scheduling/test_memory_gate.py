@@ -11,7 +11,7 @@ from server.engine.errors import MemoryBudgetExceeded
 from server.engine.events import Finished
 from server.engine.kv.kv_size import kv_layout
 from server.engine.kv.prefix_cache import PrefixCache
-from server.engine.memory import MemoryBudget
+from server.engine.memory import MemoryBudget, MemoryLimit
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH
 from server.engine.scheduling.memory_gate import ADMISSION_GROWTH_TOKENS, MemoryGate
@@ -171,3 +171,26 @@ def test_every_cache_kind_is_paused_and_resumed_within_the_budget(zoo, arch):
     assert scheduler.preemptions >= 1
     for p, e in zip(requests, events, strict=True):
         assert_same_or_near_tie(kit, p, tokens_of(e), alone(kit, p))
+
+
+def test_what_steps_allocate_beyond_the_margin_comes_off_a_derived_budget(kit):
+    layout = kv_layout(kit.target.model)
+    derived = MemoryGate(MemoryBudget(1000, MemoryLimit(2000, "physical memory"), 500, 100),
+                         layout)
+    configured = MemoryGate(MemoryBudget(1000, None), layout)
+    for gate in (derived, configured):
+        for transient in (50, 300, 200):  # the largest counts
+            gate.observe(transient)
+    assert derived.budget_bytes == 1000 - (300 - 100) and configured.budget_bytes == 1000
+    assert derived.room() == layout.max_tokens(800)
+    assert derived._source().endswith("3e-07 GB of margin")  # the 300 bytes seen
+
+
+def test_a_derived_budget_shrinks_by_what_a_wave_allocates_for_a_moment(kit):
+    """A real step's transient (its forwards' scores and activations) is seen by the gate."""
+    scheduler = gated(kit, 10**9)
+    scheduler.memory = MemoryGate(MemoryBudget(10**9, MemoryLimit(2 * 10**9, "test"), 0, 0),
+                                  kv_layout(kit.target.model), kv_layout(kit.draft.model))
+    run(scheduler, [request(kit, i, 8) for i in range(3)])
+    assert 0 < scheduler.memory.transient_bytes < 10**9
+    assert scheduler.memory.budget_bytes == 10**9 - scheduler.memory.transient_bytes
