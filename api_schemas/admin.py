@@ -122,6 +122,9 @@ class MemoryStatus(OpenAIBaseModel):
                                 " loaded (weights; on a CPU the runtime too).")
     margin_bytes: int = Field(description="Kept free for what forwards allocate for a moment"
                               " (engine.memory_margin_gb).")
+    transient_bytes: int = Field(0, description="The most a step has allocated for a moment"
+                                 " (activations, attention scores); what exceeds the margin"
+                                 " comes off the budget.")
     kv_bytes: int = Field(description="What the running requests' KV caches hold now.")
     max_request_tokens: int = Field(description="The most tokens (prompt and output) one"
                                     " request may hold: more is a 400.")

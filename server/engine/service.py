@@ -378,7 +378,8 @@ class InferenceEngine:
         memory = scheduler.memory if scheduler is not None else None
         if memory is None:
             return None
-        return {**memory.budget.as_dict(), "kv_bytes": scheduler.kv_in_use,
+        return {**memory.budget.as_dict(), "transient_bytes": memory.transient_bytes,
+                "kv_bytes": scheduler.kv_in_use,
                 "max_request_tokens": memory.room(), "preemptions": scheduler.preemptions,
                 "paused": scheduler.paused_count}
 

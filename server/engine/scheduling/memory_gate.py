@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from server.engine.errors import MemoryBudgetExceeded
 from server.engine.kv.kv_size import KVLayout, kv_layout
-from server.engine.memory import MemoryBudget
+from server.engine.memory import MemoryBudget, step_transient
 from server.engine.models.model_kit import ModelKit
 
 # Admission leaves every row room to grow this many tokens (or what it has left) before the
@@ -105,4 +105,5 @@ def gate_for(kit: ModelKit, budget: MemoryBudget) -> MemoryGate:
     """The gate of `kit`'s models within `budget` (their layouts probed now: the MLX
     thread's work)."""
     draft = kv_layout(kit.draft.model) if kit.draft is not None else None
+    step_transient()  # what loading the models allocated for a moment is not a step's
     return MemoryGate(budget, kv_layout(kit.target.model), draft)

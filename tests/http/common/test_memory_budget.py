@@ -27,8 +27,8 @@ async def test_health_and_metrics_show_the_budget(budgeted):
     memory = (await client.get("/health")).json()["memory"]
     assert memory == {"budget_bytes": 1_000_000, "limit_bytes": None,
                       "limit_source": "configured", "reserved_bytes": 0, "margin_bytes": 0,
-                      "kv_bytes": 0, "max_request_tokens": ROOM, "preemptions": 0,
-                      "paused": 0}
+                      "transient_bytes": 0, "kv_bytes": 0, "max_request_tokens": ROOM,
+                      "preemptions": 0, "paused": 0}
     metrics = (await client.get("/metrics")).text
     assert "mlx_spec_memory_budget_bytes 1e+06" in metrics
     assert "mlx_spec_num_preemptions_total 0.0" in metrics
