@@ -265,7 +265,8 @@ def in_process(args, on_row, log) -> list[dict]:
     def ours(kit, k: int):
         scheduler = Scheduler(kit, SchedulerConfig(max_batch_size=batch, max_queue_size=batch))
         scheduler.measure_costs()  # as the server does (engine.cost_model): each row's k
-        scheduler.memory = gate_for(kit, memory_budget())  # and admits by memory
+        scheduler.memory = gate_for(kit, memory_budget(),  # and admits by memory
+                                    scheduler.config.idle_prefill_chunk)
 
         def run(ids: list[list[int]]) -> dict:
             seqs = [scheduler.submit(GenerationParams(tuple(p), n, speculation=SpeculationParams(

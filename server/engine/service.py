@@ -241,7 +241,7 @@ class InferenceEngine:
         prefix cache's default budget is a share of it."""
         scheduler = self.scheduler
         budget = self._measure_budget()
-        scheduler.memory = gate_for(self.kit, budget)
+        scheduler.memory = gate_for(self.kit, budget, scheduler.config.idle_prefill_chunk)
         log.info("memory: %.3g GB for KV caches (%s); a request holds at most %d tokens",
                  budget.kv_bytes / 1e9, budget.as_dict()["limit_source"],
                  scheduler.memory.room())

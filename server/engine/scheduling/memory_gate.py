@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import mlx.core as mx
+
 from server.engine.errors import MemoryBudgetExceeded
 from server.engine.kv.kv_size import KVLayout, kv_layout
 from server.engine.memory import MemoryBudget, step_transient
@@ -34,6 +36,7 @@ from server.engine.models.model_kit import ModelKit
 # budget pauses one: mlx_lm's KV caches grow 256 positions at a time.
 ADMISSION_GROWTH_TOKENS = 256
 GB = 1e9
+UNKNOWN_HEADS = 32  # a model whose config names its attention heads otherwise: a large one's
 
 
 @dataclass
@@ -101,9 +104,27 @@ class MemoryGate:
                f" models and {margin:.3g} GB of margin"
 
 
-def gate_for(kit: ModelKit, budget: MemoryBudget) -> MemoryGate:
+def gate_for(kit: ModelKit, budget: MemoryBudget, prefill_tokens: int) -> MemoryGate:
     """The gate of `kit`'s models within `budget` (their layouts probed now: the MLX
-    thread's work)."""
+    thread's work), expecting from the start the transient of a prefill forward of
+    `prefill_tokens` (the scheduler's `idle_prefill_chunk`; `prefill_transient`): the steps'
+    own are seen only once they ran."""
     draft = kv_layout(kit.draft.model) if kit.draft is not None else None
     step_transient()  # what loading the models allocated for a moment is not a step's
-    return MemoryGate(budget, kv_layout(kit.target.model), draft)
+    expected = prefill_transient(kit.target.model, prefill_tokens) \
+        if mx.default_device() == mx.cpu else 0
+    return MemoryGate(budget, kv_layout(kit.target.model), draft, transient_bytes=expected)
+
+
+def prefill_transient(model, tokens: int) -> int:
+    """What a prefill forward of `tokens` over a context twice as long allocates for a moment
+    on a CPU, where attention materializes its scores: a layer's float32 scores and their
+    softmax (tokens x context x heads, twice) and its MLP's three activations. (Metal's and
+    CUDA's fused attention keep no scores: there the steps' own figures serve.) The flood's
+    wave on the generated pair: 0.23 GB estimated for 1,024 tokens, 0.21-0.24 GB seen."""
+    args = getattr(model, "args", None)
+    heads = next((v for name in ("num_attention_heads", "n_head", "n_heads", "num_heads")
+                  if isinstance(v := getattr(args, name, None), int) and v > 0), UNKNOWN_HEADS)
+    mlp = next((v for name in ("intermediate_size", "n_inner", "ffn_dim")
+                if isinstance(v := getattr(args, name, None), int) and v > 0), 0)
+    return 4 * (2 * tokens * 2 * tokens * heads + 3 * tokens * mlp)

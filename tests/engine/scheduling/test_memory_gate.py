@@ -14,7 +14,12 @@ from server.engine.kv.prefix_cache import PrefixCache
 from server.engine.memory import MemoryBudget, MemoryLimit
 from server.engine.params import GenerationParams, SpeculationParams
 from server.engine.scheduling.decoder import CATCH_UP_WIDTH
-from server.engine.scheduling.memory_gate import ADMISSION_GROWTH_TOKENS, MemoryGate
+from server.engine.scheduling.memory_gate import (
+    ADMISSION_GROWTH_TOKENS,
+    MemoryGate,
+    gate_for,
+    prefill_transient,
+)
 from server.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from server.engine.scheduling.sequence import Phase
 from server.engine.speculation.policy import SpeculationPolicy
@@ -194,3 +199,15 @@ def test_a_derived_budget_shrinks_by_what_a_wave_allocates_for_a_moment(kit):
     run(scheduler, [request(kit, i, 8) for i in range(3)])
     assert 0 < scheduler.memory.transient_bytes < 10**9
     assert scheduler.memory.budget_bytes == 10**9 - scheduler.memory.transient_bytes
+
+
+def test_a_cpu_gate_expects_a_prefill_chunks_transient_from_the_start(kit):
+    """A layer's scores and softmax over twice the chunk, and its MLP's activations, in float32,
+    before any step has run (the first wave's transient would come too late to count)."""
+    args = kit.target.model.args
+    chunk = 256
+    expected = 4 * (2 * chunk * 2 * chunk * args.num_attention_heads
+                    + 3 * chunk * args.intermediate_size)
+    assert prefill_transient(kit.target.model, chunk) == expected
+    budget = MemoryBudget(10**9, MemoryLimit(2 * 10**9, "test"), 0, 0)
+    assert gate_for(kit, budget, chunk).budget_bytes == 10**9 - expected
