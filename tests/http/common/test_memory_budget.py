@@ -8,6 +8,8 @@ import pytest
 from support.http import chat_body
 from support.servers import served
 
+from server.engine.scheduling.memory_gate import prefill_transient
+
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 BUDGET_GB = 0.001
@@ -23,11 +25,13 @@ async def budgeted(tiny_pair):
 
 
 async def test_health_and_metrics_show_the_budget(budgeted):
-    client, _ = budgeted
+    client, engine = budgeted
     memory = (await client.get("/health")).json()["memory"]
+    expected = prefill_transient(engine.kit.target.model,  # a CPU's, before any step
+                                 engine.scheduler.config.idle_prefill_chunk)
     assert memory == {"budget_bytes": 1_000_000, "limit_bytes": None,
                       "limit_source": "configured", "reserved_bytes": 0, "margin_bytes": 0,
-                      "transient_bytes": 0, "kv_bytes": 0, "max_request_tokens": ROOM,
+                      "transient_bytes": expected, "kv_bytes": 0, "max_request_tokens": ROOM,
                       "preemptions": 0, "paused": 0}
     metrics = (await client.get("/metrics")).text
     assert "mlx_spec_memory_budget_bytes 1e+06" in metrics
