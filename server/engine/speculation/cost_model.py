@@ -188,6 +188,9 @@ def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: 
         arm = learner.choose(batch_bucket(batch_rows), kind,
                              {a: score for a, (_, score) in shapes.items()})
     chosen = shapes[arm][0]
+    if learner is not None and any(k and (o.forced or o.fixed)
+                                   for o, k in zip(options, chosen, strict=True)):
+        learner.not_this_round()  # its yield is partly a row's own k's, not the arm's
     return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
 
 

@@ -68,6 +68,14 @@ class YieldLearner:
         self._pending = (bucket, kind, chosen)
         return chosen
 
+    def not_this_round(self) -> None:
+        """The round of the last `choose` is not the arm's to learn from: a row that drafts
+        its own k (`num_draft_tokens` with `"adaptive": false`, a seeded sampled request)
+        makes it (the arm (0, 0, 1), the other rows not drafting, learned what a fixed k = 4
+        yielded, 1.4x plain decoding, and was then taken for rows left to the server, which
+        did not draft)."""
+        self._pending = None
+
     def round_done(self, tokens: int, seconds: float) -> None:
         """The round of the last `choose` committed `tokens` in `seconds`."""
         if self._pending is not None:

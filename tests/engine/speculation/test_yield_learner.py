@@ -87,6 +87,27 @@ def test_a_row_that_fixes_its_k_gets_it_whenever_the_round_drafts():
     assert ks == {1: 4, 2: 1}
 
 
+def test_a_round_a_fixed_row_drafts_in_teaches_no_arm():
+    """One row with its own k = 4: the round's arm for the rows left to the server is (0, 0,
+    1), and what its k = 4 yields must not become that arm's (a free row then took it, and did
+    not draft)."""
+    from server.engine.speculation.cost_model import StepCosts
+    from server.engine.speculation.forward_times import ForwardTimes
+
+    table = ForwardTimes((1, 2, 4), (1, 2, 5), ((0.010, 0.011, 0.014), (0.011, 0.012, 0.015),
+                                                (0.012, 0.013, 0.016)))
+    learner = YieldLearner()
+    for _ in range(40):
+        ks = SpeculationPolicy.choose([RowOption(1, 4, 0.8, True, fixed=True)], 1, 1,
+                                      StepCosts(table, table), learner)
+        assert ks in ({}, {1: 4})  # it drafts its own k, or the round does not draft
+        learner.round_done(5 if ks else 1, 0.05)
+    assert set(learner.measured(1, "model")) <= {(0, 0, 0)}
+    ks = SpeculationPolicy.choose([RowOption(2, 4, 0.8, True)], 1, 1, StepCosts(table, table),
+                                  learner)
+    assert ks.get(2, 0) > 0
+
+
 def test_what_was_learned_is_read_back_at_the_next_start(tmp_path):
     path = tmp_path / "lengths.json"
     first = YieldLearner(path)
