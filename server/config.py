@@ -382,7 +382,7 @@ class GenerationDefaults(BaseModel):
                        " keeps every token), such as a model card's recommended 20.")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Default min_p.")
     draft: DraftSource = Field(
-        DraftSource.MODEL,
+        DraftSource.HYBRID,
         description="Default drafter: model, prompt_lookup, suffix (what this server served"
         " before, engine.suffix_max_mb) or hybrid (each round the one of prompt lookup, suffix"
         " and the draft model expected to have the most tokens accepted).")

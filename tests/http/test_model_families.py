@@ -96,7 +96,7 @@ async def test_the_draft_unloads_and_loads_while_serving(family, expected):
         assert (await client.delete("/v1/models/draft")).status_code == 200
         plain = (await client.post("/v1/chat/completions", json=body)).json()
         assert plain["choices"][0]["message"]["content"] == expected
-        assert plain["stats"]["draft_model"] is None
+        assert plain["stats"]["draft_model"] == "prompt_lookup+suffix"  # hybrid goes on
         r = await client.post("/v1/models/draft", json={"model": str(draft)})
         assert r.status_code == 200, r.text
         drafted = (await client.post("/v1/chat/completions",

@@ -63,7 +63,8 @@ class SpeculationPolicy:
         if draft is None and source not in available:
             source = _fallback(source, suffix)
         required = draft is not None or bool(use_draft) or bool(num_draft_tokens)
-        host_hybrid = draft is None and source == DraftSource.HYBRID  # no draft model: quietly
+        # The default hybrid without its draft model: on with the host drafters, unless asked.
+        host_hybrid = draft is None and source == DraftSource.HYBRID and not required
         if source in available or host_hybrid:
             k = num_draft_tokens if num_draft_tokens is not None else self.num_draft_tokens
             lookup_k = LOOKUP_DRAFT_TOKENS if num_draft_tokens is None and defaults.adaptive \

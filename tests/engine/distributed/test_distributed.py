@@ -199,7 +199,7 @@ def test_draft_unload_and_reload(launch, live_server, tiny_pair):
     assert httpx.delete(f"{launch.url}/v1/models/draft").status_code == 200
     try:
         plain = complete(launch.url, PROMPTS[1])
-        assert plain["stats"]["draft_model"] is None
+        assert plain["stats"]["draft_model"] == "prompt_lookup+suffix"  # hybrid goes on
         assert text(plain) == text(complete(live_server, PROMPTS[1]))
     finally:
         r = httpx.post(f"{launch.url}/v1/models/draft", json={"model": str(tiny_pair[1])},

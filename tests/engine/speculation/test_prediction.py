@@ -123,15 +123,15 @@ async def test_a_repeating_answer_is_looked_up_in_long_rounds(client, loaded_pai
 
 
 async def test_a_prediction_drafts_on_a_server_without_a_draft_model(tiny_pair, loaded_pair):
-    """The server's default drafter is the draft model and none is loaded: plain requests
-    decode without drafting, one with a prediction drafts from it."""
+    """No draft model is loaded: plain requests draft with the host drafters only (the
+    default hybrid's), one with a prediction drafts from it."""
     target, tokenizer, _ = loaded_pair
     body = chat_body(max_tokens=MAX, temperature=0)
     prompt = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
     expected = generate(target, tokenizer, prompt, max_tokens=MAX)
     async with served(tiny_pair[0], None) as (client, _):
         plain = (await client.post("/v1/chat/completions", json=body)).json()
-        assert plain["stats"]["draft_model"] is None
+        assert plain["stats"]["draft_model"] == "prompt_lookup+suffix"
         guessed = {**body, "prediction": {"type": "content", "content": expected}}
         r = (await client.post("/v1/chat/completions", json=guessed)).json()
     assert plain["choices"][0]["message"]["content"] == expected

@@ -393,9 +393,10 @@ NO_DRAFT_MODEL = [
     ({"num_draft_tokens": 3}, "model", 400, "num_draft_tokens"),
     ({"use_draft": True}, "model", 400, "use_draft"),
     ({"draft": "prompt_lookup", "num_draft_tokens": 3}, "model", 200, "prompt_lookup"),
-    # the host drafters can draft: hybrid goes on with them
-    ({"num_draft_tokens": 3}, "hybrid", 200, "prompt_lookup+suffix"),
-    ({}, "hybrid", 200, "prompt_lookup+suffix"),  # the server's default falls back quietly
+    ({"num_draft_tokens": 3}, "hybrid", 400, "num_draft_tokens"),  # asked: the draft model
+    ({"use_draft": True}, "hybrid", 400, "use_draft"),
+    # the server's default goes on quietly with the host drafters
+    ({}, "hybrid", 200, "prompt_lookup+suffix"),
     ({"draft": "suffix"}, "model", 200, "suffix"),
     ({}, "model", 200, None),
     ({"draft": "model", "use_draft": False}, "model", 200, None),  # off wins
