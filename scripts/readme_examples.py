@@ -287,18 +287,9 @@ def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subproc
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}):\n"
-                               f"{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not answer /health in {STARTUP_TIMEOUT_S}s")
+    from server.bench.runners import wait_healthy  # MLX and the engine: only when serving
+
+    wait_healthy(url, proc, STARTUP_TIMEOUT_S, log_path)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -9,11 +9,14 @@ requests, how many were answered (200), whether the server still answers afterwa
 exit status), the cgroup's peak memory and OOM kills, the wall time, and ours' preemptions
 from /metrics. `--check-alone` then sends each request
 alone to the same server and counts the answers whose text is the flood's (greedy: all).
+
+`Cgroup` makes such a cgroup (the memory tests run a server in one too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import subprocess
 import sys
@@ -24,9 +27,9 @@ from pathlib import Path
 import httpx
 
 from server.bench import results
-from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
-from server.bench.runners import RETRIES, retry_delay
+from server.bench.runners import RETRIES, retry_delay, wait_healthy
 from server.engine.kv.kv_size import kv_layout
+from server.engine.memory import MemoryCgroup, memory_cgroups
 from server.model_files.bundled import demo_or_generated_pair
 
 WORDS = ("the lighthouse keeper counted ships at dawn and wrote each name in a ledger that "
@@ -92,6 +95,111 @@ async def send(client: httpx.AsyncClient, prompt: str, max_tokens: int,
     return Answer(200, text=r.json()["choices"][0]["text"])
 
 
+# -- a memory cgroup for a server under test ---------------------------------------------
+
+
+class CgroupUnavailable(RuntimeError):
+    """No memory cgroup can be made here."""
+
+
+@dataclass
+class Cgroup:
+    folder: Path
+    version: int
+
+    @classmethod
+    def create(cls, name: str, limit_bytes: int | None = None) -> Cgroup:
+        """A new child cgroup `name` of this process's, limited to `limit_bytes` (None: no
+        limit of its own)."""
+        errors = []
+        for parent in memory_cgroups():
+            try:
+                group = cls._make(parent, name)
+            except OSError as e:
+                errors.append(f"{parent.folder}: {e}")
+                continue
+            if limit_bytes is not None:
+                group.limit = limit_bytes
+            return group
+        raise CgroupUnavailable("; ".join(errors) or "no memory cgroup hierarchy is mounted")
+
+    @classmethod
+    def _make(cls, parent: MemoryCgroup, name: str) -> Cgroup:
+        if parent.version == 2 and "memory" not in \
+                (parent.folder / "cgroup.controllers").read_text().split():
+            raise OSError("the memory controller is not delegated here")
+        folder = parent.folder / name
+        folder.mkdir(exist_ok=True)
+        group = cls(folder, parent.version)
+        if not (folder / group._file("limit")).exists():
+            folder.rmdir()
+            raise OSError("a cgroup without memory files")
+        return group
+
+    def _file(self, what: str) -> str:
+        return {1: {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes",
+                    "usage": "memory.usage_in_bytes", "events": "memory.oom_control"},
+                2: {"limit": "memory.max", "peak": "memory.peak", "usage": "memory.current",
+                    "events": "memory.events"}}[self.version][what]
+
+    def _read(self, what: str) -> str:
+        return (self.folder / self._file(what)).read_text()
+
+    @property
+    def limit(self) -> int | None:
+        text = self._read("limit").strip()
+        return int(text) if text.isdigit() and int(text) < 1 << 62 else None
+
+    @limit.setter
+    def limit(self, value: int | None) -> None:
+        text = str(value) if value is not None else ("max" if self.version == 2 else "-1")
+        (self.folder / self._file("limit")).write_text(text)
+
+    @property
+    def usage_bytes(self) -> int:
+        return int(self._read("usage"))
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The most the cgroup's processes held at once (None: v2 before Linux 5.19)."""
+        try:
+            return int(self._read("peak"))
+        except FileNotFoundError:
+            return None
+
+    def reset_peak(self) -> None:
+        if self.version == 1:
+            (self.folder / "memory.max_usage_in_bytes").write_text("0")
+
+    @property
+    def oom_kills(self) -> int:
+        """Processes the OOM killer killed in the cgroup."""
+        for line in self._read("events").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run inside the cgroup: a shell that moves itself in, then becomes it."""
+        procs = self.folder / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh", *argv]
+
+    def remove(self) -> None:
+        """Remove the (empty) cgroup; what it still charged goes to its parent."""
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+# -- the flood -------------------------------------------------------------------------------
+
+
 def start_in(cgroup: Cgroup | None, argv: list[str], log: Path, port: int,
              timeout: float = START_TIMEOUT_S, env: dict | None = None
              ) -> tuple[subprocess.Popen, str]:
@@ -100,19 +208,12 @@ def start_in(cgroup: Cgroup | None, argv: list[str], log: Path, port: int,
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{argv[2]} exited with {proc.returncode} while starting: "
-                               f"{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{argv} did not answer within {timeout:.0f} s")
+    try:
+        wait_healthy(url, proc, timeout, log)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 def metric(url: str, name: str) -> float | None:

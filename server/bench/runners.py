@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import httpx
 
@@ -25,6 +27,32 @@ from server.engine.speculation.forward_times import time_forwards
 API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
              "messages": "/v1/messages"}
 TIMEOUT_S = 600.0
+
+
+def wait_for(check, proc: subprocess.Popen, timeout_s: float, log: Path, poll_s: float = 0.05):
+    """Poll `check()` until it returns a value (None once `timeout_s` passed; an HTTP error
+    counts as no value); RuntimeError with the end of `proc`'s `log` if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n"
+                               f"{log.read_text()[-4000:]}")
+        try:
+            value = check()
+        except httpx.HTTPError:
+            value = None
+        if value is not None:
+            return value
+        time.sleep(poll_s)
+    return None
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    """Until the server `proc` started answers 200 on `url`'s /health (RuntimeError if it
+    exits or does not within `timeout_s`)."""
+    if wait_for(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200 or None,
+                proc, timeout_s, log, poll_s=0.2) is None:
+        raise RuntimeError(f"{url} did not answer /health within {timeout_s:.0f} s")
 
 
 class StreamFailed(RuntimeError):

@@ -24,6 +24,7 @@ import httpx
 
 from server.bench.load import peak_rss_gb
 from server.bench.results import environment, num, parser, save
+from server.bench.runners import wait_for
 
 PROMPT = "Write a short story about a robot who learns to paint."
 POLL_S = 0.05
@@ -77,22 +78,6 @@ def log_time(log: Path, message: str) -> float | None:
     return None
 
 
-def wait_for(check, proc: subprocess.Popen, timeout_s: float, log: Path):
-    """Poll `check()` until it returns a value; the process's log on an early exit."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited:\n{log.read_text()[-4000:]}")
-        try:
-            value = check()
-        except httpx.HTTPError:
-            value = None
-        if value is not None:
-            return value
-        time.sleep(POLL_S)
-    return None
-
-
 def generation_tps(client: httpx.Client, url: str, *, use_draft: bool, args) -> float:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": args.max_tokens,
             "temperature": 0, "use_draft": use_draft, "ignore_eos": True}
@@ -141,10 +126,10 @@ def measure(name: str, target: str, draft: str | None, dequantize: str, args,
                 r = client.get(f"{url}/health", timeout=5)
                 return r.json() if r.status_code == 200 else None
 
-            ready = wait_for(health, proc, args.timeout_s, log)
+            ready = wait_for(health, proc, args.timeout_s, log, POLL_S)
             ready_s = time.time() - spawned if ready is not None else None
             done = wait_for(lambda: (h := health()) and not measuring(h) and h or None, proc,
-                            args.timeout_s, log)
+                            args.timeout_s, log, POLL_S)
             measured_s = time.time() - spawned if done is not None else None
             loaded = log_time(log, "models loaded")
             models = {m["role"]: m for m in client.get(f"{url}/v1/models").json()["data"]}

@@ -9,8 +9,15 @@ import json
 import httpx
 import pytest
 
-from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
-from server.bench.flood import flood_prompts, main, send, table
+from server.bench.flood import (
+    Cgroup,
+    CgroupUnavailable,
+    flood_prompts,
+    main,
+    send,
+    table,
+    unique_name,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,9 @@ import httpx
 import pytest
 from support.servers import served
 
-from server.bench.cgroup import Cgroup, CgroupUnavailable, unique_name
 from server.bench.flood import (
+    Cgroup,
+    CgroupUnavailable,
     alive,
     flood_prompts,
     free_port,
@@ -24,6 +25,7 @@ from server.bench.flood import (
     metric,
     send_all,
     start_in,
+    unique_name,
 )
 
 pytestmark = pytest.mark.slow
