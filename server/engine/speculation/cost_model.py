@@ -177,21 +177,26 @@ def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: 
     its estimates (what each round shape measurably yielded), the tables' only its prior.
 
     In a batch of `MARGIN_FROM_ROWS` or more, drafting must beat plain decoding by
-    `BATCH_DRAFT_MARGIN`: it has costs a round's time does not show (the draft's prefill and
-    catch-ups, its cache), and the calibrated round times are themselves a few percent off on
-    a busy machine."""
+    `BATCH_DRAFT_MARGIN`, in the tables and in what the learner measured alike: it has costs a
+    round's time does not show (the draft's prefill and catch-ups, its cache), and the
+    calibrated round times are themselves a few percent off on a busy machine."""
     shapes = _round_shapes(options, batch_rows, draft_rows, costs)
     if learner is None:
         arm = max(shapes, key=lambda a: shapes[a][1])
     else:
         kind = "model" if any(o.by_model for o in options) else "lookup"
-        arm = learner.choose(batch_bucket(batch_rows), kind,
-                             {a: score for a, (_, score) in shapes.items()})
+        margin = BATCH_DRAFT_MARGIN if batch_rows >= MARGIN_FROM_ROWS else 0.0
+        priors = {a: score / (1 + margin) if a == PLAIN else score
+                  for a, (_, score) in shapes.items()}  # the margin weighs the estimate
+        arm = learner.choose(batch_bucket(batch_rows), kind, priors, plain_margin=margin)
     chosen = shapes[arm][0]
     if learner is not None and any(k and (o.forced or o.fixed)
                                    for o, k in zip(options, chosen, strict=True)):
         learner.not_this_round()  # its yield is partly a row's own k's, not the arm's
     return {o.key: k for o, k in zip(options, chosen, strict=True) if k > 0}
+
+
+PLAIN = (0, 0, 0)  # the shape of a round in which no row drafts
 
 
 def round_shape(options: list[RowOption], ks: list[int]) -> tuple[int, int, int]:
@@ -216,7 +221,7 @@ def _round_shapes(options: list[RowOption], batch_rows: int, draft_rows: int,
             if shape in shapes:
                 continue
             rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
-            if shape == (0, 0, 0) and batch_rows >= MARGIN_FROM_ROWS:
+            if shape == PLAIN and batch_rows >= MARGIN_FROM_ROWS:
                 rate *= 1 + BATCH_DRAFT_MARGIN
             shapes[shape] = (ks, rate)
     return shapes

@@ -27,6 +27,7 @@ import json
 import logging
 from pathlib import Path
 
+from server.engine.speculation.cost_model import PLAIN
 from server.engine.speculation.forward_source import kit_variant
 from server.engine.speculation.forward_store import machine_key
 
@@ -37,7 +38,6 @@ PRIOR_ROUNDS = 2.0  # the cost model's estimate weighs as much as this many meas
 EXPLORE_EVERY = 32  # rounds of a bucket per exploring round
 SAVE_EVERY = 256  # rounds between writes of what was learned
 Arm = tuple[int, int, int]  # (width K, draft-model length M, drafts at all): `round_shape`
-PLAIN: Arm = (0, 0, 0)
 
 
 class YieldLearner:
@@ -51,13 +51,20 @@ class YieldLearner:
         self._pending: tuple[int, str, Arm] | None = None  # the choice of the round under way
         self._load()
 
-    def choose(self, bucket: int, kind: str, priors: dict[Arm, float]) -> Arm:
+    def choose(self, bucket: int, kind: str, priors: dict[Arm, float],
+               plain_margin: float = 0.0) -> Arm:
         """The arm this round takes among `priors` (arm -> the cost model's tokens per
-        second): the best estimate, or now and then the one left untried longest."""
+        second): the best estimate, plain decoding's raised by `plain_margin` (drafting's costs
+        outside its rounds), or now and then the one left untried longest."""
         key = (bucket, kind)
         rounds = self._rounds.get(key, 0)
         self._rounds[key] = rounds + 1
-        ranked = sorted(priors, key=lambda arm: -self.estimate(bucket, kind, arm, priors[arm]))
+
+        def score(arm: Arm) -> float:
+            raised = 1 + plain_margin if arm == PLAIN else 1.0
+            return self.estimate(bucket, kind, arm, priors[arm]) * raised
+
+        ranked = sorted(priors, key=lambda arm: -score(arm))
         chosen = ranked[0]
         if rounds == 1 and PLAIN in priors and PLAIN not in self._sums.get(key, {}):
             chosen = PLAIN  # the baseline, measured early
