@@ -56,6 +56,7 @@ class RoundResult:
     proposed: int
     accepted: int
     drafter: str = ""  # whose tokens they were: model, prompt_lookup, prediction or forced
+    emitted: int = 0  # tokens the row got: accepted + 1, less those past its end
 
 
 # -- masks -----------------------------------------------------------------------------------
@@ -286,6 +287,7 @@ def decode_round(target: ModelBatch, draft: ModelBatch | None,
             emitted += 1
             if seq.emit(token, from_draft, v.logprobs[j] if v.logprobs is not None else None):
                 break
+        results[id(seq)].emitted = emitted
         # The cache keeps the round's input and the emitted drafts: exactly the context but
         # its last token (a row that stopped early drops the drafts past its end).
         kept.append(emitted)

@@ -6,6 +6,7 @@ restarts."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from support.engine import alone, params, tokens_of
@@ -153,12 +154,25 @@ def test_the_scheduler_learns_from_its_rounds_and_its_text_stays_mlx_lms(kit, tm
 
     scheduler = Scheduler(kit, SchedulerConfig(), SpeculationPolicy(4))
     scheduler.use_cost_model(tmp_path, budget_s=0)
+    counted = []
+    done = scheduler.learner.round_done
+    scheduler.learner.round_done = lambda tokens, seconds: (counted.append(tokens),
+                                                           done(tokens, seconds))
     p = params(kit, 2, k=4, max_tokens=40)
     events = []
     seq = scheduler.submit(p, events.append)
     while seq.finish_reason is None:
         scheduler.step()
     assert tokens_of(events) == alone(kit, p)
+    assert sum(counted) == len(seq.output) - 1  # what the rounds delivered (not the prefill's)
+    # A prediction that is the answer and goes on past its end: rounds draft up to 16 tokens,
+    # all accepted, the last one past max_tokens; it counts only what the request got.
+    counted.clear()
+    guessed = replace(p, prediction=tuple(tokens_of(events)) * 2)
+    seq = scheduler.submit(guessed, lambda event: None)
+    while seq.finish_reason is None:
+        scheduler.step()
+    assert len(seq.output) == 40 and sum(counted) == 39
     assert sum(len(scheduler.learner.measured(1, kind)) for kind in ("model", "lookup")) > 0
 
 
