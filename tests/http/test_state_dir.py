@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 from support.http import chat_body
-from support.servers import make_settings, uvicorn_thread
+from support.servers import make_settings, started_engine, uvicorn_thread
 
 from server.http.jobs.state_db import StateDB, StateError
 
@@ -25,6 +25,16 @@ openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
 LONG = {"max_tokens": 64, "ignore_eos": True, "temperature": 0}  # slow enough to interrupt
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    """This module's own engine, without suffix drafting: a restart here must come while
+    requests run, and the shared engine's suffix index, filled with other tests' answers,
+    drafts the tiny target's repetitive texts almost whole (a 5-request batch was done
+    before the server stopped)."""
+    with started_engine(*tiny_pair, engine={"suffix_max_mb": 0}) as eng:
+        yield eng
 
 
 @pytest.fixture()
