@@ -17,10 +17,8 @@ SUBCOMMANDS = {  # name: (the module, whose `main` it runs, or module:function; 
     "prediction": ("server.bench.prediction", "a guess of the answer (OpenAI's prediction)"),
     "suffix": ("server.bench.suffix", "repeated requests and an agent: suffix drafting"),
     "restart": ("server.bench.chat:restart_main", "TTFT after a restart, from the disk cache"),
-    "startup": ("server.bench.startup", "load, ready and measured times; quantized pairs"),
     "distributed": ("server.bench.load:distributed_main", "a sharded target vs one process"),
     "flood": ("server.bench.flood", "long prompts at once in a memory cgroup, vs mlx_lm.server"),
-    "big-body": ("server.bench.big_body", "one huge request: /health and a stream meanwhile"),
     "report": ("server.bench.results:report_main", "docs/benchmarks.md from its manifest"),
 }
 

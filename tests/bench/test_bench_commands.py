@@ -17,7 +17,7 @@ from support.paths import DATA, ROOT
 from support.servers import uvicorn_thread
 
 from server import bench
-from server.bench import chat, held_out, load, startup, sweep
+from server.bench import chat, held_out, load, sweep
 from server.bench import results as report
 
 EXAMPLE_MANIFEST = DATA / "benchmarks_example.yaml"
@@ -449,37 +449,3 @@ def test_the_benchmark_page_is_generated_from_the_results_it_cites():
     cited |= {m for m in cited if m in readme}
     on_disk = {str(p.relative_to(root)) for p in (root / "RESULTS").iterdir()}
     assert on_disk == cited
-
-
-@pytest.mark.slow
-def test_startup_smoke_starts_each_pair_and_reads_its_times(tmp_path):
-    """The tiny pair, then its 4-bit conversion dequantized and not: each server is ready
-    before its forward times are measured (a first start), and says what it did."""
-    assert startup.main(["--smoke", "--results-dir", str(tmp_path)]) == 0
-    rows = result(tmp_path, "startup")["rows"]
-    assert [(r["pair"], r["dequantize"], r["dequantized"]) for r in rows] == [
-        ("tiny", "auto", None), ("tiny-q4", "auto", True), ("tiny-q4", "false", False)]
-    for row in rows:
-        assert 0 < row["load_s"] <= row["ready_s"] <= row["measured_s"]
-        assert row["cost_model"]["target"] == row["cost_model"]["draft"] == "measured"
-        assert row["target_tps"] > 0 and row["draft_tps"] > 0 and row["peak_rss_gb"] > 0
-    assert rows[1]["quantization"] == {"bits": 4, "group_size": 64, "mode": "affine"}
-
-
-@pytest.mark.slow
-def test_big_body_against_a_server(tiny_pair, tmp_path):
-    """One size past max_body_mb (413) and one processed (a 400: longer than the context),
-    each with /health and a stream watched meanwhile and alone."""
-    from support.servers import served_url
-
-    from server.bench import big_body
-
-    with served_url(*tiny_pair, max_body_mb=0.2) as url:
-        assert big_body.main(["--server", url, "--sizes-mb", "0.5,0.1",
-                              "--results-dir", str(tmp_path)]) == 0
-    rows = result(tmp_path, "big-body")["rows"]
-    assert [(r["status"], r["code"]) for r in rows] == [
-        (413, "request_too_large"), (400, "context_length_exceeded")]
-    for r in rows:
-        assert r["bytes"] <= r["size_mb"] * 1e6 and r["answer_s"] > 0
-        assert r["health_max_alone_s"] > 0 and r["token_gap_max_alone_s"] > 0
