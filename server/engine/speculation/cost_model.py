@@ -181,14 +181,13 @@ def choose_draft_lengths(options: list[RowOption], batch_rows: int, draft_rows: 
     round's time does not show (the draft's prefill and catch-ups, its cache), and the
     calibrated round times are themselves a few percent off on a busy machine."""
     shapes = _round_shapes(options, batch_rows, draft_rows, costs)
+    margin = _plain_margin(batch_rows)
     if learner is None:
-        arm = max(shapes, key=lambda a: shapes[a][1])
+        arm = _best_shape(shapes, margin)
     else:
         kind = "model" if any(o.by_model for o in options) else "lookup"
-        margin = BATCH_DRAFT_MARGIN if batch_rows >= MARGIN_FROM_ROWS else 0.0
-        priors = {a: score / (1 + margin) if a == PLAIN else score
-                  for a, (_, score) in shapes.items()}  # the margin weighs the estimate
-        arm = learner.choose(batch_bucket(batch_rows), kind, priors, plain_margin=margin)
+        arm = learner.choose(batch_bucket(batch_rows), kind,
+                             {a: score for a, (_, score) in shapes.items()}, plain_margin=margin)
     chosen = shapes[arm][0]
     if learner is not None and any(k and (o.forced or o.fixed)
                                    for o, k in zip(options, chosen, strict=True)):
@@ -210,7 +209,7 @@ def round_shape(options: list[RowOption], ks: list[int]) -> tuple[int, int, int]
 def _round_shapes(options: list[RowOption], batch_rows: int, draft_rows: int,
                   costs: StepCosts) -> dict[tuple[int, int, int], tuple[list[int], float]]:
     """Every distinct round the options allow (its shape -> each row's k, and its expected
-    tokens per second from the tables, plain decoding's raised by the batch margin)."""
+    tokens per second from the tables)."""
     gains = [[expected_accepted(o.acceptance, k) for k in range(o.cap + 1)] for o in options]
     most = max((o.cap for o in options), default=0)
     shapes = {}
@@ -218,13 +217,20 @@ def _round_shapes(options: list[RowOption], batch_rows: int, draft_rows: int,
         for model_k in range(width + 1):
             ks = _lengths(options, width, model_k)
             shape = round_shape(options, ks)
-            if shape in shapes:
-                continue
-            rate = _tokens_per_second(options, gains, ks, batch_rows, draft_rows, costs)
-            if shape == PLAIN and batch_rows >= MARGIN_FROM_ROWS:
-                rate *= 1 + BATCH_DRAFT_MARGIN
-            shapes[shape] = (ks, rate)
+            if shape not in shapes:
+                shapes[shape] = (ks, _tokens_per_second(options, gains, ks, batch_rows,
+                                                        draft_rows, costs))
     return shapes
+
+
+def _plain_margin(batch_rows: int) -> float:
+    """How much more plain decoding's tokens per second weigh in a batch this large."""
+    return BATCH_DRAFT_MARGIN if batch_rows >= MARGIN_FROM_ROWS else 0.0
+
+
+def _best_shape(shapes: dict, margin: float) -> tuple[int, int, int]:
+    """The shape with the most tokens per second, plain decoding's raised by `margin`."""
+    return max(shapes, key=lambda a: shapes[a][1] * (1 + margin if a == PLAIN else 1.0))
 
 
 def _best_round(options: list[RowOption], batch_rows: int, draft_rows: int,
@@ -232,14 +238,9 @@ def _best_round(options: list[RowOption], batch_rows: int, draft_rows: int,
     """The tables' choice as each row's k, with its expected tokens per second and those of
     plain decoding (but for forced rows)."""
     shapes = _round_shapes(options, batch_rows, draft_rows, costs)
-    plain_ks = _lengths(options, 0, 0)
-    plain = shapes[round_shape(options, plain_ks)][1]
-    if batch_rows >= MARGIN_FROM_ROWS:
-        plain /= 1 + BATCH_DRAFT_MARGIN
-    best = max(shapes.values(), key=lambda v: v[1])
-    rate = best[1] / (1 + BATCH_DRAFT_MARGIN) if best[0] == plain_ks and \
-        batch_rows >= MARGIN_FROM_ROWS else best[1]
-    return best[0], rate, plain
+    plain = shapes[round_shape(options, _lengths(options, 0, 0))][1]
+    ks, rate = shapes[_best_shape(shapes, _plain_margin(batch_rows))]
+    return ks, rate, plain
 
 
 def _lengths(options: list[RowOption], width: int, model_k: int) -> list[int]:
